@@ -1,0 +1,128 @@
+"""Building blocks shared by the Qwen3 target and the DART head.
+
+Every parameter carries `logical_axes` metadata (batch, seq, heads, kv_heads, head_dim, embed,
+mlp, vocab) so that sharding over a Mesh is a rules table (see `dart_jax.sharding`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+def param(shape: tuple[int, ...], axes: tuple[str | None, ...], dtype, rngs: nnx.Rngs | None, *, init: str = "normal") -> nnx.Param:
+    """A parameter with logical axis names. `init` 'normal' (std 0.02) or 'ones'/'zeros'."""
+    assert len(shape) == len(axes), (shape, axes)
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros" or rngs is None:
+        value = jnp.zeros(shape, dtype)
+    else:
+        value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel with kernel [in, out] (the transpose of a PyTorch Linear weight)."""
+
+    def __init__(self, d_in: int, d_out: int, axes: tuple[str | None, str | None], *, dtype, param_dtype, rngs: nnx.Rngs | None):
+        self.kernel = param((d_in, d_out), axes, param_dtype, rngs)
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel.value.astype(self.dtype))
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm computed in float32 and cast back to the input dtype (as HF Qwen3/Llama do)."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype, axis_name: str | None = "embed"):
+        self.weight = param((dim,), (axis_name,), param_dtype, None, init="ones")
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dtype = x.dtype
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight.value.astype(dtype) * x32.astype(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [head_dim//2] and the attention scaling factor for a RoPE config.
+
+    Supports the HF kinds 'default', 'linear', 'llama3' and 'yarn'. Kinds that depend on the
+    running sequence length ('dynamic') raise, since our shapes are static.
+    """
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if not scaling:
+        return inv.astype(np.float32), 1.0
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv.astype(np.float32), 1.0
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return (inv / factor).astype(np.float32), 1.0
+    if kind == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = np.where(wavelen > old_len / low, inv / factor, inv)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return np.where(is_mid, mid, scaled).astype(np.float32), 1.0
+    if kind == "yarn":
+        old_len = float(scaling.get("original_max_position_embeddings", 4096))
+        beta_fast, beta_slow = float(scaling.get("beta_fast", 32)), float(scaling.get("beta_slow", 1))
+
+        def corr_dim(rot):
+            return (head_dim * math.log(old_len / (rot * 2 * math.pi))) / (2 * math.log(theta))
+
+        lo = max(math.floor(corr_dim(beta_fast)), 0)
+        hi = min(math.ceil(corr_dim(beta_slow)), head_dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+        extrapolation = 1 - ramp
+        inv_yarn = (inv / factor) * (1 - extrapolation) + inv * extrapolation
+        mscale = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+        return inv_yarn.astype(np.float32), float(mscale)
+    raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3, yarn")
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, attn_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, head_dim] in float32 for integer positions [B, T] (rotate-half layout)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]  # [B,T,D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * attn_scale, jnp.sin(emb) * attn_scale
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, heads, D] rotated in float32 (rotate-half), returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Masked GQA attention with the softmax in float32.
+
+    q [B, T, Hq, D], k/v [B, S, Hkv, D], mask [B, T, S] bool (True = may attend) → [B, T, Hq, D].
+    Rows with no allowed key give zeros instead of NaN.
+    """
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    qg = q.reshape(b, t, hkv, g, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale  # [B,Hkv,G,T,S]
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jnp.where(mask[:, None, None, :, :], probs, 0.0).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B,T,Hkv,G,D]
+    return out.reshape(b, t, hq, d)

@@ -1,0 +1,1 @@
+"""Training DART draft heads with optax and orbax-checkpoint."""
