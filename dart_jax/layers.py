@@ -34,7 +34,7 @@ class Linear(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel.value.astype(self.dtype))
+        return jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
 
 
 class RMSNorm(nnx.Module):
@@ -48,7 +48,7 @@ class RMSNorm(nnx.Module):
         dtype = x.dtype
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight.value.astype(dtype) * x32.astype(dtype)
+        return self.weight[...].astype(dtype) * x32.astype(dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None) -> tuple[np.ndarray, float]:
@@ -76,20 +76,31 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None
         is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return np.where(is_mid, mid, scaled).astype(np.float32), 1.0
     if kind == "yarn":
-        old_len = float(scaling.get("original_max_position_embeddings", 4096))
-        beta_fast, beta_slow = float(scaling.get("beta_fast", 32)), float(scaling.get("beta_slow", 1))
+        if "original_max_position_embeddings" not in scaling:
+            raise ValueError("yarn rope_scaling needs 'original_max_position_embeddings' (HF fills it from the "
+                             "config's max_position_embeddings); add it to the scaling dict.")
+        old_len = float(scaling["original_max_position_embeddings"])
+        beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
 
         def corr_dim(rot):
             return (head_dim * math.log(old_len / (rot * 2 * math.pi))) / (2 * math.log(theta))
 
-        lo = max(math.floor(corr_dim(beta_fast)), 0)
-        hi = min(math.ceil(corr_dim(beta_slow)), head_dim - 1)
+        lo, hi = corr_dim(beta_fast), corr_dim(beta_slow)
+        if scaling.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, head_dim - 1)
         if lo == hi:
             hi += 0.001
         ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
         extrapolation = 1 - ramp
         inv_yarn = (inv / factor) * (1 - extrapolation) + inv * extrapolation
-        mscale = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+        mscale = scaling.get("attention_factor")
+        if mscale is None:
+            def get_mscale(m=1.0):
+                return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+            ms, ms_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            mscale = get_mscale(ms) / get_mscale(ms_all) if ms and ms_all else get_mscale()
         return inv_yarn.astype(np.float32), float(mscale)
     raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3, yarn")
 

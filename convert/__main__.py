@@ -1,0 +1,90 @@
+"""`python -m dart_jax.convert`: inspect and re-save DART head checkpoints.
+
+  inspect HEAD [--base BASE]     config summary, tensor list, checks (against BASE's config.json)
+  export HEAD OUT [--dtype ...]  re-save HEAD in the reference layout as float32 or bfloat16
+
+HEAD and BASE are local folders or hub ids. Problems are reported as one message and exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def _describe(folder, config, tensors) -> list[str]:
+    lines = [f"DART head {folder}",
+             f"  hidden {config.hidden_size}, intermediate {config.intermediate_size}, heads {config.num_attention_heads}"
+             f" (kv {config.num_key_value_heads}, head_dim {config.head_dim}), taps 3x{config.fc_in // 3}",
+             f"  draft_length m={config.draft_length} (d={config.num_rows} rows), draft vocab {config.draft_vocab_size}"
+             f" of {config.vocab_size}",
+             f"  rope_theta {config.rope_theta:g}, rope_scaling {config.rope_scaling_dict}, rms_norm_eps {config.rms_norm_eps:g}",
+             "  tensors:"]
+    total = 0
+    for name in sorted(tensors):
+        array = tensors[name]
+        total += array.size
+        lines.append(f"    {name:45s} {str(array.dtype):9s} {list(array.shape)}")
+    lines.append(f"  {len(tensors)} tensors, {total / 1e6:.2f} M values")
+    return lines
+
+
+def _inspect(args) -> None:
+    from .dart_head import check_fits_target, check_tensors, head_folder, read_head_config
+    from .safetensors_io import read_tensors
+
+    folder = head_folder(args.head)
+    config = read_head_config(folder)
+    tensors = read_tensors(folder)
+    print("\n".join(_describe(folder, config, tensors)))
+    check_tensors(config, tensors, f"DART head {args.head}")
+    print("  checkpoint: tensors match config.json")
+    used = np.arange(config.draft_vocab_size) + tensors["d2t"].astype(np.int64)
+    print(f"  d2t maps draft ids to target ids {int(used.min())} … {int(used.max())}")
+    if args.base:
+        from .qwen3 import load_qwen3_config
+
+        base = load_qwen3_config(args.base)
+        print(f"base {args.base}: hidden {base.hidden_size}, vocab {base.vocab_size}, {base.num_hidden_layers} layers")
+        check_fits_target(config, base, tensors["d2t"])
+        print("  the head fits this base model")
+
+
+def _export(args) -> None:
+    from .dart_head import export_dart_head
+
+    target_config = None
+    if args.base:
+        from .qwen3 import load_qwen3_config
+
+        target_config = load_qwen3_config(args.base)
+    out = export_dart_head(args.head, args.out, args.dtype, target_config)
+    print(f"wrote {out}/config.json and {out}/model.safetensors ({args.dtype})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dart_jax.convert", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("inspect", help="summarise a DART head checkpoint and check it")
+    p.add_argument("head", help="DART head folder or hub id (e.g. fvliang/qwen4b-dart)")
+    p.add_argument("--base", help="Qwen3 base folder or hub id to check the head against (reads config.json only)")
+    p.set_defaults(run=_inspect)
+    p = sub.add_parser("export", help="re-save a DART head in the reference layout")
+    p.add_argument("head", help="DART head folder or hub id")
+    p.add_argument("out", help="output folder (created)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the float tensors")
+    p.add_argument("--base", help="Qwen3 base folder or hub id to check the head against first")
+    p.set_defaults(run=_export)
+    args = parser.parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""`e2e` and `phases` modes: whole generations with DART and with plain autoregressive decoding.
+
+The model set is, in this order of preference: the checkpoints given on the command line, the
+offline demo model shipped in dart_jax/demo/, or a tiny random set built in a temporary folder
+(`bench_assets`). Random weights give meaningful timings only; τ needs a trained head.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from dart_jax.bench_util import block, median, progress, summary_ms
+
+PHASES = ("verify_draft_device", "topk_transfer", "tree_search", "host_overhead")
+
+
+def default_prompts_path() -> Path:
+    return Path(str(resources.files("dart_jax") / "data" / "prompts.jsonl"))
+
+
+def load_prompts(path: str | Path | None = None, *, categories: str | None = None,
+                 limit: int | None = None) -> list[dict[str, str]]:
+    """Prompts from a JSONL file: one object per line with `prompt` and optional `category`/`id`."""
+    path = Path(path) if path else default_prompts_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} not found; pass a JSONL file with one "
+                                "{\"prompt\": ..., \"category\": ...} object per line")
+    prompts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n} is not valid JSON ({err}); each line must be one JSON object") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"]:
+            raise ValueError(f"{path}:{n} needs a non-empty string field \"prompt\"")
+        prompts.append({"id": str(item.get("id", f"{path.stem}-{n}")), "category": str(item.get("category", "all")),
+                        "prompt": item["prompt"]})
+    if categories:
+        wanted = [c.strip() for c in categories.split(",") if c.strip()]
+        unknown = sorted(set(wanted) - {p["category"] for p in prompts})
+        if unknown:
+            raise ValueError(f"categories {unknown} are not in {path}; it has {sorted({p['category'] for p in prompts})}")
+        prompts = [p for p in prompts if p["category"] in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {limit}")
+        seen: Counter = Counter()
+        kept = []
+        for p in prompts:
+            if seen[p["category"]] < limit:
+                kept.append(p)
+                seen[p["category"]] += 1
+        prompts = kept
+    if not prompts:
+        raise ValueError(f"no prompts to run from {path}")
+    return prompts
+
+
+def _demo_assets() -> dict[str, Path] | None:
+    demo = Path(str(resources.files("dart_jax") / "demo"))
+    parts = {"base": demo / "base", "dart": demo / "head", "ngram": demo / "ngram.trie"}
+    ready = (any(parts["base"].glob("*.safetensors")) and (parts["dart"] / "config.json").is_file()
+             and parts["ngram"].is_file()) if demo.is_dir() else False
+    return parts if ready else None
+
+
+@contextlib.contextmanager
+def open_model(*, base, dart, ngram, small_ngram, random, random_layers, random_hidden, keep, seed) -> Iterator:
+    """Yield (DartModel, description of the model set); a random set lives as long as the block."""
+    from dart_jax.model import DartModel
+
+    opts = {} if keep is None else {"keep": keep}
+    if dart and random:
+        raise ValueError("pass either --dart (and --base/--ngram) or --random, not both")
+    if not dart and (base or ngram):
+        raise ValueError("--base/--ngram need --dart (the DART head checkpoint)")
+    if dart:
+        yield (DartModel.from_pretrained(base, dart, ngram, small_ngram=small_ngram, **opts),
+               {"kind": "given", "base": base, "dart": dart, "ngram": ngram})
+        return
+    demo = None if random else _demo_assets()
+    if demo:
+        yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **opts),
+               {"kind": "demo", **{k: str(v) for k, v in demo.items()}})
+        return
+    from dart_jax.bench_assets import build_random_assets
+
+    with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:
+        paths = build_random_assets(tmp, layers=random_layers, hidden=random_hidden, seed=seed)
+        yield (DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], **opts),
+               {"kind": "random", "layers": random_layers, "hidden": random_hidden})
+
+
+def _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat):
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    return dict(max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, seed=seed, chat=chat)
+
+
+def _timed(fn, prompt, kwargs):
+    t0 = time.perf_counter()
+    result = fn(prompt, **kwargs)
+    return result, time.perf_counter() - t0
+
+
+def run_e2e(*, base=None, dart=None, ngram=None, small_ngram=False, random=False, random_layers=4, random_hidden=64,
+            prompts=None, categories=None, limit=None, max_new_tokens=64, max_length=2048, temperature=0.0, keep=None,
+            chat=True, reps=1, warmup=1, seed=0, show_progress=True) -> dict[str, Any]:
+    """Tokens/s of DART and of autoregressive decoding per prompt (wall clock, prefill included),
+    their ratio, τ and the accepted-length histogram; medians over `reps` after `warmup` runs."""
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}")
+    items = load_prompts(prompts, categories=categories, limit=limit)
+    kwargs = _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat)
+    rows, hist = [], Counter()
+    with open_model(base=base, dart=dart, ngram=ngram, small_ngram=small_ngram, random=random,
+                    random_layers=random_layers, random_hidden=random_hidden, keep=keep, seed=seed) as (model, source):
+        keep = model.engine.options.keep
+        bar = progress(len(items) * 2 * (reps + warmup), "e2e", show_progress)
+        for item in items:
+            timings = {"dart": [], "ar": []}
+            results = {}
+            for name, fn in (("dart", model.generate), ("ar", model.generate_ar)):
+                for _ in range(warmup):
+                    fn(item["prompt"], **kwargs)
+                    bar.update()
+                for _ in range(reps):
+                    results[name], seconds = _timed(fn, item["prompt"], kwargs)
+                    timings[name].append(len(results[name].token_ids) / seconds)
+                    bar.update()
+            dart_res, ar_res = results["dart"], results["ar"]
+            hist.update(dart_res.accept_lengths)
+            dart_rate, ar_rate = median(timings["dart"]), median(timings["ar"])
+            rows.append({"id": item["id"], "category": item["category"], "prompt_tokens": len(dart_res.prompt_ids),
+                         "new_tokens": len(dart_res.token_ids), "steps": len(dart_res.accept_lengths),
+                         "dart_tok_s": dart_rate, "ar_tok_s": ar_rate, "speedup": dart_rate / ar_rate,
+                         "tau": float(np.mean(dart_res.accept_lengths)) if dart_res.accept_lengths else float("nan"),
+                         "same_output": dart_res.token_ids == ar_res.token_ids})
+        bar.close()
+    per_category = {}
+    for cat in dict.fromkeys(r["category"] for r in rows):
+        sel = [r for r in rows if r["category"] == cat]
+        per_category[cat] = _aggregate(sel)
+    summary = {**_aggregate(rows), "per_category": per_category,
+               "accept_hist": {str(k): int(v) for k, v in sorted(hist.items())}}
+    config = {"model": source, "prompts": str(prompts or default_prompts_path()), "num_prompts": len(items),
+              **{k: v for k, v in kwargs.items()}, "keep": keep, "reps": reps, "warmup": warmup}
+    return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    steps = sum(r["steps"] for r in rows)
+    # τ over all steps of the set: tokens produced by speculative steps / steps
+    tau = sum(r["tau"] * r["steps"] for r in rows if r["steps"]) / steps if steps else float("nan")
+    return {"speedup": median([r["speedup"] for r in rows]), "dart_tok_s": median([r["dart_tok_s"] for r in rows]),
+            "ar_tok_s": median([r["ar_tok_s"] for r in rows]), "tau": tau, "prompts": len(rows),
+            "all_same_output": all(r["same_output"] for r in rows)}
+
+
+def _transfer_ms(n_values: int, reps: int) -> float:
+    """Median time to copy `n_values` int32 from the device to the host (what a step's top-k
+    candidates and scores cost to fetch), measured on fresh, already computed arrays."""
+    import jax
+    import jax.numpy as jnp
+
+    fresh = jax.jit(lambda x, i: x + i)
+    src = jnp.zeros((1, n_values), jnp.int32)
+    times = []
+    for i in range(max(reps, 5)):
+        x = block(fresh(src, i))
+        t0 = time.perf_counter()
+        np.asarray(x)
+        times.append(time.perf_counter() - t0)
+    return summary_ms(times)["median_ms"]
+
+
+def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=False, random_layers=4, random_hidden=64,
+               prompts=None, categories=None, limit=None, max_new_tokens=64, max_length=2048, temperature=0.0,
+               keep=None, chat=True, reps=1, warmup=1, seed=0, show_progress=True) -> dict[str, Any]:
+    """Per-step phase times of DART generations, as medians and shares of the step time.
+
+    The engine accounts each step's tree search and device call (dispatch, verify, compaction,
+    draft, and the fetch of the packed result); the fetch of the top-k draft candidates is timed
+    apart on an array of the same size and taken out of the device time. Host overhead is the rest
+    of the step's wall time (packing, bookkeeping, the Python loop).
+    """
+    from dart_jax.engine import Stats
+
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}")
+    items = load_prompts(prompts, categories=categories, limit=limit)
+    kwargs = _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat)
+    chat_flag = kwargs.pop("chat")
+    per_step = {p: [] for p in PHASES}
+    step_ms, prefill_ms = [], []
+    with open_model(base=base, dart=dart, ngram=ngram, small_ngram=small_ngram, random=random,
+                    random_layers=random_layers, random_hidden=random_hidden, keep=keep, seed=seed) as (model, source):
+        engine = model.engine
+        topk_ms = _transfer_ms(2 * engine.rows * engine.options.topk, reps=20)
+        bar = progress(len(items) * (reps + warmup), "phases", show_progress)
+        for item in items:
+            ids = model.encode(item["prompt"], chat_flag)
+            for _ in range(warmup):
+                for _ in engine.generate_steps(ids, **kwargs):
+                    pass
+                bar.update()
+            for _ in range(reps):
+                stats = Stats()
+                steps = engine.generate_steps(ids, stats=stats, **kwargs)
+                next(steps)  # the prefill's token
+                prefill_ms.append(stats.prefill_s * 1e3)
+                while True:
+                    tree0, device0 = stats.tree_s, stats.device_s
+                    t0 = time.perf_counter()
+                    if next(steps, None) is None:
+                        break
+                    wall = (time.perf_counter() - t0) * 1e3
+                    tree, device = (stats.tree_s - tree0) * 1e3, (stats.device_s - device0) * 1e3
+                    transfer = min(topk_ms, device)
+                    per_step["verify_draft_device"].append(device - transfer)
+                    per_step["topk_transfer"].append(transfer)
+                    per_step["tree_search"].append(tree)
+                    per_step["host_overhead"].append(max(wall - device - tree, 0.0))
+                    step_ms.append(wall)
+                bar.update()
+        bar.close()
+    if not step_ms:
+        raise ValueError("no decoding step ran (every generation stopped at its first token); "
+                         "raise --max-new-tokens or use other prompts")
+    total = sum(sum(v) for v in per_step.values())
+    rows = [{"phase": p, "median_ms": median(per_step[p]), "share": sum(per_step[p]) / total} for p in PHASES]
+    rows.append({"phase": "step_total", "median_ms": median(step_ms), "share": 1.0})
+    summary = {"steps": len(step_ms), "step_ms": median(step_ms), "prefill_ms": median(prefill_ms),
+               "topk_transfer_ms": topk_ms, "shares": {r["phase"]: r["share"] for r in rows[:-1]}}
+    config = {"model": source, "prompts": str(prompts or default_prompts_path()), "num_prompts": len(items),
+              **kwargs, "chat": chat_flag, "keep": engine.options.keep, "reps": reps, "warmup": warmup}
+    return {"mode": "phases", "config": config, "rows": rows, "summary": summary}

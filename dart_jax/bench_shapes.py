@@ -1,0 +1,166 @@
+"""`shapes` mode: the target's verify step for several tree budgets against a 1-token decode step.
+
+The cost of a speculative step is one target pass over the root plus `budget` tree nodes; this
+mode measures it on a given Qwen3 shape with random weights, so no checkpoint is needed.
+Attention is dense over the static shapes, so the timing does not depend on the tree's mask.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dart_jax.bench_util import progress, summary_ms, time_calls
+
+_QWEN3_COMMON = {"vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                 "max_position_embeddings": 40960, "head_dim": 128, "num_key_value_heads": 8,
+                 "hidden_act": "silu", "model_type": "qwen3", "attention_bias": False}
+
+# the published Qwen3 dense checkpoints' config.json fields that set the compute shape
+KNOWN_SHAPES: dict[str, dict[str, Any]] = {
+    "Qwen3-0.6B": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "tie_word_embeddings": True},
+    "Qwen3-1.7B": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "tie_word_embeddings": True},
+    "Qwen3-4B": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "tie_word_embeddings": True},
+    "Qwen3-8B": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "tie_word_embeddings": False},
+    "Qwen3-14B": {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 40,
+                  "num_attention_heads": 40, "tie_word_embeddings": False},
+    "Qwen3-32B": {"hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+                  "num_attention_heads": 64, "tie_word_embeddings": False},
+}
+KNOWN_SHAPES = {name: {**_QWEN3_COMMON, **fields} for name, fields in KNOWN_SHAPES.items()}
+
+# small enough to compile and run in seconds on a CPU
+TINY_SHAPE = {**_QWEN3_COMMON, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "max_position_embeddings": 4096, "tie_word_embeddings": True}
+
+
+def shape_fields(*, model: str | None = None, config_path: str | None = None, tiny: bool = False,
+                 layers: int | None = None, vocab: int | None = None) -> tuple[str, dict[str, Any]]:
+    """(a label, HF config.json fields) for the shape to benchmark."""
+    if sum(bool(x) for x in (model, config_path, tiny)) > 1:
+        raise ValueError("pass only one of --model, --config and --tiny")
+    if config_path:
+        path = Path(config_path)
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found; pass a Qwen3 config.json or its folder")
+        fields, label = json.loads(path.read_text()), str(path)
+    elif tiny:
+        fields, label = dict(TINY_SHAPE), "tiny"
+    else:
+        name = model or "Qwen3-8B"
+        if name not in KNOWN_SHAPES:
+            raise ValueError(f"unknown model shape {name!r}; known: {', '.join(KNOWN_SHAPES)} (or pass --config/--tiny)")
+        fields, label = dict(KNOWN_SHAPES[name]), name
+    if layers is not None:
+        if layers < 3:
+            raise ValueError(f"--layers must be >= 3 (the taps read layers 2, L//2 and L-3), got {layers}")
+        fields["num_hidden_layers"] = layers
+        label += f" ({layers} layers)"
+    if vocab is not None:
+        if vocab < 2:
+            raise ValueError(f"--vocab must be >= 2, got {vocab}")
+        fields["vocab_size"] = vocab
+        label += f" (vocab {vocab})"
+    return label, fields
+
+
+def param_count(f: dict[str, Any]) -> int:
+    h, i, L, v = f["hidden_size"], f["intermediate_size"], f["num_hidden_layers"], f["vocab_size"]
+    d = f.get("head_dim") or h // f["num_attention_heads"]
+    qo = 2 * h * f["num_attention_heads"] * d
+    kv = 2 * h * f["num_key_value_heads"] * d
+    per_layer = qo + kv + 3 * h * i + 2 * h + 2 * d
+    return L * per_layer + v * h * (1 if f.get("tie_word_embeddings") else 2) + h
+
+
+def _check_memory(fields: dict[str, Any], itemsize: int, cache_bytes: int) -> None:
+    """Refuse shapes that cannot fit before allocating them, with the flags that make them fit."""
+    import jax
+
+    need = param_count(fields) * itemsize + cache_bytes
+    device = jax.devices()[0]
+    limit = None
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        limit = int(stats["bytes_limit"])
+    elif device.platform == "cpu" and hasattr(os, "sysconf"):
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if limit and need > 0.85 * limit:
+        raise ValueError(f"this shape needs about {need / 2**30:.1f} GiB for weights and cache but the device has "
+                         f"{limit / 2**30:.1f} GiB; cut it with --layers N, --vocab N or --context N, or use --tiny")
+
+
+def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny: bool = False,
+               layers: int | None = None, vocab: int | None = None, budgets=(1, 8, 16, 32, 60), context: int = 512,
+               batch: int = 1, dtype: str | None = None, reps: int = 10, warmup: int = 2, seed: int = 0,
+               show_progress: bool = True) -> dict[str, Any]:
+    """Median time of a verify step (root + `budget` nodes) per budget, and of a 1-token decode step."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from dart_jax.qwen3 import Qwen3, Qwen3Config, init_cache
+
+    if context < 1 or batch < 1:
+        raise ValueError(f"--context and --batch must be >= 1, got {context} and {batch}")
+    label, fields = shape_fields(model=model, config_path=config_path, tiny=tiny, layers=layers, vocab=vocab)
+    dtype = dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    jdtype = jnp.dtype(dtype)
+    config = Qwen3Config.from_hf(fields)
+    max_len = context + max(budgets) + 1
+    kv_heads, head_dim = fields["num_key_value_heads"], fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
+    cache_bytes = 2 * fields["num_hidden_layers"] * batch * max_len * kv_heads * head_dim * jdtype.itemsize
+    _check_memory(fields, jdtype.itemsize, cache_bytes)
+
+    bar = progress(1 + (1 + len(budgets)) * (reps + warmup), "shapes", show_progress)
+    target = Qwen3(config, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(target)
+    bar.update()
+
+    def step(state, ids, cache, cache_len, mask, *, taps: bool):
+        m = nnx.merge(graphdef, state)
+        hidden, aux, cache = m.forward_hidden(ids, cache=cache, cache_len=cache_len, mask=mask, return_taps=taps)
+        # the engine reads the target's choice per node; the argmax keeps the lm_head in the timing
+        return jnp.argmax(m.lm_logits(hidden), axis=-1), aux, cache
+
+    verify = jax.jit(lambda s, i, c, n, m: step(s, i, c, n, m, taps=True), donate_argnums=(2,))
+    decode = jax.jit(lambda s, i, c, n, m: step(s, i, c, n, m, taps=False), donate_argnums=(2,))
+    rng = np.random.default_rng(seed)
+    cache_len = jnp.full((batch,), context, jnp.int32)
+    holder = {"cache": init_cache(config, batch, max_len, jdtype)}
+
+    def timed(fn, tokens):
+        ids = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch, tokens)), jnp.int32)
+        # ancestors-or-self of a chain: any tree of this size costs the same with dense attention
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((tokens, tokens), bool)), (batch, tokens, tokens))
+
+        def call():
+            out, aux, holder["cache"] = fn(state, ids, holder["cache"], cache_len, mask)
+            return out, aux
+
+        return summary_ms(time_calls(call, reps=reps, warmup=warmup, tick=bar.update))
+
+    base = timed(decode, 1)
+    rows = [{"kind": "decode", "budget": 0, "tokens": 1, **base, "ratio_to_decode": 1.0}]
+    for budget in budgets:
+        t = timed(verify, budget + 1)
+        rows.append({"kind": "verify", "budget": budget, "tokens": budget + 1, **t,
+                     "ratio_to_decode": t["median_ms"] / base["median_ms"]})
+    bar.close()
+    config_out = {"shape": label, "fields": fields, "params": param_count(fields), "dtype": dtype,
+                  "context": context, "batch": batch, "reps": reps, "warmup": warmup, "seed": seed}
+    summary = {"decode_ms": base["median_ms"],
+               "verify_ms": {str(r["budget"]): r["median_ms"] for r in rows[1:]},
+               "ratio_to_decode": {str(r["budget"]): r["ratio_to_decode"] for r in rows[1:]}}
+    return {"mode": "shapes", "config": config_out, "rows": rows, "summary": summary}

@@ -1,0 +1,241 @@
+"""`DartModel`: checkpoints → a ready DART engine with a tokenizer (the public Python API)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from .engine import Engine, EngineOptions, Stats
+
+# SPEC §1: the published DART heads and the base model each was trained for
+PUBLISHED_PAIRS = {
+    "fvliang/qwen1.7b-dart": "Qwen/Qwen3-1.7B",
+    "fvliang/qwen4b-dart": "Qwen/Qwen3-4B",
+    "fvliang/qwen8b-dart": "Qwen/Qwen3-8B",
+    "fvliang/qwen14b-dart": "Qwen/Qwen3-14B",
+    "fvliang/qwen32b-dart": "Qwen/Qwen3-32B",
+}
+DEFAULT_NGRAM = "fvliang/dart-qwen3-ngram"
+BASE_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model")
+_ENGINE_OPTS = {f.name for f in dataclasses.fields(EngineOptions)}
+_MODEL_OPTS = {"system_prompt", "enable_thinking", "trie_cache_dir"}
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated ids only; a final EOS is included when generation stopped on it
+    text: str
+    accept_lengths: list[int]  # per speculative step, k+1 (the bonus token counted)
+    stats: dict[str, Any]
+    prompt_ids: list[int]
+
+
+def published_base(dart: str | os.PathLike) -> str:
+    """The base hub id of a published DART head, given its hub id or a local copy of it."""
+    name = str(dart).rstrip("/")
+    if name in PUBLISHED_PAIRS:
+        return PUBLISHED_PAIRS[name]
+    parts = Path(name).parts
+    for repo, base in PUBLISHED_PAIRS.items():
+        owner, short = repo.split("/")
+        # a plain folder named like the repo, or a hub cache snapshot models--owner--name/snapshots/<rev>
+        if (parts and parts[-1] == short) or f"models--{owner}--{short}" in parts:
+            return base
+    raise ValueError(f"cannot tell which base model the DART head {name!r} belongs to: it is none of the published "
+                     f"heads {sorted(PUBLISHED_PAIRS)}. Pass the base model explicitly (base=... / --base).")
+
+
+def _trie_file(ngram, small: bool) -> Path:
+    from .convert.hub import resolve
+
+    name = "small.trie" if small else "full.trie"
+    path = Path(os.path.expanduser(str(ngram)))
+    if path.is_file():
+        return path
+    if path.is_dir():
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"the n-gram folder {path} has no {name} (found: "
+                                    f"{sorted(p.name for p in path.iterdir())[:10]}); pass the trie file itself, or "
+                                    f"{'drop' if small else 'add'} small_ngram / --small-ngram.")
+        return path / name
+    folder = resolve(ngram, [name], what="n-gram trie")
+    if not (folder / name).is_file():
+        raise FileNotFoundError(f"the n-gram repository {ngram!r} has no {name}.")
+    return folder / name
+
+
+def _converted_path(source: Path, cache_dir: str | os.PathLike | None) -> Path:
+    if cache_dir is None and os.access(source.resolve().parent, os.W_OK) and os.access(source.parent, os.W_OK):
+        return source.with_name(source.name + ".dart_jax")
+    cache = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dart_jax"
+    st = source.stat()
+    digest = hashlib.sha1(f"{source.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache / f"{source.name}.{digest}.dart_jax"
+
+
+def load_trie(ngram, *, small: bool = False, cache_dir: str | os.PathLike | None = None):
+    """A `Trie` from a file, a folder holding small.trie/full.trie, or a hub id. A reference
+    (C++) `.trie` is converted once to our format and cached next to it (or under `cache_dir`,
+    default ~/.cache/dart_jax, when that folder is read-only)."""
+    from .ngram import Trie
+    from .ngram.trie import MAGIC
+
+    path = _trie_file(ngram, small)
+    with open(path, "rb") as f:
+        magic = f.read(len(MAGIC))
+    if magic == MAGIC:
+        return Trie.load(path)
+    converted = _converted_path(path, cache_dir)
+    if converted.is_file() and converted.stat().st_mtime >= path.stat().st_mtime:
+        return Trie.load(converted)
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    return Trie.from_reference(path, out=converted, progress=True)
+
+
+def _eos_ids(tokenizer, base_folder: Path, config_eos: Sequence[int]) -> list[int]:
+    ids = set(int(e) for e in config_eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = base_folder / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        if eos is not None:
+            ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    return sorted(ids)
+
+
+class DartModel:
+    """DART speculative decoding of a Qwen3 target with a DART head and an n-gram trie."""
+
+    def __init__(self, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int],
+                 options: EngineOptions = EngineOptions(), system_prompt: str | None = None,
+                 enable_thinking: bool = False, mesh=None):
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.enable_thinking = enable_thinking
+        tree_eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(eos_ids, default=None)
+        self.engine = Engine(target, head, trie, eos_ids=eos_ids, tree_eos_id=tree_eos, options=options, mesh=mesh)
+
+    @property
+    def target(self):
+        return self.engine.target
+
+    @property
+    def head(self):
+        return self.engine.head
+
+    @classmethod
+    def from_pretrained(cls, base, dart, ngram=None, *, small_ngram: bool = False, dtype=None, mesh=None,
+                        **opts) -> "DartModel":
+        """Load base (Qwen3), DART head and n-gram trie (hub ids or local paths).
+
+        base=None resolves the base of a published head. ngram=None takes DEFAULT_NGRAM;
+        ngram=False (or "none") searches with the head's logits only. `small_ngram` picks
+        small.trie instead of full.trie inside an n-gram folder or repository.
+        opts: keep, beam_width, topk, draft_rows, ngram_weight, min_bucket, cache_multiple
+        (EngineOptions); system_prompt, enable_thinking (chat formatting); trie_cache_dir.
+        """
+        from transformers import AutoTokenizer
+
+        from .convert import load_dart_head, load_qwen3
+        from .convert.dart_head import check_fits_target, read_head_config
+        from .convert.hub import resolve
+        from .convert.qwen3 import load_qwen3_config
+
+        unknown = sorted(set(opts) - _ENGINE_OPTS - _MODEL_OPTS)
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown}; valid: {sorted(_ENGINE_OPTS | _MODEL_OPTS)}.")
+        if dart is None:
+            raise ValueError("a DART head is required (dart=hub id or folder).")
+        if base is None:
+            base = published_base(dart)
+        head_folder = resolve(dart, ["*.json", "*.safetensors"], what="DART head")
+        base_folder = resolve(base, BASE_PATTERNS, what="base model")
+        head_config = read_head_config(head_folder)
+        target_config = load_qwen3_config(base_folder)
+        check_fits_target(head_config, target_config)
+        options = EngineOptions(**{k: v for k, v in opts.items() if k in _ENGINE_OPTS})
+        options.validate(head_config.num_rows, head_config.draft_vocab_size)
+
+        if ngram is False or (isinstance(ngram, str) and ngram.lower() == "none"):
+            trie = None
+        else:
+            trie = load_trie(DEFAULT_NGRAM if ngram is None else ngram, small=small_ngram,
+                             cache_dir=opts.get("trie_cache_dir"))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(base_folder))
+        except (OSError, ValueError) as e:
+            raise FileNotFoundError(f"no usable tokenizer in the base folder {base_folder} ({e}); it needs the HF "
+                                    "tokenizer files (tokenizer.json / tokenizer_config.json).") from e
+        if len(tokenizer) > target_config.vocab_size:
+            raise ValueError(f"the tokenizer in {base_folder} has {len(tokenizer)} tokens but the model's vocab_size is "
+                             f"{target_config.vocab_size}: tokenizer and weights do not belong together.")
+        target = load_qwen3(base_folder, dtype=dtype, mesh=mesh)
+        head = load_dart_head(head_folder, target, dtype=dtype)
+        return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids),
+                   options=options, system_prompt=opts.get("system_prompt"),
+                   enable_thinking=bool(opts.get("enable_thinking", False)), mesh=mesh)
+
+    # ------------------------------------------------------------------ prompts and text
+    def encode(self, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: strings are chat-formatted when `chat`; id sequences are used as is."""
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("the tokenizer has no chat template; pass chat=False (--no-chat) to use the raw prompt.")
+            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+            messages.append({"role": "user", "content": prompt})
+            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                        enable_thinking=self.enable_thinking)
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ generation
+    def _run(self, steps_fn, prompt, chat, kwargs) -> GenerationResult:
+        ids = self.encode(prompt, chat)
+        stats = Stats()
+        out = []
+        for kept, _ in steps_fn(ids, stats=stats, **kwargs):
+            out.extend(kept)
+        return GenerationResult(out, self.decode(out), list(stats.accept_lengths), stats.as_dict(), ids)
+
+    def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                 chat: bool = True) -> GenerationResult:
+        """DART decoding; greedy when temperature is 0, else lossless sampling."""
+        kwargs = dict(max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, top_p=top_p,
+                      top_k=top_k, seed=seed)
+        return self._run(self.engine.generate_steps, prompt, chat, kwargs)
+
+    def generate_ar(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
+                    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                    chat: bool = True) -> GenerationResult:
+        """Plain autoregressive decoding of the target (the baseline), same arguments."""
+        kwargs = dict(max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, top_p=top_p,
+                      top_k=top_k, seed=seed)
+        return self._run(self.engine.generate_ar_steps, prompt, chat, kwargs)
+
+    def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
+               stats: Stats | None = None) -> Iterator[tuple[str, int]]:
+        """Yields (new text, accepted length of the step) once per step (0 for the prefill's token).
+        Text is held back while it ends in an incomplete character."""
+        ids = self.encode(prompt, chat)
+        out: list[int] = []
+        shown = ""
+        for kept, accepted in self.engine.generate_steps(ids, max_new_tokens=max_new_tokens, max_length=max_length,
+                                                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                                         stats=stats):
+            out.extend(kept)
+            text = self.decode(out)
+            if text.endswith("\ufffd"):
+                yield "", accepted
+                continue
+            piece, shown = text[len(shown):] if text.startswith(shown) else text, text
+            yield piece, accepted

@@ -1,0 +1,151 @@
+"""Token sampling and tree acceptance (SPEC §4 step 3), as pure jittable functions.
+
+The logits pipeline follows the reference's `prepare_logits_processor`: temperature, then top-p,
+then top-k (in that order, which differs from transformers' default), then softmax. The three
+settings are traced arrays so that changing them between generations does not recompile; only
+"greedy or not" is a static choice.
+
+Acceptance works on one tree at a time (vmap over the batch):
+- greedy: for every root-to-leaf row of `retrieve`, count the successive tokens that equal the
+  target's argmax at their parent; the first row with the longest run wins.
+- sampling: walk down from the root; among the distinct children of the current node, in the
+  order of their first leaf row, accept child x with probability p(x); on rejection set p(x) = 0,
+  renormalise and try the next child. When no child is accepted, or a leaf is reached, the bonus
+  token is drawn from the current (possibly renormalised) p. This keeps the target distribution.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+GREEDY_TEMPERATURE = 1e-5  # at or below this the reference decodes greedily
+
+
+class SamplingParams(NamedTuple):
+    """Traced sampling settings. top_p = 1 and top_k = 0 disable those filters."""
+
+    temperature: jax.Array  # float32 scalar
+    top_p: jax.Array  # float32 scalar
+    top_k: jax.Array  # int32 scalar
+
+    @classmethod
+    def make(cls, temperature: float, top_p: float, top_k: int) -> "SamplingParams":
+        return cls(jnp.float32(max(temperature, GREEDY_TEMPERATURE)), jnp.float32(top_p), jnp.int32(top_k))
+
+
+def is_greedy(temperature: float) -> bool:
+    return temperature <= GREEDY_TEMPERATURE
+
+
+def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """Probabilities [..., V] (float32) after temperature → top-p → top-k → softmax.
+
+    top-p removes the tokens whose ascending cumulative probability is <= 1 - top_p (the most
+    likely token always survives); top-k then removes the tokens whose filtered logit is below the
+    k-th largest (ties kept), as transformers' warpers do.
+    """
+    x = logits.astype(jnp.float32) / params.temperature
+    vocab = x.shape[-1]
+    order = jnp.argsort(x, axis=-1)  # ascending
+    asc = jnp.take_along_axis(x, order, axis=-1)
+    cum = jnp.cumsum(jax.nn.softmax(asc, axis=-1), axis=-1)
+    drop_sorted = (cum <= 1.0 - params.top_p) & (params.top_p < 1.0)
+    drop_sorted = drop_sorted.at[..., -1].set(False)
+    drop = jnp.zeros_like(drop_sorted)
+    drop = jnp.put_along_axis(drop, order, drop_sorted, axis=-1, inplace=False)
+    x = jnp.where(drop, -jnp.inf, x)
+    # The k-th largest surviving logit: the ascending order is unchanged by the top-p mask.
+    asc_filtered = jnp.where(drop_sorted, -jnp.inf, asc)
+    k = jnp.clip(params.top_k, 1, vocab)
+    kth = jnp.take(asc_filtered, vocab - k, axis=-1)[..., None]
+    x = jnp.where((params.top_k > 0) & (x < kth), -jnp.inf, x)
+    return jax.nn.softmax(x, axis=-1)
+
+
+def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams | None) -> jax.Array:
+    """One token per row of `logits` [..., V]: argmax when `params` is None, else a draw."""
+    if params is None:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    probs = process_logits(logits, params)
+    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+class Acceptance(NamedTuple):
+    """Result for one tree: accepted node ids `path` [D+1] (path[0] = root, entries past `count`
+    are 0), `count` = accepted nodes including the root (k+1), `bonus` = the next root token."""
+
+    path: jax.Array
+    count: jax.Array
+    bonus: jax.Array
+
+
+def greedy_accept(logits: jax.Array, tokens: jax.Array, retrieve: jax.Array) -> Acceptance:
+    """Greedy acceptance for one tree: logits [N, V], tokens int32[N], retrieve int32[R, D+1] (-1 padded)."""
+    target = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [N]
+    valid = retrieve >= 0
+    nodes = jnp.where(valid, retrieve, 0)
+    path_tokens = jnp.where(valid, tokens[nodes], -1)  # [R, D+1]
+    match = path_tokens[:, 1:] == target[nodes[:, :-1]]  # token i+1 equals the argmax at node i
+    run = jnp.cumprod(match.astype(jnp.int32), axis=1).sum(axis=1)  # [R]
+    best = jnp.argmax(run)
+    k = run[best]
+    steps = jnp.arange(retrieve.shape[1])
+    path = jnp.where(steps <= k, nodes[best], 0).at[0].set(0)
+    return Acceptance(path.astype(jnp.int32), (k + 1).astype(jnp.int32), target[path[k]])
+
+
+def sibling_rank(retrieve: jax.Array, num_nodes: int) -> jax.Array:
+    """For each node, the index of the first leaf row of `retrieve` [R, D+1] that contains it
+    (the order in which the reference visits siblings); R for nodes in no row."""
+    rows = retrieve.shape[0]
+    hit = (retrieve[:, :, None] == jnp.arange(num_nodes)[None, None, :]).any(axis=1)  # [R, N]
+    return jnp.where(hit.any(axis=0), jnp.argmax(hit, axis=0), rows).astype(jnp.int32)
+
+
+def sample_accept(key: jax.Array, probs: jax.Array, tokens: jax.Array, parents: jax.Array,
+                  retrieve: jax.Array) -> Acceptance:
+    """Lossless multi-candidate rejection sampling down one tree.
+
+    probs [N, V]: processed target probabilities at every node; tokens int32[N]; parents int32[N]
+    (-1 for the root and padding); retrieve int32[R, D+1] fixes the sibling order.
+    """
+    n_nodes = tokens.shape[0]
+    depth = retrieve.shape[1] - 1
+    rank = sibling_rank(retrieve, n_nodes)
+    node_ids = jnp.arange(n_nodes)
+    # siblings have distinct ranks (a leaf row holds one node per depth), so "j is tried before i"
+    # is rank[j] < rank[i]; no sort needed
+    before = rank[None, :] < rank[:, None]  # before[i, j]
+    same_token = tokens[None, :] == tokens[:, None]
+    level_key, bonus_key = jax.random.split(key)
+    uniforms = jax.random.uniform(level_key, (depth, n_nodes))  # one draw per (level, sibling)
+
+    def children(node):
+        """Children of `node` that are tried: a repeated token is skipped, as the reference does."""
+        is_child = (parents == node) & (node_ids > 0)
+        repeated = (before & same_token & is_child[None, :]).any(axis=1)
+        return is_child & ~repeated
+
+    def level(step, state):
+        node, done, path, count = state
+        child = children(node)
+        p = jnp.where(child, probs[node, tokens], 0.0)  # [N]
+        tried = jnp.where(before, p[None, :], 0.0).sum(axis=1)  # mass of the siblings tried before i
+        left = jnp.maximum(1.0 - tried, 0.0)
+        ratio = jnp.where((p > 0) & (left - p <= 1e-6), 1.0, p / jnp.maximum(left, 1e-30))
+        take = child & (uniforms[step] < ratio)
+        accepted = take.any() & ~done
+        nxt = jnp.argmin(jnp.where(take, rank, retrieve.shape[0] + 1))
+        node = jnp.where(accepted, nxt, node)
+        path = path.at[step + 1].set(jnp.where(accepted, nxt, 0))
+        return node, done | ~accepted, path, count + accepted.astype(jnp.int32)
+
+    init = (jnp.int32(0), jnp.bool_(False), jnp.zeros(depth + 1, jnp.int32), jnp.int32(1))
+    node, _, path, count = jax.lax.fori_loop(0, depth, level, init)
+    # Every child of the last node was rejected (or it has none): draw from what is left.
+    rejected = jnp.zeros(probs.shape[-1], bool).at[tokens].max(children(node))
+    rest = jnp.where(rejected, 0.0, probs[node])
+    bonus = jax.random.categorical(bonus_key, jnp.log(rest / jnp.maximum(rest.sum(), 1e-30)))
+    return Acceptance(path, count, bonus.astype(jnp.int32))

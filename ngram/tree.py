@@ -1,0 +1,664 @@
+"""N-gram-guided beam search that turns the head's d top-k rows into a draft tree (SPEC §5).
+
+The search, the pool selection and the tree encoding run in Numba on flat arrays; the Python
+functions only check arguments and allocate the static-shape outputs.
+
+Search (as the reference's C++ searcher does it, scores in float32):
+  * the beam starts as one empty sequence with score 0;
+  * at row l every beam entry is extended by each of the k candidates of row l with
+    ``score += w_lvl(l) * (w_log(l) * ln(p_logit + 1e-10) + ngram_weight * ln(p_ngram + 1e-10))``;
+    the n-gram term is left out at row 0, when ``ngram_weight == 0`` and when there is no trie;
+    the n-gram context is the last ``order - 1`` ids of (preceding ids + the entry's sequence);
+  * every extension enters the pool; the next beam is the best ``beam_width`` extensions of
+    this row, those whose last id is ``eos_id`` ranked after all others (they are otherwise
+    treated like any sequence and are extended further if they make the beam);
+  * after d rows the best ``keep`` entries of the whole pool (by score alone) form the tree.
+
+Tie-breaking (deterministic): the pool is numbered in creation order — row by row, within a
+row by beam rank then by candidate column. Among equal keys the entry with the lower number
+wins, both for the beam and for the final selection. Increments are never positive
+(probabilities are clipped to 1 and the weights must be >= 0), so a child never beats its
+parent, which has the lower number: the kept set is closed under taking parents, a tree.
+
+Encoding (padded to static shapes, see :class:`DraftTree`): node 0 is the root (the last
+preceding id, depth 0); nodes 1.. are the kept entries sorted by depth, and within a depth by
+selection rank (score descending, then pool number). Retrieve rows list the leaves in
+lexicographic order of their token paths (as the reference does), ties by node index.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, NamedTuple, Sequence, Union
+
+import numpy as np
+from numba import njit, prange
+
+from ._query import find_child, num_valid_nodes
+
+__all__ = [
+    "DraftTree",
+    "build_tree",
+    "build_tree_batch",
+    "default_level_weight",
+    "default_logit_weight",
+]
+
+WeightSpec = Union[Callable[[int], float], Sequence[float], np.ndarray, None]
+
+
+class DraftTree(NamedTuple):
+    """A draft tree padded to static shapes (``n = keep + 1`` node slots, root included).
+
+    Real entries: nodes ``0 .. num_nodes-1`` and retrieve rows ``0 .. num_leaves-1``.
+    Padded node slots hold token 0, position 0, parent -1, and a mask row that is all False
+    except the diagonal (so a padded query still has one key to attend to and never makes a
+    NaN); no real node's row has True in a padded column. Padded retrieve rows and the tail
+    of each retrieve row beyond the leaf's depth hold -1. The batch form stacks every field
+    along a leading axis B (``num_nodes``/``num_leaves`` become int32[B]).
+    """
+
+    tokens: np.ndarray  # int32[n] target token ids; tokens[0] is the root
+    positions: np.ndarray  # int32[n] depth in the tree (root 0)
+    parents: np.ndarray  # int32[n] parent node, -1 for the root and padding
+    mask: np.ndarray  # bool[n, n] mask[i, j]: node j is an ancestor of node i or i itself
+    retrieve: np.ndarray  # int32[keep, d+1] one row per leaf: [0, node at depth 1, ..., leaf]
+    num_nodes: np.ndarray  # int32 scalar: real nodes, root included
+    num_leaves: np.ndarray  # int32 scalar: real retrieve rows
+
+
+def default_level_weight(level: int) -> float:
+    return (level + 1) ** -0.7
+
+
+def default_logit_weight(level: int) -> float:
+    return 0.9**level
+
+
+# ---------------------------------------------------------------------------------------------
+# Numba kernels
+# ---------------------------------------------------------------------------------------------
+
+_INT32_MAX = np.iinfo(np.int32).max
+_OK, _BAD_IDS, _BAD_PROBS, _BAD_PRECEDING = 0, 1, 2, 3
+
+
+@njit(cache=True, inline="always")
+def _better(eos_a, score_a, idx_a, eos_b, score_b, idx_b):
+    """Ranking: non-EOS before EOS (when the rule applies), higher score, lower pool number."""
+    if eos_a != eos_b:
+        return not eos_a
+    if score_a != score_b:
+        return score_a > score_b
+    return idx_a < idx_b
+
+
+@njit(cache=True, inline="always")
+def _admits(ranked, n, count, eos_c, score_c, pool_eos, pool_score, use_eos):
+    """Whether an entry numbered after every ranked one would enter the best-``count`` list."""
+    if n < count:
+        return True
+    w = ranked[n - 1]
+    return _better(eos_c, score_c, 1, pool_eos[w] and use_eos, pool_score[w], 0)
+
+
+@njit(cache=True, inline="always")
+def _insert(ranked, n, count, i, pool_eos, pool_score, use_eos):
+    """Insert pool entry ``i`` (admitted, numbered last) into the ranked list; returns its length."""
+    eos_i = pool_eos[i] and use_eos
+    s = pool_score[i]
+    if n == count:
+        pos = n - 1
+    else:
+        pos = n
+        n += 1
+    while pos > 0:
+        w = ranked[pos - 1]
+        if _better(eos_i, s, i, pool_eos[w] and use_eos, pool_score[w], w):
+            ranked[pos] = w
+            pos -= 1
+        else:
+            break
+    ranked[pos] = i
+    return n
+
+
+@njit(cache=True)
+def _path_less(paths, depth, a, b):
+    """Lexicographic order of two nodes' token paths, a prefix first, then node index."""
+    la = depth[a]
+    lb = depth[b]
+    m = min(la, lb)
+    for t in range(m):
+        if paths[a, t] != paths[b, t]:
+            return paths[a, t] < paths[b, t]
+    if la != lb:
+        return la < lb
+    return a < b
+
+
+@njit(cache=True)
+def _check_inputs(topk_ids, topk_probs, preceding, n_preceding):
+    for lvl in range(topk_ids.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            if topk_ids[lvl, j] < 0 or topk_ids[lvl, j] > _INT32_MAX:
+                return _BAD_IDS
+            p = topk_probs[lvl, j]
+            if not (p >= 0 and math.isfinite(p)):
+                return _BAD_PROBS
+    for t in range(n_preceding):
+        if preceding[t] < 0 or preceding[t] > _INT32_MAX:
+            return _BAD_PRECEDING
+    return _OK
+
+
+@njit(cache=True)
+def _suffix_nodes_of_preceding(token, child_start, n_trie, preceding, n_preceding, out):
+    """out[L] = trie node of the last L preceding ids (-1 when not a path), L = 1 .. len(out)-1."""
+    for length in range(1, out.shape[0]):
+        out[length] = -1
+        if length > n_preceding:
+            continue
+        node = 0
+        for t in range(n_preceding - length, n_preceding):
+            node = find_child(token, child_start, n_trie, node, preceding[t])
+            if node < 0:
+                break
+        out[length] = node
+
+
+@njit(cache=True, error_model="numpy")
+def _search_one(
+    topk_ids,
+    topk_probs,
+    preceding,
+    n_preceding,
+    token,
+    freq,
+    child_start,
+    order,
+    use_ngram,
+    ngram_weight,
+    level_w,
+    logit_w,
+    eos_id,
+    beam_width,
+    keep,
+    out_tokens,
+    out_positions,
+    out_parents,
+    out_mask,
+    out_retrieve,
+):
+    """Search one sequence and write its padded tree into the ``out_*`` arrays.
+
+    Returns (status, num_nodes, num_leaves); status is ``_OK`` or names the bad input.
+    ``out_*`` must be allocated as the Python wrappers do (zeros, parents and retrieve -1).
+
+    Same result as scoring the whole pool and sorting it, with two shortcuts:
+      * the beam of the row and the global best-``keep`` list are kept up to date as entries
+        are made; an entry whose score bound (its score with the n-gram term taken as 0,
+        which is the largest it can be) would enter neither is dropped before its n-gram
+        lookup — the lists' thresholds only rise, so it could never have entered later;
+      * n-gram probabilities (SPEC §5, as ``ngram_probs`` of trie.py) come from per-entry
+        suffix nodes: each beam entry carries the trie nodes of its last 1 .. order-1 ids,
+        found from its parent's with one child lookup, and a candidate's lookup under a node
+        is shared by every beam entry of the row with that suffix node.
+    """
+    d, k = topk_ids.shape
+    status = _check_inputs(topk_ids, topk_probs, preceding, n_preceding)
+    if status != _OK:
+        return status, 0, 0
+
+    cap = k
+    width = 1
+    for _ in range(1, d):
+        width = min(beam_width, width * k)
+        cap += width * k
+    pool_score = np.empty(cap, np.float32)
+    pool_parent = np.empty(cap, np.int32)
+    pool_token = np.empty(cap, np.int64)
+    pool_depth = np.empty(cap, np.int32)
+    pool_eos = np.empty(cap, np.bool_)
+    pool_slot = np.empty(cap, np.int32)  # beam rank of the parent
+    pool_col = np.empty(cap, np.int32)  # candidate column
+
+    beam = np.empty(beam_width, np.int64)
+    row_best = np.empty(beam_width, np.int64)
+    best = np.empty(keep, np.int64)
+    beam[0] = -1
+    n_beam = 1
+    n_best = 0
+
+    one = np.float32(1.0)
+    tiny = np.float32(1e-10)
+    ngw = np.float32(ngram_weight)
+    logit_term = np.empty((d, k), np.float32)
+    for lvl in range(d):
+        gw = np.float32(logit_w[lvl])
+        for j in range(k):
+            p = min(np.float32(topk_probs[lvl, j]), one)
+            logit_term[lvl, j] = np.float32(math.log(p + tiny)) * gw
+
+    n_trie = num_valid_nodes(token, freq, child_start)
+    m = order - 1 if (use_ngram and ngram_weight > 0 and n_trie > 0 and order > 1) else 0
+    miss_term = np.float32(math.log(tiny)) * ngw
+    beam_ctx = np.full((beam_width, m + 1), -1, np.int64)
+    next_ctx = np.full((beam_width, m + 1), -1, np.int64)
+    _suffix_nodes_of_preceding(token, child_start, n_trie, preceding, n_preceding, beam_ctx[0])
+    root_child = np.full((d, k), -2, np.int64)
+    memo_cap = max(beam_width * m, 1)
+    memo_node = np.empty(memo_cap, np.int64)
+    memo_inv = np.empty(memo_cap, np.float32)
+    memo_state = np.empty((memo_cap, k), np.int8)  # 0 not looked up, 1 child, 2 no child
+    memo_p = np.empty((memo_cap, k), np.float32)
+    beam_memo = np.full((beam_width, m + 1), -1, np.int64)
+
+    n_pool = 0
+    for lvl in range(d):
+        lw = np.float32(level_w[lvl])
+        with_ngram = m > 0 and lvl > 0
+        to_beam = lvl + 1 < d
+        if with_ngram:
+            n_memo = 0
+            for bi in range(n_beam):
+                for length in range(1, m + 1):
+                    node = beam_ctx[bi, length]
+                    slot = -1
+                    if node >= 0:
+                        for s in range(n_memo):
+                            if memo_node[s] == node:
+                                slot = s
+                                break
+                        if slot < 0:
+                            slot = n_memo
+                            n_memo += 1
+                            memo_node[slot] = node
+                            memo_inv[slot] = one / np.float32(freq[node])
+                            memo_state[slot, :] = 0
+                    beam_memo[bi, length] = slot
+        n_row = 0
+        for bi in range(n_beam):
+            parent = beam[bi]
+            base = np.float32(0.0) if parent < 0 else pool_score[parent]
+            for j in range(k):
+                tok = topk_ids[lvl, j]
+                is_eos = tok == eos_id
+                term = logit_term[lvl, j]
+                if with_ngram:
+                    bound = base + lw * term
+                    if not (
+                        (to_beam and _admits(row_best, n_row, beam_width, is_eos, bound, pool_eos, pool_score, True))
+                        or _admits(best, n_best, keep, False, bound, pool_eos, pool_score, False)
+                    ):
+                        continue
+                    ng = miss_term
+                    for length in range(m, 0, -1):
+                        slot = beam_memo[bi, length]
+                        if slot < 0:
+                            continue
+                        state = memo_state[slot, j]
+                        if state == 0:
+                            ch = find_child(token, child_start, n_trie, memo_node[slot], tok)
+                            state = 1 if ch >= 0 else 2
+                            memo_state[slot, j] = state
+                            if ch >= 0:
+                                pn = np.float32(freq[ch]) * memo_inv[slot]
+                                if not pn <= one:  # also a NaN from a corrupted trie: scores stay finite
+                                    pn = one
+                                memo_p[slot, j] = pn
+                        if state == 1:
+                            ng = np.float32(math.log(memo_p[slot, j] + tiny)) * ngw
+                            break
+                    term = term + ng
+                score = base + lw * term
+                enters_beam = to_beam and _admits(row_best, n_row, beam_width, is_eos, score, pool_eos, pool_score, True)
+                enters_best = _admits(best, n_best, keep, False, score, pool_eos, pool_score, False)
+                if not (enters_beam or enters_best):
+                    continue
+                pool_score[n_pool] = score
+                pool_parent[n_pool] = parent
+                pool_token[n_pool] = tok
+                pool_depth[n_pool] = lvl + 1
+                pool_eos[n_pool] = is_eos
+                pool_slot[n_pool] = bi
+                pool_col[n_pool] = j
+                if enters_beam:
+                    n_row = _insert(row_best, n_row, beam_width, n_pool, pool_eos, pool_score, True)
+                if enters_best:
+                    n_best = _insert(best, n_best, keep, n_pool, pool_eos, pool_score, False)
+                n_pool += 1
+        if to_beam:
+            if m > 0:
+                for r in range(n_row):
+                    e = row_best[r]
+                    bi = pool_slot[e]
+                    j = pool_col[e]
+                    if root_child[lvl, j] == -2:
+                        root_child[lvl, j] = find_child(token, child_start, n_trie, 0, topk_ids[lvl, j])
+                    next_ctx[r, 1] = root_child[lvl, j]
+                    for length in range(2, m + 1):
+                        up = beam_ctx[bi, length - 1]
+                        next_ctx[r, length] = -1 if up < 0 else find_child(token, child_start, n_trie, up, topk_ids[lvl, j])
+                beam_ctx, next_ctx = next_ctx, beam_ctx
+            beam, row_best = row_best, beam
+            n_beam = n_row
+
+    chosen = best
+    n_sel = n_best
+
+    # Nodes sorted by depth (stable: within a depth by selection rank).
+    n_nodes = n_sel + 1
+    node_of = np.full(n_pool, -1, np.int32)
+    depth_count = np.zeros(d + 2, np.int64)
+    for r in range(n_sel):
+        depth_count[pool_depth[chosen[r]] + 1] += 1
+    for t in range(1, d + 2):
+        depth_count[t] += depth_count[t - 1]
+    order_nodes = np.empty(n_sel, np.int64)
+    for r in range(n_sel):
+        pi = chosen[r]
+        dd = pool_depth[pi]
+        slot = depth_count[dd]
+        depth_count[dd] += 1
+        order_nodes[slot] = pi
+        node_of[pi] = slot + 1
+
+    depth = np.zeros(n_nodes, np.int64)
+    paths = np.zeros((n_nodes, d), np.int64)
+    has_child = np.zeros(n_nodes, np.bool_)
+    out_tokens[0] = preceding[n_preceding - 1]
+    out_mask[0, 0] = True
+    for i in range(1, n_nodes):
+        pi = order_nodes[i - 1]
+        par = 0 if pool_parent[pi] < 0 else node_of[pool_parent[pi]]
+        dd = pool_depth[pi]
+        out_tokens[i] = pool_token[pi]
+        out_positions[i] = dd
+        out_parents[i] = par
+        depth[i] = dd
+        has_child[par] = True
+        for t in range(dd - 1):
+            paths[i, t] = paths[par, t]
+        paths[i, dd - 1] = pool_token[pi]
+        for j in range(i):
+            out_mask[i, j] = out_mask[par, j]
+        out_mask[i, i] = True
+    for i in range(n_nodes, out_tokens.shape[0]):
+        out_mask[i, i] = True
+
+    leaves = np.empty(n_nodes, np.int64)
+    n_leaves = 0
+    for i in range(1, n_nodes):
+        if has_child[i]:
+            continue
+        pos = n_leaves
+        n_leaves += 1
+        while pos > 0 and _path_less(paths, depth, i, leaves[pos - 1]):
+            leaves[pos] = leaves[pos - 1]
+            pos -= 1
+        leaves[pos] = i
+    for r in range(n_leaves):
+        node = leaves[r]
+        while node > 0:
+            out_retrieve[r, depth[node]] = node
+            node = out_parents[node]
+        out_retrieve[r, 0] = 0
+    return _OK, n_nodes, n_leaves
+
+
+@njit(cache=True, parallel=True)
+def _search_batch(
+    topk_ids,
+    topk_probs,
+    preceding,
+    preceding_len,
+    token,
+    freq,
+    child_start,
+    order,
+    use_ngram,
+    ngram_weight,
+    level_w,
+    logit_w,
+    eos_id,
+    beam_width,
+    keep,
+    out_tokens,
+    out_positions,
+    out_parents,
+    out_mask,
+    out_retrieve,
+    out_status,
+    out_num_nodes,
+    out_num_leaves,
+):
+    for b in prange(topk_ids.shape[0]):
+        st, nn, nl = _search_one(
+            topk_ids[b],
+            topk_probs[b],
+            preceding[b],
+            preceding_len[b],
+            token,
+            freq,
+            child_start,
+            order,
+            use_ngram,
+            ngram_weight,
+            level_w,
+            logit_w,
+            eos_id,
+            beam_width,
+            keep,
+            out_tokens[b],
+            out_positions[b],
+            out_parents[b],
+            out_mask[b],
+            out_retrieve[b],
+        )
+        out_status[b] = st
+        out_num_nodes[b] = nn
+        out_num_leaves[b] = nl
+
+
+# ---------------------------------------------------------------------------------------------
+# Python entry points: argument checks and static-shape allocation
+# ---------------------------------------------------------------------------------------------
+
+
+
+def _level_weights(spec: WeightSpec, default: Callable[[int], float], d: int, name: str) -> np.ndarray:
+    if spec is None:
+        return _default_weights(default, d)
+    if callable(spec):
+        w = np.array([float(spec(level)) for level in range(d)], np.float64)
+    else:
+        w = np.asarray(spec, np.float64)
+        if w.ndim != 1 or w.shape[0] < d:
+            raise ValueError(
+                f"{name} must be a callable of the row index or a 1-D sequence with at least "
+                f"d={d} entries; got shape {w.shape}. Pass one weight per draft row."
+            )
+        w = w[:d]
+    if not np.all(np.isfinite(w) & (w >= 0)):
+        raise ValueError(
+            f"{name} must be finite and >= 0 for every row 0..{d - 1} (so that a child never "
+            f"outscores its parent); got {w.tolist()}."
+        )
+    return w.astype(np.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def _default_weights(fn: Callable[[int], float], d: int) -> np.ndarray:
+    w = np.array([fn(level) for level in range(d)], np.float32)
+    w.flags.writeable = False
+    return w
+
+
+def _as_int64(x, name: str, shape: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype != np.int64:
+        if x.size and x.dtype.kind not in "iu":
+            raise ValueError(f"{name} must hold integer token ids {shape}; got dtype {x.dtype}.")
+        x = x.astype(np.int64)
+    return np.ascontiguousarray(x)
+
+
+def _check_topk(topk_ids, topk_probs, ndim: int, shape: str):
+    ids = _as_int64(topk_ids, "topk_ids", shape)
+    probs = np.ascontiguousarray(topk_probs, np.float32)
+    if ids.ndim != ndim or probs.shape != ids.shape or 0 in ids.shape:
+        raise ValueError(
+            f"topk_ids and topk_probs must have the same non-empty shape {shape}; got "
+            f"{ids.shape} and {probs.shape}."
+        )
+    return ids, probs
+
+
+def _check_search_args(beam_width: int, keep: int, ngram_weight: float, eos_id) -> int:
+    if int(beam_width) < 1:
+        raise ValueError(f"beam_width must be >= 1; got {beam_width}.")
+    if int(keep) < 1:
+        raise ValueError(f"keep must be >= 1 (the tree budget without the root); got {keep}.")
+    if not (math.isfinite(ngram_weight) and ngram_weight >= 0):
+        raise ValueError(f"ngram_weight must be a finite number >= 0; got {ngram_weight}.")
+    return -1 if eos_id is None else int(eos_id)
+
+
+def _raise_for(status: int, where: str = "") -> None:
+    if status == _BAD_IDS:
+        raise ValueError(
+            f"topk_ids{where} must be target token ids in [0, 2**31). Map draft ids to target ids "
+            "(head.to_target) first."
+        )
+    if status == _BAD_PROBS:
+        raise ValueError(
+            f"topk_probs{where} must be finite and non-negative (the softmax over each row's top-k logits)."
+        )
+    if status == _BAD_PRECEDING:
+        raise ValueError(f"preceding_ids{where} must be token ids in [0, 2**31).")
+
+
+# Same dtypes as Trie.arrays(), so that trie=None reuses the compiled specialisation.
+_NO_TRIE = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(2, np.int64))
+
+
+def _trie_arrays(trie):
+    if trie is None:
+        return (*_NO_TRIE, 1, False)
+    token, freq, child_start = trie.arrays()
+    return token, freq, child_start, int(trie.order), True
+
+
+def build_tree(
+    topk_ids,
+    topk_probs,
+    preceding_ids,
+    trie,
+    *,
+    eos_id: int | None,
+    beam_width: int = 20,
+    keep: int = 60,
+    ngram_weight: float = 0.5,
+    level_weight: WeightSpec = None,
+    logit_weight: WeightSpec = None,
+) -> DraftTree:
+    """Build one draft tree (SPEC §5) padded to ``keep + 1`` nodes.
+
+    Args:
+      topk_ids: int [d, k] target token ids of each row's top-k draft candidates.
+      topk_probs: float [d, k] softmax over each row's top-k logits (values above 1 are
+        clipped to 1).
+      preceding_ids: int [P >= 1] the ids fed to the head this step; the last one is the root.
+      trie: a ``Trie`` (anything with ``.arrays()`` and ``.order``) or None for logits only.
+      eos_id: candidates equal to it are ranked after all others in the beam; None: no such rule.
+      beam_width, keep: beam size per row and number of nodes kept (root excluded).
+      ngram_weight: weight of ln(p_ngram + 1e-10); 0 or ``trie=None`` leave the term out.
+      level_weight, logit_weight: w_lvl(l) and w_log(l) as callables of the row index or
+        sequences of at least d values; defaults (l+1)**-0.7 and 0.9**l.
+    """
+    ids, probs = _check_topk(topk_ids, topk_probs, 2, "[d, k]")
+    preceding = _as_int64(preceding_ids, "preceding_ids", "[P]")
+    if preceding.ndim != 1 or preceding.shape[0] == 0:
+        raise ValueError(
+            f"preceding_ids must be a non-empty 1-D sequence (its last id is the root); got shape {preceding.shape}."
+        )
+    eos = _check_search_args(beam_width, keep, ngram_weight, eos_id)
+    d = ids.shape[0]
+    level_w = _level_weights(level_weight, default_level_weight, d, "level_weight")
+    logit_w = _level_weights(logit_weight, default_logit_weight, d, "logit_weight")
+    token, freq, child_start, order, use_ngram = _trie_arrays(trie)
+
+    n = keep + 1
+    tokens = np.zeros(n, np.int32)
+    positions = np.zeros(n, np.int32)
+    parents = np.full(n, -1, np.int32)
+    mask = np.zeros((n, n), np.bool_)
+    retrieve = np.full((keep, d + 1), -1, np.int32)
+    status, num_nodes, num_leaves = _search_one(
+        ids, probs, preceding, preceding.shape[0], token, freq, child_start, order, use_ngram,
+        float(ngram_weight), level_w, logit_w, eos, int(beam_width), int(keep),
+        tokens, positions, parents, mask, retrieve,
+    )
+    _raise_for(status)
+    return DraftTree(tokens, positions, parents, mask, retrieve, np.int32(num_nodes), np.int32(num_leaves))
+
+
+def build_tree_batch(
+    topk_ids,
+    topk_probs,
+    preceding_ids,
+    trie,
+    *,
+    eos_id: int | None,
+    preceding_len=None,
+    beam_width: int = 20,
+    keep: int = 60,
+    ngram_weight: float = 0.5,
+    level_weight: WeightSpec = None,
+    logit_weight: WeightSpec = None,
+) -> DraftTree:
+    """:func:`build_tree` for B sequences at once (threads across sequences); fields stacked.
+
+    ``topk_ids``/``topk_probs`` are [B, d, k]; ``preceding_ids`` is [B, P] whose first
+    ``preceding_len[b]`` entries (default P) are sequence b's preceding ids.
+    """
+    ids, probs = _check_topk(topk_ids, topk_probs, 3, "[B, d, k]")
+    preceding = _as_int64(preceding_ids, "preceding_ids", "[B, P]")
+    bsz, d, _ = ids.shape
+    if preceding.ndim != 2 or preceding.shape[0] != bsz:
+        raise ValueError(f"preceding_ids must be [B={bsz}, P]; got shape {preceding.shape}.")
+    if preceding_len is None:
+        lens = np.full(bsz, preceding.shape[1], np.int64)
+    else:
+        lens = np.ascontiguousarray(np.asarray(preceding_len), np.int64)
+        if lens.shape != (bsz,):
+            raise ValueError(f"preceding_len must be [B={bsz}]; got shape {lens.shape}.")
+    if bsz and (lens.min() < 1 or lens.max() > preceding.shape[1]):
+        raise ValueError(
+            f"preceding_len must lie in [1, P={preceding.shape[1]}] (every sequence needs its root id); "
+            f"got range [{lens.min()}, {lens.max()}]."
+        )
+    eos = _check_search_args(beam_width, keep, ngram_weight, eos_id)
+    level_w = _level_weights(level_weight, default_level_weight, d, "level_weight")
+    logit_w = _level_weights(logit_weight, default_logit_weight, d, "logit_weight")
+    token, freq, child_start, order, use_ngram = _trie_arrays(trie)
+
+    n = keep + 1
+    tokens = np.zeros((bsz, n), np.int32)
+    positions = np.zeros((bsz, n), np.int32)
+    parents = np.full((bsz, n), -1, np.int32)
+    mask = np.zeros((bsz, n, n), np.bool_)
+    retrieve = np.full((bsz, keep, d + 1), -1, np.int32)
+    num_nodes = np.zeros(bsz, np.int32)
+    num_leaves = np.zeros(bsz, np.int32)
+    status = np.zeros(bsz, np.int64)
+    _search_batch(
+        ids, probs, preceding, lens, token, freq, child_start, order, use_ngram,
+        float(ngram_weight), level_w, logit_w, eos, int(beam_width), int(keep),
+        tokens, positions, parents, mask, retrieve, status, num_nodes, num_leaves,
+    )
+    bad = np.flatnonzero(status)
+    if bad.size:
+        _raise_for(int(status[bad[0]]), f" of sequence {bad[0]}")
+    return DraftTree(tokens, positions, parents, mask, retrieve, num_nodes, num_leaves)

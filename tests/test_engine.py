@@ -1,0 +1,370 @@
+"""The speculative engine against independent oracles: transformers' greedy generate, our own
+autoregressive decoding, the exact target distribution, and a plain-Python restatement of the
+reference's tree rejection sampling (SPEC §4)."""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import struct
+from types import SimpleNamespace
+
+import jax
+import jax.monitoring
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from tiny_models import make_tiny_head, make_tiny_qwen3, make_tiny_setup
+
+from dart_jax.engine import Engine, EngineOptions, Stats, prompt_bucket
+from dart_jax.model import DartModel, load_trie, published_base
+from dart_jax.ngram import Trie
+from dart_jax.sampling import SamplingParams, process_logits, sample_accept
+
+VOCAB = 32
+EOS = 2
+# three lengths in one prompt bucket (32), so one prefill shape serves them all
+PROMPTS = [[5, 9, 14, 3, 27], list(range(3, 20)), [7, 7, 21, 30, 11, 4, 8, 19, 25]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import Qwen3ForCausalLM
+
+    folder = tmp_path_factory.mktemp("engine")
+    base, head, trie = make_tiny_setup(folder, vocab_size=VOCAB, draft_length=3, shuffle_d2t=True,
+                                       num_hidden_layers=4, seed=1)
+    model = DartModel.from_pretrained(base, head, trie, keep=8)
+    hf = Qwen3ForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    return SimpleNamespace(base=base, head=head, trie_path=trie, model=model, hf=hf, folder=folder, greedy={})
+
+
+def hf_generate(tiny, prompt, max_new_tokens, eos=EOS):
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        out = tiny.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                               do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def engine_for(tiny, trie=None, *, eos=(EOS,), **options):
+    return Engine(tiny.model.target, tiny.model.head, trie if trie is not None else tiny.model.engine.trie,
+                  eos_ids=eos, tree_eos_id=EOS, options=EngineOptions(**options))
+
+
+def run(steps_fn, prompt, **kwargs):
+    stats = Stats()
+    ids, counts = [], []
+    for kept, accepted in steps_fn(prompt, stats=stats, **kwargs):
+        ids.extend(kept)
+        counts.append(accepted)
+    assert ids == stats.token_ids
+    return ids, counts[1:], stats
+
+
+def cheating_trie(tiny, n=40):
+    """A trie of the target's own greedy continuations: the search then proposes the right tokens."""
+    return Trie.build([p + hf_generate(tiny, p, n, eos=None) for p in PROMPTS], order=3)
+
+
+@pytest.mark.parametrize("keep,topk,rows", [(1, 8, 2), (8, 25, None), (60, 25, None)])
+def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
+    engine = engine_for(tiny, keep=keep, topk=topk, draft_rows=rows)
+    for prompt in PROMPTS:
+        expected = hf_generate(tiny, prompt, 20)
+        dart, counts, stats = run(engine.generate_steps, prompt, max_new_tokens=20)
+        ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=20)
+        assert dart == ar == expected
+        assert all(1 <= c <= (rows or 4) + 1 for c in counts)
+        assert stats.steps == len(counts) and stats.new_tokens == len(dart)
+
+
+def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
+    trie = cheating_trie(tiny)
+    engine = engine_for(tiny, trie, keep=8)
+    prompt = PROMPTS[2]
+    full, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=30)
+    assert full == hf_generate(tiny, prompt, 30)
+    assert max(counts) >= 3, f"the cheating trie should give long accepted runs, got {counts}"
+
+    # spans of output indices produced by each step; the last index of a span is the bonus token
+    starts = np.cumsum([1] + counts)[:-1]
+    inside = [j for s, c in zip(starts, counts) for j in range(s, s + c - 1) if full[j] not in full[:j]]
+    assert inside, f"no token first appears inside an accepted run: {full} {counts}"
+    j = inside[0]
+    eos_engine = engine_for(tiny, trie, eos=(full[j],), keep=8)
+    stopped, _, _ = run(eos_engine.generate_steps, prompt, max_new_tokens=30)
+    assert stopped == full[: j + 1] == hf_generate(tiny, prompt, 30, eos=full[j])
+
+    s, c = next((s, c) for s, c in zip(starts, counts) if c >= 3)
+    cut, _, _ = run(engine.generate_steps, prompt, max_new_tokens=int(s) + 1)
+    assert cut == full[: s + 1] == hf_generate(tiny, prompt, int(s) + 1)
+    by_length, _, _ = run(engine.generate_steps, prompt, max_length=len(prompt) + int(s) + 2)
+    assert by_length == full[: s + 2]
+
+
+def test_no_compilation_after_warmup(tiny):
+    engine = engine_for(tiny, cheating_trie(tiny), keep=8)
+    other = engine_for(tiny, keep=8)  # another Engine over the same modules shares the executables
+    run(engine.generate_steps, PROMPTS[0], max_new_tokens=12)
+    run(engine.generate_steps, PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=1)
+    run(engine.generate_ar_steps, PROMPTS[0], max_new_tokens=4)
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        seen_counts = set()
+        for prompt in PROMPTS[1:]:
+            for eng in (engine, other):
+                _, counts, _ = run(eng.generate_steps, prompt, max_new_tokens=17)
+                seen_counts.update(counts)
+            run(engine.generate_steps, prompt, max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=3)
+            run(engine.generate_ar_steps, prompt, max_new_tokens=5)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(seen_counts) > 1
+    assert compiles == []
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling
+
+
+def test_process_logits_matches_transformers_warpers():
+    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    rng = np.random.default_rng(0)
+    logits = (2 * rng.standard_normal((4, 40))).astype(np.float32)
+    for temperature, top_p, top_k in [(0.7, 0.9, 5), (1.0, 1.0, 0), (1.3, 0.5, 0), (0.5, 1.0, 3), (2.0, 0.95, 30)]:
+        scores = torch.tensor(logits)
+        # the reference's order: temperature, then top-p, then top-k
+        if temperature != 1.0:
+            scores = TemperatureLogitsWarper(temperature)(None, scores)
+        if top_p < 1.0:
+            scores = TopPLogitsWarper(top_p)(None, scores)
+        if top_k > 0:
+            scores = TopKLogitsWarper(top_k)(None, scores)
+        expected = torch.softmax(scores, dim=-1).numpy()
+        got = np.asarray(process_logits(jnp.asarray(logits), SamplingParams.make(temperature, top_p, top_k)))
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+        np.testing.assert_array_equal(got > 0, expected > 0)
+
+
+def exact_tree_outcomes(probs, tokens, kids):
+    """Plain restatement of the reference's walk: distribution over (accepted tokens…, bonus)."""
+    out = collections.defaultdict(float)
+
+    def walk(node, prefix, weight):
+        p = probs[node] / probs[node].sum()
+        seen = set()
+        for child in kids.get(node, []):
+            x = tokens[child]
+            if x in seen:
+                continue
+            seen.add(x)
+            if p[x] > 0:
+                walk(child, prefix + (x,), weight * p[x])
+            weight *= 1 - p[x]
+            if weight <= 0:
+                return
+            p = p.copy()
+            p[x] = 0
+            p = p / p.sum()
+        for b in np.flatnonzero(p > 0):
+            out[prefix + (-1, int(b))] += weight * p[b]
+
+    walk(0, (), 1.0)
+    return out
+
+
+def test_tree_rejection_sampling_matches_exact_enumeration():
+    v = 6
+    tokens = np.array([0, 1, 2, 1, 3, 4, 1], np.int32)  # node 3 repeats its sibling node 1's token
+    parents = np.array([-1, 0, 0, 0, 1, 1, 2], np.int32)
+    # leaf rows in the order the walk visits siblings: root's children 2, 1, 3; node 1's children 5, 4
+    retrieve = np.array([[0, 2, 6], [0, 1, 5], [0, 1, 4], [0, 3, -1], [-1, -1, -1], [-1, -1, -1]], np.int32)
+    kids = {0: [2, 1, 3], 1: [5, 4], 2: [6]}
+    rng = np.random.default_rng(3)
+    probs = rng.dirichlet(np.ones(v), size=7).astype(np.float32)
+    probs[1, 4] = 0.0  # a child the target can never produce
+    probs[2, 1] = 0.9  # a child that is accepted most of the time
+    probs /= probs.sum(axis=1, keepdims=True)
+
+    n = 20000
+    keys = jax.random.split(jax.random.key(0), n)
+    sample = jax.jit(jax.vmap(sample_accept, in_axes=(0, None, None, None, None)))
+    path, count, bonus = jax.device_get(sample(keys, jnp.asarray(probs), jnp.asarray(tokens), jnp.asarray(parents),
+                                               jnp.asarray(retrieve)))
+    empirical = collections.Counter(
+        tuple(int(t) for t in tokens[path[i, 1:count[i]]]) + (-1, int(bonus[i])) for i in range(n))
+    exact = exact_tree_outcomes(probs.astype(np.float64), tokens, kids)
+    assert set(empirical) <= set(exact), set(empirical) - set(exact)
+    tv = 0.5 * sum(abs(empirical[k] / n - exact.get(k, 0.0)) for k in set(exact) | set(empirical))
+    assert tv < 0.03, tv
+    # losslessness in its simplest form: the first generated token follows the root's distribution
+    first = collections.Counter(k[0] if k[0] != -1 else k[1] for k in empirical.elements())
+    assert max(abs(first[x] / n - probs[0, x]) for x in range(v)) < 0.015
+
+
+def exact_first_tokens(tiny, prompt, length, temperature, top_p, top_k):
+    """P(first `length` generated tokens) from the transformers model with the reference's warpers."""
+    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    def probs(seq):
+        with torch.no_grad():
+            scores = tiny.hf(torch.tensor([seq])).logits[:, -1].float()
+        scores = TopKLogitsWarper(top_k)(None, TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(temperature)(None, scores)))
+        return torch.softmax(scores, -1)[0].numpy().astype(np.float64)
+
+    dist = {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for seq, w in dist.items():
+            p = probs(prompt + list(seq))
+            for t in np.flatnonzero(p > 0):
+                nxt[seq + (int(t),)] = w * p[t]
+        dist = nxt
+    return dist
+
+
+def test_sampling_keeps_the_target_distribution(tiny):
+    prompt, temperature, top_p, top_k = PROMPTS[0], 1.3, 0.95, 3
+    exact = exact_first_tokens(tiny, prompt, 3, temperature, top_p, top_k)
+    engine = engine_for(tiny, cheating_trie(tiny), keep=8)
+    n = 300
+    samples = {"dart": collections.Counter(), "ar": collections.Counter()}
+    accepted_drafts = 0
+    for seed in range(n):
+        kw = dict(max_new_tokens=3, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        ids, counts, _ = run(engine.generate_steps, prompt, **kw)
+        samples["dart"][tuple(ids)] += 1
+        accepted_drafts += sum(c - 1 for c in counts)
+        ar, _, _ = run(engine.generate_ar_steps, prompt, **kw)
+        samples["ar"][tuple(ar)] += 1
+    assert accepted_drafts > n // 2, "the test needs drafts to be accepted to exercise the rejection sampling"
+    for name, counter in samples.items():
+        assert set(counter) <= set(exact), (name, set(counter) - set(exact))
+        tv = 0.5 * sum(abs(counter[k] / n - p) for k, p in exact.items())
+        assert tv < 0.12, (name, tv)
+
+
+def test_seed_makes_sampling_reproducible(tiny):
+    kw = dict(max_new_tokens=12, temperature=1.0, chat=False)
+    a = tiny.model.generate(PROMPTS[1], seed=7, **kw)
+    b = tiny.model.generate(PROMPTS[1], seed=7, **kw)
+    assert a.token_ids == b.token_ids and a.accept_lengths == b.accept_lengths
+
+
+# ------------------------------------------------------------------------------------------------
+# API
+
+
+def test_generate_stream_and_text(tiny):
+    model = tiny.model
+    result = model.generate("hi there", max_new_tokens=10)
+    prompt_ids = model.tokenizer.apply_chat_template([{"role": "user", "content": "hi there"}], tokenize=False,
+                                                     add_generation_prompt=True, enable_thinking=False)
+    assert result.prompt_ids == model.tokenizer(prompt_ids, add_special_tokens=False)["input_ids"]
+    assert result.token_ids == hf_generate(tiny, result.prompt_ids, 10)
+    assert result.text == model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    assert result.stats["tau"] == pytest.approx(np.mean(result.accept_lengths))
+    for key in ("tokens_per_s", "device_s", "tree_s", "host_s", "prefill_s"):
+        assert result.stats[key] >= 0
+    pieces = list(model.stream("hi there", max_new_tokens=10))
+    assert "".join(p for p, _ in pieces) == result.text
+    assert [a for _, a in pieces][1:] == result.accept_lengths
+    ar = model.generate_ar("hi there", max_new_tokens=10)
+    assert ar.token_ids == result.token_ids
+
+
+def test_bad_inputs_raise_before_compiling(tiny, tmp_path):
+    model = tiny.model
+    cases = [
+        (dict(prompt=list(range(3, 30)), max_length=20), "max_length"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(prompt=[3, VOCAB + 5]), "vocabulary"),
+        (dict(prompt=[]), "non-empty"),
+    ]
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for kwargs, word in cases:
+            prompt = kwargs.pop("prompt", [3, 4, 5])
+            for fn in (model.generate, model.generate_ar):
+                with pytest.raises(ValueError, match=word):
+                    fn(prompt, chat=False, **kwargs)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == []
+
+    other_base = make_tiny_qwen3(tmp_path / "wide", vocab_size=VOCAB, hidden_size=32, num_attention_heads=2,
+                                 num_key_value_heads=1, num_hidden_layers=3)
+    with pytest.raises(ValueError, match="does not fit"):
+        DartModel.from_pretrained(other_base, tiny.head, tiny.trie_path)
+    with pytest.raises(FileNotFoundError, match="nobody/no-such-base"):
+        DartModel.from_pretrained("nobody/no-such-base", tiny.head, tiny.trie_path)
+    with pytest.raises(FileNotFoundError):
+        DartModel.from_pretrained(tiny.base, tmp_path / "missing_head", tiny.trie_path)
+    with pytest.raises(FileNotFoundError, match="small.trie"):
+        DartModel.from_pretrained(tiny.base, tiny.head, tmp_path, small_ngram=True)
+    with pytest.raises(ValueError, match="unknown option"):
+        DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, tree_size=3)
+    with pytest.raises(ValueError, match="keep"):
+        DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, keep=0)
+    with pytest.raises(ValueError, match="draft_rows"):
+        DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, draft_rows=9)
+    with pytest.raises(ValueError, match="base"):
+        DartModel.from_pretrained(None, tiny.head, tiny.trie_path)
+    assert published_base("fvliang/qwen8b-dart") == "Qwen/Qwen3-8B"
+    assert published_base("/x/models--fvliang--qwen4b-dart/snapshots/abc") == "Qwen/Qwen3-4B"
+
+
+def write_reference_trie(path, trie: Trie):
+    """SPEC §6 writer: records in node order, children in reverse order (any order is allowed)."""
+    token, freq, child_start = trie.arrays()
+    parent = np.zeros(len(token), np.int64)
+    for i in range(len(token)):
+        parent[child_start[i]:child_start[i + 1]] = i
+    with open(path, "wb") as f:
+        f.write(struct.pack("<QQ", trie.order, len(token)))
+        for i in range(len(token)):
+            kids = list(range(child_start[i], child_start[i + 1]))[::-1]
+            f.write(struct.pack("<iQiQ", int(token[i]), int(parent[i]), int(freq[i]), len(kids)))
+            for c in kids:
+                f.write(struct.pack("<iQ", int(token[c]), c))
+
+
+def test_reference_trie_is_converted_once_and_cached(tmp_path):
+    trie = Trie.build([[3, 4, 5, 3, 4, 6], [4, 5, 3]], order=3)
+    folder = tmp_path / "ngram"
+    folder.mkdir()
+    write_reference_trie(folder / "small.trie", trie)
+    loaded = load_trie(folder, small=True)
+    cached = folder / "small.trie.dart_jax"
+    assert cached.is_file()
+    for a, b in zip(loaded.arrays(), trie.arrays()):
+        np.testing.assert_array_equal(a, b)
+    stamp = cached.stat().st_mtime_ns
+    again = load_trie(folder / "small.trie")
+    assert cached.stat().st_mtime_ns == stamp
+    np.testing.assert_array_equal(again.probability([3, 4], [5, 6])[0], trie.probability([3, 4], [5, 6])[0])
+
+
+def test_prompt_bucket():
+    assert [prompt_bucket(n) for n in (1, 5, 32, 33, 64, 65)] == [32, 32, 32, 64, 64, 128]

@@ -1,0 +1,138 @@
+"""`python -m dart_jax.train` end to end on a tiny target: data, overfitting, resume, export."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from dart_jax.train.__main__ import main
+from dart_jax.train.data import encode_conversation, load_tokenizer, read_conversations
+from tiny_models import make_tiny_qwen3, make_tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+COMMON = ["--draft-length", "3", "--draft-vocab", "64", "--max-length", "48", "--anchors-per-seq", "8",
+          "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("train") / "base"
+    make_tiny_qwen3(folder, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    make_tiny_tokenizer(folder, vocab_size=128)
+    # a sharper final norm gives the random target peaked next-token distributions to learn
+    weights = load_file(folder / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] * 8
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def write_data(path, n, seed=0):
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            q = "".join(rng.choice(list("abcdefgh"), 6))
+            a = "".join(rng.choice(list("abcdefgh "), 24))
+            if i % 2:
+                f.write(json.dumps({"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}) + "\n")
+            else:
+                f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
+    return path
+
+
+def test_loss_mask_covers_assistant_turns(base):
+    tok = load_tokenizer(base)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"},
+                {"role": "assistant", "content": "ok then"}]
+    ids, mask = encode_conversation(tok, messages, 1000)
+    # the tiny tokenizer has one id per character and one per special token, so build the oracle by hand
+    expect_ids, expect_mask = [], []
+    for m in messages:
+        head = [tok.convert_tokens_to_ids("<|im_start|>")] + [tok.convert_tokens_to_ids(c) for c in m["role"] + "\n"]
+        body = [tok.convert_tokens_to_ids(c) for c in m["content"]] + [tok.convert_tokens_to_ids("<|im_end|>"),
+                                                                     tok.convert_tokens_to_ids("\n")]
+        expect_ids += head + body
+        expect_mask += [False] * len(head) + [m["role"] == "assistant"] * len(body)
+    np.testing.assert_array_equal(ids, expect_ids)
+    np.testing.assert_array_equal(mask, expect_mask)
+    short_ids, short_mask = encode_conversation(tok, messages, 20)
+    np.testing.assert_array_equal(short_ids, expect_ids[:20])
+    np.testing.assert_array_equal(short_mask, expect_mask[:20])
+
+
+def test_bad_lines_are_named_or_skipped(tmp_path):
+    path = tmp_path / "d.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    path.write_text(good + "\n\n" + "{not json\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n"
+                    + json.dumps({"conversations": [{"from": "human", "value": "only a question"}]}) + "\n" + good + "\n")
+    with pytest.raises(ValueError, match=r"line 3: .*--skip-bad"):
+        read_conversations(path)
+    convs, bad = read_conversations(path, skip_bad=True)
+    assert len(convs) == 2 and bad == 3
+    path.write_text(good + "\n" + json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"line 2: turn 0: unknown role 'robot'"):
+        read_conversations(path)
+    with pytest.raises(FileNotFoundError, match="--data"):
+        read_conversations(tmp_path / "missing.jsonl")
+
+
+def test_tiny_head_overfits_and_exports_a_lossless_head(base, tmp_path):
+    data = write_data(tmp_path / "d.jsonl", 4)
+    out = tmp_path / "run"
+    main(["--base", str(base), "--data", str(data), "--out", str(out), *COMMON, "--batch-size", "2",
+          "--epochs", "100", "--lr", "1e-2", "--save-every", "1000"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["alpha"][0] > 0.9, metrics
+
+    from dart_jax.model import DartModel
+
+    model = DartModel.from_pretrained(str(base), str(out / "head"))
+    assert int(model.head.config.draft_vocab_size) == 64
+    prompt = json.loads(data.read_text().splitlines()[0])["messages"][0]["content"]
+    spec = model.generate(prompt, max_new_tokens=24)
+    ar = model.generate_ar(prompt, max_new_tokens=24)
+    assert list(spec.token_ids) == list(ar.token_ids)
+    assert np.mean(spec.accept_lengths) > 1.0  # the trained head does get drafts accepted
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
+    data = write_data(tmp_path / "d.jsonl", 6, seed=1)
+    args = ["--base", str(base), "--data", str(data), *COMMON, "--batch-size", "2", "--grad-accum", "2",
+            "--epochs", "2", "--lr", "5e-3", "--save-every", "2"]
+    main([*args, "--out", str(tmp_path / "a")])
+    b = tmp_path / "b"
+    main([*args, "--out", str(b), "--stop-after", "3"])
+    assert not (b / "head").exists()
+    # a kill between two saves: drop the newest checkpoint, so the run resumes mid-accumulation from step 2
+    steps = sorted(int(p.name) for p in (b / "ckpt").iterdir() if p.name.isdigit())
+    assert steps[-1] == 3
+    shutil.rmtree(b / "ckpt" / "3")
+    main([*args, "--out", str(b)])
+    want, got = load_file(tmp_path / "a" / "head" / "model.safetensors"), load_file(b / "head" / "model.safetensors")
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    with pytest.raises(ValueError, match="other settings"):
+        main([*args[:-2], "--save-every", "2", "--out", str(b), "--lr", "1e-3"])
+
+
+def test_two_devices_match_one_device(base, tmp_path):
+    data = write_data(tmp_path / "d.jsonl", 4, seed=2)
+    args = ["--base", str(base), "--data", str(data), *COMMON, "--batch-size", "2", "--epochs", "1",
+            "--lr", "5e-3"]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    code = ("import jax; jax.config.update('jax_default_matmul_precision', 'highest'); "
+            "assert jax.local_device_count() == 2; from dart_jax.train.__main__ import main; import sys; "
+            "main(sys.argv[1:])")
+    subprocess.run([sys.executable, "-c", code, *args, "--out", str(tmp_path / "two")], check=True, env=env, cwd=REPO)
+    main([*args, "--out", str(tmp_path / "one")])
+    one, two = load_file(tmp_path / "one" / "head" / "model.safetensors"), load_file(tmp_path / "two" / "head" / "model.safetensors")
+    for name in one:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    assert not np.allclose(one["fc.weight"], 0)

@@ -1,0 +1,205 @@
+"""The training loop: frozen target as teacher, optax AdamW, orbax checkpoints, export.
+
+Run layout under `--out`:
+  run.json      the settings that fix the data order and the model (checked on resume)
+  data.npz      the encoded (and optionally regenerated) samples
+  vocab.npz     the draft vocabulary (`used` target ids)
+  ckpt/<step>/  orbax checkpoints of (params, optimizer state) after `step` micro-batches
+  head/         the exported head (reference layout, `save_dart_head`)
+A micro-step index fixes the data position: epoch = step // batches_per_epoch, batch = the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dart_jax.head import TRAINABLE, DartHead, DartHeadConfig
+
+from .data import Dataset, batches_per_epoch, make_batch
+from .forward import shifted_ids, train_draft_logits
+from .loss import annealed_kl, expected_length, row_accuracy
+
+
+@dataclasses.dataclass
+class TrainSettings:
+    """Everything (besides the files) that decides the result of a run."""
+
+    draft_length: int = 7
+    draft_vocab: int = 32000
+    max_length: int = 2048
+    anchors_per_seq: int = 64
+    batch_size: int = 1
+    grad_accum: int = 1
+    lr: float = 2e-5
+    warmup_steps: int | None = None
+    weight_decay: float = 0.0
+    clip: float = 0.5
+    epochs: int = 3
+    gamma: float = 0.6
+    seed: int = 0
+    rope_theta: float = 10000.0
+
+
+def head_config_for(target_config, draft_length: int, draft_vocab: int, rope_theta: float) -> DartHeadConfig:
+    """Head sizes follow the target (as the published heads do): hidden, heads, head_dim, MLP width."""
+    c = target_config
+    return DartHeadConfig(
+        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, vocab_size=c.vocab_size,
+        draft_length=draft_length, draft_vocab_size=draft_vocab, rms_norm_eps=c.rms_norm_eps, rope_theta=rope_theta,
+        max_position_embeddings=c.max_position_embeddings, target_hidden_size=c.hidden_size)
+
+
+def set_vocab(head: DartHead, used: np.ndarray) -> None:
+    from .vocab import vocab_from_used
+
+    d2t, t2d = vocab_from_used(used, head.config.vocab_size)
+    head.d2t.set_value(jnp.asarray(d2t.astype(np.int32)))
+    head.t2d.set_value(jnp.asarray(t2d))
+
+
+def make_optimizer(s: TrainSettings, total_updates: int) -> optax.GradientTransformation:
+    """AdamW β=(0.9, 0.999), linear warm-up then cosine to 0, clip at `s.clip`, accumulate `grad_accum`."""
+    total_updates = max(total_updates, 1)
+    warmup = s.warmup_steps if s.warmup_steps is not None else max(1, total_updates // 50)
+    warmup = min(warmup, total_updates)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, s.lr, warmup, max(total_updates, warmup + 1), end_value=0.0)
+    inner = optax.chain(optax.clip_by_global_norm(s.clip),
+                        optax.adamw(schedule, b1=0.9, b2=0.999, weight_decay=s.weight_decay))
+    return optax.MultiSteps(inner, every_k_schedule=s.grad_accum)
+
+
+def teacher_logits(target, hidden_rows: jax.Array, used: jax.Array) -> jax.Array:
+    """The target's logits restricted to the draft vocabulary: hidden [..., H] → [..., Vd] (fp32)."""
+    h = hidden_rows.astype(target.dtype)
+    if target.lm_head is None:
+        w = jnp.take(target.embed_tokens.embedding[...], used, axis=0).astype(target.dtype)  # [Vd,H]
+        return jnp.einsum("...h,vh->...v", h, w, preferred_element_type=jnp.float32)
+    w = jnp.take(target.lm_head.kernel[...], used, axis=1).astype(target.dtype)  # [H,Vd]
+    return jnp.einsum("...h,hv->...v", h, w, preferred_element_type=jnp.float32)
+
+
+def batch_loss(head: DartHead, target, batch: dict, used: jax.Array, gamma: float):
+    """Loss and metric sums of one batch; the target supplies the taps and the teacher."""
+    ids, anchors = batch["ids"], batch["anchors"]
+    b, t = ids.shape
+    d = head.config.num_rows
+    hidden, taps, _ = target.forward_hidden(ids, return_taps=True)  # [B,T,H], [B,T,3H]
+    taps, hidden = jax.lax.stop_gradient(taps), jax.lax.stop_gradient(hidden)
+    # row r of anchor a predicts the token at a+2+r from the target's distribution at a+1+r
+    goal = anchors[..., None] + 2 + jnp.arange(d)  # [B,K,d]
+    inside = goal < t
+    goal = jnp.minimum(goal, t - 1)
+    on_mask = jnp.take_along_axis(batch["loss_mask"], goal.reshape(b, -1), axis=1).reshape(goal.shape)
+    row_valid = batch["anchor_valid"][..., None] & inside & on_mask
+    rows = jnp.take_along_axis(hidden, (goal - 1).reshape(b, -1, 1), axis=1)  # [B,K·d,H]
+    teacher = teacher_logits(target, rows, used).reshape(*goal.shape, -1)  # [B,K,d,Vd]
+    draft = train_draft_logits(head, taps, shifted_ids(ids), anchors)  # [B,K,d,Vd]
+    return annealed_kl(draft, teacher, row_valid, gamma)
+
+
+class Trainer:
+    """Holds the frozen target, the head's split state and the jitted step."""
+
+    def __init__(self, target, head: DartHead, settings: TrainSettings, total_updates: int, mesh: Mesh):
+        self.settings, self.mesh, self.head_config = settings, mesh, head.config
+        self.used = jnp.asarray(np.asarray(head.d2t.get_value()) + np.arange(head.config.draft_vocab_size), jnp.int32)
+        self.head_graph, params, self.head_rest = nnx.split(head, TRAINABLE, ...)
+        target_graph, self.target_state = nnx.split(target)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self.params = jax.device_put(params, replicated)
+        self.optimizer = make_optimizer(settings, total_updates)
+        self.opt_state = jax.device_put(self.optimizer.init(self.params), replicated)
+        self.batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+        gamma, used = settings.gamma, self.used
+        head_graph, head_rest, optimizer = self.head_graph, self.head_rest, self.optimizer
+
+        def step(params, opt_state, target_state, batch):
+            def loss_fn(p):
+                head = nnx.merge(head_graph, p, head_rest)
+                return batch_loss(head, nnx.merge(target_graph, target_state), batch, used, gamma)
+
+            (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss, sums
+
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+
+    def step(self, batch: dict[str, np.ndarray]):
+        batch = {k: jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
+        self.params, self.opt_state, loss, sums = self._step(self.params, self.opt_state, self.target_state, batch)
+        return loss, sums
+
+    def train_state(self):
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def load_train_state(self, state) -> None:
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.params = jax.device_put(state["params"], replicated)
+        self.opt_state = jax.device_put(state["opt_state"], replicated)
+
+    def head(self) -> DartHead:
+        return nnx.merge(self.head_graph, self.params, self.head_rest)
+
+
+def data_mesh() -> Mesh:
+    """All local devices on one 'data' axis (one device works too)."""
+    return Mesh(np.asarray(jax.local_devices()), ("data",))
+
+
+def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpoints, *, start_step: int,
+               end_step: int | None = None, save_every: int, log_every: int = 50, pad_id: int, progress: bool = True, log=print) -> dict:
+    """Run micro-steps start_step … end_step (default: all epochs), checkpointing every `save_every`
+    and at the end. Metrics are averaged over windows of `log_every` micro-steps and logged as JSON
+    lines; returns those of the last window."""
+    from tqdm.auto import tqdm
+
+    per_epoch = batches_per_epoch(len(data), settings.batch_size)
+    total = settings.epochs * per_epoch
+    end_step = total if end_step is None else end_step
+    window = {"loss": [], "kl": 0.0, "correct": 0.0, "count": 0.0}
+    bar = tqdm(total=end_step, initial=start_step, desc="train", disable=not progress, dynamic_ncols=True)
+    metrics = {}
+    for step in range(start_step, end_step):
+        epoch, index = divmod(step, per_epoch)
+        batch = make_batch(data, epoch, index, batch_size=settings.batch_size, anchors=settings.anchors_per_seq,
+                           max_length=settings.max_length, seed=settings.seed, pad_id=pad_id)
+        loss, sums = trainer.step(batch)
+        window["loss"].append(float(loss))
+        for key in ("kl", "correct", "count"):
+            window[key] = window[key] + np.asarray(sums[key], np.float64)
+        alpha = row_accuracy(window["correct"], window["count"])
+        metrics = {"step": step + 1, "epoch": epoch, "loss": float(np.mean(window["loss"])),
+                   "alpha": [round(float(a), 4) for a in alpha], "tau_chain": expected_length(alpha),
+                   "kl": [round(float(x), 4) for x in window["kl"] / np.maximum(window["count"], 1.0)]}
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", a1=f"{alpha[0]:.3f}", tau=f"{metrics['tau_chain']:.2f}")
+        bar.update(1)
+        done = step + 1
+        if checkpoints is not None and (done % save_every == 0 or done == end_step):
+            checkpoints.save(done, trainer.train_state())
+        if done % log_every == 0 or done == end_step:
+            log(json.dumps(metrics))
+            window = {"loss": [], "kl": 0.0, "correct": 0.0, "count": 0.0}
+    bar.close()
+    return metrics
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def save_npz_atomic(path: Path, **arrays) -> None:
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)

@@ -1,0 +1,42 @@
+"""Draft vocabulary (SPEC §7, the EAGLE-3 convention): the most frequent training targets."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def build_draft_vocab(samples: Iterable[tuple[np.ndarray, np.ndarray]], vocab_size: int, draft_vocab_size: int):
+    """(used_ids int64[Vd] sorted, d2t int64[Vd], t2d bool[V]) from (ids, loss_mask) samples.
+
+    Counts every token on the loss mask; keeps the `draft_vocab_size` most frequent (ties go to
+    the smaller id); when fewer distinct tokens occur, the smallest unseen ids fill the rest so
+    that the head keeps the requested size. d2t[i] = used[i] − i; t2d[v] = v is used.
+    """
+    if not 0 < draft_vocab_size <= vocab_size:
+        raise ValueError(f"--draft-vocab must be in 1..{vocab_size} (the target's vocabulary size), got {draft_vocab_size}")
+    counts = np.zeros(vocab_size, np.int64)
+    for ids, mask in samples:
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(f"token id out of range 0..{vocab_size - 1} in the training data; is --base the tokenizer's model?")
+        np.add.at(counts, ids[np.asarray(mask, bool)], 1)
+    order = np.lexsort((np.arange(vocab_size), -counts))  # by count descending, then id
+    used = np.sort(order[:draft_vocab_size]).astype(np.int64)
+    d2t, t2d = vocab_from_used(used, vocab_size)
+    return used, d2t, t2d
+
+
+def vocab_from_used(used: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """d2t int64[Vd] and t2d bool[V] for the sorted target ids `used`."""
+    used = np.asarray(used, np.int64)
+    d2t = used - np.arange(len(used), dtype=np.int64)
+    t2d = np.zeros(vocab_size, bool)
+    t2d[used] = True
+    return d2t, t2d
+
+
+def used_from_d2t(d2t: np.ndarray) -> np.ndarray:
+    """The target ids of the draft vocabulary, inverse of `vocab_from_used`."""
+    d2t = np.asarray(d2t, np.int64)
+    return d2t + np.arange(len(d2t), dtype=np.int64)
