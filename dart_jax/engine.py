@@ -31,7 +31,7 @@ from flax import nnx
 
 from .head import DartHead, HeadCache, init_head_cache
 from .qwen3 import KVCache, Qwen3, init_cache
-from .sampling import (SamplingParams, greedy_accept, is_greedy, process_logits, sample_accept, sample_tokens)
+from .sampling import SamplingParams, greedy_accept, process_logits, sample_accept, sample_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +128,7 @@ def _last_logits(target: Qwen3, hidden: jax.Array, length: jax.Array) -> jax.Arr
 
 
 def _prefill_dart(graphdef, state, ids, prompt_len, cache: KVCache, head_cache: HeadCache, key, params, *,
-                  greedy: bool, rows: int, k: int):
+                  rows: int, k: int):
     """ids int32[B,T] (prompt padded to the bucket), prompt_len int32[B] → packed
     [first token, top-k ids (rows·k), top-k probs (rows·k)] int32[B, 1+2·rows·k]."""
     pair = nnx.merge(graphdef, state)
@@ -138,7 +138,7 @@ def _prefill_dart(graphdef, state, ids, prompt_len, cache: KVCache, head_cache: 
     with jax.named_scope("prefill_target"):
         hidden, taps, cache = target.forward_hidden(ids, cache=cache, cache_len=zero, return_taps=True)
         key, sub = jax.random.split(key)
-        first = sample_tokens(sub, _last_logits(target, hidden, prompt_len), None if greedy else params)  # [B]
+        first = sample_tokens(sub, _last_logits(target, hidden, prompt_len), params)  # [B]
     with jax.named_scope("prefill_head"):
         # position i carries the token that follows it: prompt[1:] and then the sampled token
         shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
@@ -170,7 +170,7 @@ def _unpack_tree(tree: jax.Array, n: int, depth: int):
 
 
 def _step_dart(graphdef, state, tree, cache: KVCache, head_cache: HeadCache, cache_len, key, params, *,
-               greedy: bool, n: int, depth: int, k: int):
+               n: int, depth: int, k: int):
     """One speculative step. tree int32[B, ·] packed by `Engine._pack_tree`; returns packed
     [count, path tokens (depth+1), bonus, top-k ids (depth·k), top-k probs (depth·k)]."""
     pair = nnx.merge(graphdef, state)
@@ -183,11 +183,13 @@ def _step_dart(graphdef, state, tree, cache: KVCache, head_cache: HeadCache, cac
         logits = target.lm_logits(hidden)  # [B,N,V]
     with jax.named_scope("accept"):
         key, sub = jax.random.split(key)
-        if greedy:
-            path, count, bonus = jax.vmap(greedy_accept)(logits, tokens, retrieve)
-        else:
+
+        def sampled(logits):
             probs = process_logits(logits, params)
-            path, count, bonus = jax.vmap(sample_accept)(jax.random.split(sub, b), probs, tokens, parents, retrieve)
+            return jax.vmap(sample_accept)(jax.random.split(sub, b), probs, tokens, parents, retrieve)
+
+        path, count, bonus = jax.lax.cond(params.greedy, lambda x: jax.vmap(greedy_accept)(x, tokens, retrieve),
+                                          sampled, logits)
     with jax.named_scope("compact"):
         cache = _compact(cache, cache_len, path)
     with jax.named_scope("draft"):
@@ -202,30 +204,30 @@ def _step_dart(graphdef, state, tree, cache: KVCache, head_cache: HeadCache, cac
     return packed, cache, head_cache, cache_len + count, key
 
 
-def _prefill_ar(graphdef, state, ids, prompt_len, cache: KVCache, key, params, *, greedy: bool):
+def _prefill_ar(graphdef, state, ids, prompt_len, cache: KVCache, key, params):
     target = nnx.merge(graphdef, state)
     zero = jnp.zeros((ids.shape[0],), jnp.int32)
     hidden, _, cache = target.forward_hidden(ids, cache=cache, cache_len=zero)
     key, sub = jax.random.split(key)
-    return sample_tokens(sub, _last_logits(target, hidden, prompt_len), None if greedy else params), cache, key
+    return sample_tokens(sub, _last_logits(target, hidden, prompt_len), params), cache, key
 
 
-def _decode_ar(graphdef, state, token, cache: KVCache, cache_len, key, params, *, greedy: bool):
+def _decode_ar(graphdef, state, token, cache: KVCache, cache_len, key, params):
     target = nnx.merge(graphdef, state)
     hidden, _, cache = target.forward_hidden(token[:, None], cache=cache, cache_len=cache_len)
     key, sub = jax.random.split(key)
-    nxt = sample_tokens(sub, target.lm_logits(hidden[:, 0]), None if greedy else params)
+    nxt = sample_tokens(sub, target.lm_logits(hidden[:, 0]), params)
     return nxt, cache, cache_len + 1, key
 
 
 # Module-level so that every Engine over same-shaped models shares the compiled executables.
 _DONATE = ("cache", "head_cache")
-_prefill_dart_jit = jax.jit(_prefill_dart, static_argnums=0, static_argnames=("greedy", "rows", "k"),
+_prefill_dart_jit = jax.jit(_prefill_dart, static_argnums=0, static_argnames=("rows", "k"),
                             donate_argnames=_DONATE)
-_step_dart_jit = jax.jit(_step_dart, static_argnums=0, static_argnames=("greedy", "n", "depth", "k"),
+_step_dart_jit = jax.jit(_step_dart, static_argnums=0, static_argnames=("n", "depth", "k"),
                          donate_argnames=_DONATE)
-_prefill_ar_jit = jax.jit(_prefill_ar, static_argnums=0, static_argnames=("greedy",), donate_argnames="cache")
-_decode_ar_jit = jax.jit(_decode_ar, static_argnums=0, static_argnames=("greedy",), donate_argnames="cache")
+_prefill_ar_jit = jax.jit(_prefill_ar, static_argnums=0, donate_argnames="cache")
+_decode_ar_jit = jax.jit(_decode_ar, static_argnums=0, donate_argnames="cache")
 
 
 def _check_request(prompt_ids: Sequence[int], vocab: int, max_new_tokens: int, max_length: int, temperature: float,
@@ -283,7 +285,7 @@ class Engine:
         self.n_nodes = options.keep + 1
         self._pair_def, self._pair_state = nnx.split(_Pair(target, head))
         self._target_def, self._target_state = nnx.split(target)
-        self._caches: dict[tuple, Any] = {}
+        self._held: tuple[int, KVCache, HeadCache] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -298,20 +300,24 @@ class Engine:
         need = max(bucket + m, max_length + max(self.n_nodes, self.rows + 1 + m))
         return _round_up(need, self.options.cache_multiple)
 
-    def _take_caches(self, kind: str, length: int):
-        cached = self._caches.pop((kind, length), None)
-        if cached is not None:
-            return cached
-        self._caches = {}  # one cache set at a time: drop other sizes before allocating
+    def _take_caches(self, length: int) -> tuple[int, KVCache, HeadCache]:
+        """Caches of at least `length` slots: the ones of the last generation when they are long
+        enough (a shape already compiled), else fresh ones."""
+        held, self._held = self._held, None
+        if held is not None and held[0] >= length:
+            return held
+        del held  # free the old buffers before allocating the new ones
         dtype = self.target.dtype
         cache = init_cache(self.target.config, 1, length, dtype)
         if self.mesh is not None:
             from .sharding import shard_cache
 
             cache = shard_cache(cache, self.mesh)
-        if kind == "ar":
-            return cache
-        return cache, init_head_cache(self.head.config, 1, length, dtype)
+        return length, cache, init_head_cache(self.head.config, 1, length, dtype)
+
+    def _keep_caches(self, length: int, cache: KVCache, head_cache: HeadCache) -> None:
+        if not (cache.k.is_deleted() or head_cache.k.is_deleted()):
+            self._held = (length, cache, head_cache)
 
     def _pack_tree(self, tree) -> np.ndarray:
         n, depth = self.n_nodes, self.rows
@@ -337,10 +343,9 @@ class Engine:
         bucket = prompt_bucket(ids.size, self.options.min_bucket)
         padded = np.zeros((1, bucket), np.int32)
         padded[0, :ids.size] = ids
-        greedy = is_greedy(temperature)
         params = SamplingParams.make(temperature, top_p, top_k)
         budget = _Budget(self.eos_ids, int(max_new_tokens), int(max_length) - ids.size)
-        return ids, jnp.asarray(padded), jnp.full((1,), ids.size, jnp.int32), greedy, params, jax.random.key(seed), budget
+        return ids, jnp.asarray(padded), jnp.full((1,), ids.size, jnp.int32), params, jax.random.key(seed), budget
 
     # ------------------------------------------------------------------ decoding loops
     def generate_steps(self, prompt_ids: Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
@@ -349,17 +354,16 @@ class Engine:
         """DART decoding. Yields (new token ids, accepted length k+1 of the step; 0 for the first
         token, which comes from the prefill). Stops after EOS (included), max_new_tokens or max_length."""
         stats = stats if stats is not None else Stats()
-        ids, padded, prompt_len, greedy, params, key, budget = self._prepare(
+        ids, padded, prompt_len, params, key, budget = self._prepare(
             prompt_ids, max_new_tokens, max_length, temperature, top_p, top_k, seed)
         stats.prompt_tokens = ids.size
         stats.token_ids = budget.out
-        length = self.cache_length(ids.size, max_length)
-        cache, head_cache = self._take_caches("dart", length)
+        length, cache, head_cache = self._take_caches(self.cache_length(ids.size, max_length))
         k = self.options.topk
         start = time.perf_counter()
         try:
             packed, cache, head_cache, key = _prefill_dart_jit(self._pair_def, self._pair_state, padded, prompt_len, cache,
-                                                           head_cache, key, params, greedy=greedy, rows=self.rows, k=k)
+                                                           head_cache, key, params, rows=self.rows, k=k)
             host = np.asarray(packed)[0]
             stats.prefill_s = time.perf_counter() - start
             root = int(host[0])
@@ -377,7 +381,7 @@ class Engine:
                 t1 = time.perf_counter()
                 packed, cache, head_cache, cache_len, key = _step_dart_jit(
                     self._pair_def, self._pair_state, jax.device_put(packed_tree), cache, head_cache, cache_len, key,
-                    params, greedy=greedy, n=self.n_nodes, depth=depth, k=k)
+                    params, n=self.n_nodes, depth=depth, k=k)
                 host = np.asarray(packed)[0]
                 t2 = time.perf_counter()
                 stats.tree_s += t1 - t0
@@ -394,25 +398,23 @@ class Engine:
                 yield kept, count
         finally:
             stats.total_s = time.perf_counter() - start
-            if not (cache.k.is_deleted() or head_cache.k.is_deleted()):
-                self._caches[("dart", length)] = (cache, head_cache)
+            self._keep_caches(length, cache, head_cache)
 
     def generate_ar_steps(self, prompt_ids: Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                           temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                           stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:
         """Plain autoregressive decoding of the target with the same sampling; yields ([token], 1)."""
         stats = stats if stats is not None else Stats()
-        ids, padded, prompt_len, greedy, params, key, budget = self._prepare(
+        ids, padded, prompt_len, params, key, budget = self._prepare(
             prompt_ids, max_new_tokens, max_length, temperature, top_p, top_k, seed)
         stats.prompt_tokens = ids.size
         stats.token_ids = budget.out
-        length = _round_up(max(prompt_bucket(ids.size, self.options.min_bucket), max_length + 1),
-                           self.options.cache_multiple)
-        cache = self._take_caches("ar", length)
+        # the DART sizing, so that both decoders share one cache set (and its compiled shape)
+        length, cache, head_cache = self._take_caches(self.cache_length(ids.size, max_length))
         start = time.perf_counter()
         try:
             token, cache, key = _prefill_ar_jit(self._target_def, self._target_state, padded, prompt_len, cache, key,
-                                                 params, greedy=greedy)
+                                                 params)
             first = int(np.asarray(token)[0])
             stats.prefill_s = time.perf_counter() - start
             kept = budget.take([first])
@@ -422,7 +424,7 @@ class Engine:
             while not budget.done:
                 t0 = time.perf_counter()
                 token, cache, cache_len, key = _decode_ar_jit(self._target_def, self._target_state, token, cache,
-                                                               cache_len, key, params, greedy=greedy)
+                                                               cache_len, key, params)
                 nxt = int(np.asarray(token)[0])
                 stats.device_s += time.perf_counter() - t0
                 stats.steps += 1
@@ -432,5 +434,4 @@ class Engine:
                 yield kept, 1
         finally:
             stats.total_s = time.perf_counter() - start
-            if not cache.k.is_deleted():
-                self._caches[("ar", length)] = cache
+            self._keep_caches(length, cache, head_cache)

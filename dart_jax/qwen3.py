@@ -262,7 +262,7 @@ class Qwen3(nnx.Module):
             rel = jnp.arange(s, dtype=jnp.int32)[None, :] - cache_len[:, None]  # [B,S] slot minus first new slot
             is_new = (rel >= 0) & (rel < t)
             among_new = jnp.take_along_axis(new_mask, jnp.clip(rel, 0, t - 1)[:, None, :], axis=2)  # [B,T,S]
-            full_mask = (rel <= 0)[:, None, :] | (is_new[:, None, :] & among_new)  # [B,T,S]
+            full_mask = (rel < 0)[:, None, :] | (is_new[:, None, :] & among_new)  # [B,T,S]
         positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
         inv_freq, attn_scale = _rope_tables(self.config)
         cos, sin = rope_cos_sin(positions, inv_freq, attn_scale)  # [B,T,D]

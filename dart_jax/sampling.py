@@ -2,8 +2,8 @@
 
 The logits pipeline follows the reference's `prepare_logits_processor`: temperature, then top-p,
 then top-k (in that order, which differs from transformers' default), then softmax. The three
-settings are traced arrays so that changing them between generations does not recompile; only
-"greedy or not" is a static choice.
+settings, and the choice between greedy decoding and sampling, are traced arrays, so switching
+between them never recompiles (a `lax.cond` runs only the chosen branch).
 
 Acceptance works on one tree at a time (vmap over the batch):
 - greedy: for every root-to-leaf row of `retrieve`, count the successive tokens that equal the
@@ -26,13 +26,15 @@ GREEDY_TEMPERATURE = 1e-5  # at or below this the reference decodes greedily
 class SamplingParams(NamedTuple):
     """Traced sampling settings. top_p = 1 and top_k = 0 disable those filters."""
 
+    greedy: jax.Array  # bool scalar: argmax decoding, the other fields unused
     temperature: jax.Array  # float32 scalar
     top_p: jax.Array  # float32 scalar
     top_k: jax.Array  # int32 scalar
 
     @classmethod
-    def make(cls, temperature: float, top_p: float, top_k: int) -> "SamplingParams":
-        return cls(jnp.float32(max(temperature, GREEDY_TEMPERATURE)), jnp.float32(top_p), jnp.int32(top_k))
+    def make(cls, temperature: float, top_p: float = 1.0, top_k: int = 0) -> "SamplingParams":
+        return cls(jnp.bool_(is_greedy(temperature)), jnp.float32(max(temperature, GREEDY_TEMPERATURE)),
+                   jnp.float32(top_p), jnp.int32(top_k))
 
 
 def is_greedy(temperature: float) -> bool:
@@ -64,12 +66,13 @@ def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return jax.nn.softmax(x, axis=-1)
 
 
-def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams | None) -> jax.Array:
-    """One token per row of `logits` [..., V]: argmax when `params` is None, else a draw."""
-    if params is None:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    probs = process_logits(logits, params)
-    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """One token per row of `logits` [..., V]: the argmax when `params.greedy`, else a draw."""
+
+    def draw(logits):
+        return jax.random.categorical(key, jnp.log(process_logits(logits, params)), axis=-1).astype(jnp.int32)
+
+    return jax.lax.cond(params.greedy, lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32), draw, logits)
 
 
 class Acceptance(NamedTuple):

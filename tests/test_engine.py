@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("engine")
     base, head, trie = make_tiny_setup(folder, vocab_size=VOCAB, draft_length=3, shuffle_d2t=True,
                                        num_hidden_layers=4, seed=1)
-    model = DartModel.from_pretrained(base, head, trie, keep=8)
+    model = DartModel.from_pretrained(base, head, trie)
     hf = Qwen3ForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     return SimpleNamespace(base=base, head=head, trie_path=trie, model=model, hf=hf, folder=folder, greedy={})
 
@@ -68,7 +68,13 @@ def cheating_trie(tiny, n=40):
     return Trie.build([p + hf_generate(tiny, p, n, eos=None) for p in PROMPTS], order=3)
 
 
-@pytest.mark.parametrize("keep,topk,rows", [(1, 8, 2), (8, 25, None), (60, 25, None)])
+@pytest.mark.parametrize("keep,topk,rows", [
+    (60, 25, None),
+    (1, 25, None),
+    # each other (keep, top-k, rows) compiles a new step, which takes a while on a loaded CPU
+    pytest.param(8, 8, 2, marks=pytest.mark.slow),
+    pytest.param(20, 32, 3, marks=pytest.mark.slow),
+])
 def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
     engine = engine_for(tiny, keep=keep, topk=topk, draft_rows=rows)
     for prompt in PROMPTS:
@@ -82,7 +88,7 @@ def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
 
 def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     trie = cheating_trie(tiny)
-    engine = engine_for(tiny, trie, keep=8)
+    engine = engine_for(tiny, trie)
     prompt = PROMPTS[2]
     full, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=30)
     assert full == hf_generate(tiny, prompt, 30)
@@ -93,7 +99,7 @@ def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     inside = [j for s, c in zip(starts, counts) for j in range(s, s + c - 1) if full[j] not in full[:j]]
     assert inside, f"no token first appears inside an accepted run: {full} {counts}"
     j = inside[0]
-    eos_engine = engine_for(tiny, trie, eos=(full[j],), keep=8)
+    eos_engine = engine_for(tiny, trie, eos=(full[j],))
     stopped, _, _ = run(eos_engine.generate_steps, prompt, max_new_tokens=30)
     assert stopped == full[: j + 1] == hf_generate(tiny, prompt, 30, eos=full[j])
 
@@ -105,8 +111,8 @@ def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
 
 
 def test_no_compilation_after_warmup(tiny):
-    engine = engine_for(tiny, cheating_trie(tiny), keep=8)
-    other = engine_for(tiny, keep=8)  # another Engine over the same modules shares the executables
+    engine = engine_for(tiny, cheating_trie(tiny))
+    other = engine_for(tiny)  # another Engine over the same modules shares the executables
     run(engine.generate_steps, PROMPTS[0], max_new_tokens=12)
     run(engine.generate_steps, PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=1)
     run(engine.generate_ar_steps, PROMPTS[0], max_new_tokens=4)
@@ -237,7 +243,7 @@ def exact_first_tokens(tiny, prompt, length, temperature, top_p, top_k):
 def test_sampling_keeps_the_target_distribution(tiny):
     prompt, temperature, top_p, top_k = PROMPTS[0], 1.3, 0.95, 3
     exact = exact_first_tokens(tiny, prompt, 3, temperature, top_p, top_k)
-    engine = engine_for(tiny, cheating_trie(tiny), keep=8)
+    engine = engine_for(tiny, cheating_trie(tiny))
     n = 300
     samples = {"dart": collections.Counter(), "ar": collections.Counter()}
     accepted_drafts = 0

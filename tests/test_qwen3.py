@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from dart_jax.convert.qwen3 import load_qwen3, load_qwen3_config
 from dart_jax.convert.safetensors_io import read_tensors, write_tensors
 from dart_jax.qwen3 import KVCache, Qwen3Config, default_dtype, init_cache
-from dart_jax.sharding import DEFAULT_RULES, logical_to_spec, shard_cache
+from dart_jax.sharding import DEFAULT_RULES, logical_to_spec, shard_cache, shard_module
 from tiny_models import make_tiny_qwen3
 
 CONFIGS = {
@@ -312,6 +312,11 @@ def test_sharding_rules_and_one_device_mesh(ckpts, full_runs):
     assert kernel.get_metadata()["logical_axes"] == ("embed", "heads")
     assert isinstance(kernel[...].sharding, NamedSharding) and kernel[...].sharding.mesh.shape == mesh.shape
     assert all(isinstance(v.sharding, NamedSharding) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    moved = shard_module(load_qwen3(ckpts["h64_gqa4_tied"], dtype=jnp.float32), mesh)
+    for _, var in nnx.iter_graph(moved):
+        if isinstance(var, nnx.Param):
+            axes = var.get_metadata()["logical_axes"]
+            assert var[...].sharding == NamedSharding(mesh, logical_to_spec(axes, var.shape, mesh)), axes
     _, ids, logits, *_ = full_runs["h64_gqa4_tied"]
     cache = shard_cache(init_cache(model.config, 2, CACHE_SLOTS, jnp.float32), mesh)
     assert isinstance(cache.k.sharding, NamedSharding)

@@ -83,16 +83,16 @@ def test_bad_lines_are_named_or_skipped(tmp_path):
 
 
 def test_tiny_head_overfits_and_exports_a_lossless_head(base, tmp_path):
-    data = write_data(tmp_path / "d.jsonl", 4)
+    data = write_data(tmp_path / "d.jsonl", 2)
     out = tmp_path / "run"
     main(["--base", str(base), "--data", str(data), "--out", str(out), *COMMON, "--batch-size", "2",
-          "--epochs", "100", "--lr", "1e-2", "--save-every", "1000"])
+          "--epochs", "300", "--lr", "2e-2", "--save-every", "1000", "--log-every", "25"])
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["alpha"][0] > 0.9, metrics
 
     from dart_jax.model import DartModel
 
-    model = DartModel.from_pretrained(str(base), str(out / "head"))
+    model = DartModel.from_pretrained(str(base), str(out / "head"), ngram=False)
     assert int(model.head.config.draft_vocab_size) == 64
     prompt = json.loads(data.read_text().splitlines()[0])["messages"][0]["content"]
     spec = model.generate(prompt, max_new_tokens=24)
