@@ -66,6 +66,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                         "Default when no --dart is given and the demo model is not installed")
     p.add_argument("--random-layers", type=int, default=4, help="layers of the random target (default 4)")
     p.add_argument("--random-hidden", type=int, default=64, help="hidden size of the random target (default 64)")
+    p.add_argument("--random-shape", metavar="NAME",
+                   help="give the random target a known Qwen3 shape (e.g. Qwen3-8B: widths, heads, full vocabulary, "
+                        "bfloat16) with --random-layers layers; for accelerators")
     p.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ..., \"category\": ...} per line "
                                      "(default: the shipped dart_jax/data/prompts.jsonl)")
     p.add_argument("--categories", help="comma-separated categories to keep (default: all)")
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dart_jax.bench_e2e import run_e2e, run_phases
 
     model = dict(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram, random=args.random,
-                 random_layers=args.random_layers, random_hidden=args.random_hidden, prompts=args.prompts,
+                 random_layers=args.random_layers, random_hidden=args.random_hidden,
+                 random_shape=args.random_shape, prompts=args.prompts,
                  categories=args.categories, limit=args.limit, max_new_tokens=args.max_new_tokens,
                  max_length=args.max_length, temperature=args.temperature, keep=args.keep, chat=not args.no_chat)
     return (run_e2e if args.mode == "e2e" else run_phases)(**model, **common)

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from dart_jax.bench_shapes import KNOWN_SHAPES
 from dart_jax.bench_util import block, median, progress, summary_ms
 
 PHASES = ("verify_draft_device", "topk_transfer", "tree_search", "host_overhead")
@@ -75,13 +76,18 @@ def _demo_assets() -> dict[str, Path] | None:
 
 
 @contextlib.contextmanager
-def open_model(*, base, dart, ngram, small_ngram, random, random_layers, random_hidden, keep, seed) -> Iterator:
+def open_model(*, base, dart, ngram, small_ngram, random, random_layers, random_hidden, random_shape, keep,
+               seed) -> Iterator:
     """Yield (DartModel, description of the model set); a random set lives as long as the block."""
     from dart_jax.model import DartModel
 
     opts = {} if keep is None else {"keep": keep}
+    if random_shape:
+        if random_shape not in KNOWN_SHAPES:
+            raise ValueError(f"unknown --random-shape {random_shape!r}; known: {', '.join(KNOWN_SHAPES)}")
+        random = True
     if dart and random:
-        raise ValueError("pass either --dart (and --base/--ngram) or --random, not both")
+        raise ValueError("pass either --dart (and --base/--ngram) or --random/--random-shape, not both")
     if not dart and (base or ngram):
         raise ValueError("--base/--ngram need --dart (the DART head checkpoint)")
     if dart:
@@ -96,9 +102,12 @@ def open_model(*, base, dart, ngram, small_ngram, random, random_layers, random_
     from dart_jax.bench_assets import build_random_assets
 
     with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:
-        paths = build_random_assets(tmp, layers=random_layers, hidden=random_hidden, seed=seed)
+        shape = KNOWN_SHAPES[random_shape] if random_shape else None
+        paths = build_random_assets(tmp, layers=random_layers, hidden=random_hidden, shape=shape, seed=seed)
+        config = json.loads((paths["base"] / "config.json").read_text())
         yield (DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], **opts),
-               {"kind": "random", "layers": random_layers, "hidden": random_hidden})
+               {"kind": "random", "shape": random_shape or "small", "layers": random_layers,
+                "hidden": config["hidden_size"], "vocab": config["vocab_size"]})
 
 
 def _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat):
@@ -114,6 +123,7 @@ def _timed(fn, prompt, kwargs):
 
 
 def run_e2e(*, base=None, dart=None, ngram=None, small_ngram=False, random=False, random_layers=4, random_hidden=64,
+            random_shape=None,
             prompts=None, categories=None, limit=None, max_new_tokens=64, max_length=2048, temperature=0.0, keep=None,
             chat=True, reps=1, warmup=1, seed=0, show_progress=True) -> dict[str, Any]:
     """Tokens/s of DART and of autoregressive decoding per prompt (wall clock, prefill included),
@@ -124,7 +134,8 @@ def run_e2e(*, base=None, dart=None, ngram=None, small_ngram=False, random=False
     kwargs = _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat)
     rows, hist = [], Counter()
     with open_model(base=base, dart=dart, ngram=ngram, small_ngram=small_ngram, random=random,
-                    random_layers=random_layers, random_hidden=random_hidden, keep=keep, seed=seed) as (model, source):
+                    random_layers=random_layers, random_hidden=random_hidden, random_shape=random_shape, keep=keep,
+                    seed=seed) as (model, source):
         keep = model.engine.options.keep
         bar = progress(len(items) * 2 * (reps + warmup), "e2e", show_progress)
         for item in items:
@@ -185,6 +196,7 @@ def _transfer_ms(n_values: int, reps: int) -> float:
 
 
 def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=False, random_layers=4, random_hidden=64,
+            random_shape=None,
                prompts=None, categories=None, limit=None, max_new_tokens=64, max_length=2048, temperature=0.0,
                keep=None, chat=True, reps=1, warmup=1, seed=0, show_progress=True) -> dict[str, Any]:
     """Per-step phase times of DART generations, as medians and shares of the step time.
@@ -204,7 +216,8 @@ def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=Fa
     per_step = {p: [] for p in PHASES}
     step_ms, prefill_ms = [], []
     with open_model(base=base, dart=dart, ngram=ngram, small_ngram=small_ngram, random=random,
-                    random_layers=random_layers, random_hidden=random_hidden, keep=keep, seed=seed) as (model, source):
+                    random_layers=random_layers, random_hidden=random_hidden, random_shape=random_shape, keep=keep,
+                    seed=seed) as (model, source):
         engine = model.engine
         topk_ms = _transfer_ms(2 * engine.rows * engine.options.topk, reps=20)
         bar = progress(len(items) * (reps + warmup), "phases", show_progress)

@@ -67,6 +67,17 @@ def parse_int_list(text: str, *, name: str, minimum: int = 1) -> list[int]:
     return values
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def hardware() -> dict[str, Any]:
     """What the numbers were measured on: JAX backend, devices, host CPU."""
     import jax
@@ -77,7 +88,7 @@ def hardware() -> dict[str, Any]:
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),
         "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,

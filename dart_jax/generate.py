@@ -74,8 +74,10 @@ def _load(args):
     return DartModel.from_pretrained(base, head, ngram, small_ngram=args.small_ngram, dtype=args.dtype, **opts)
 
 
-def run(args, out=sys.stdout) -> dict:
+def run(args, out=None) -> dict:
     from .engine import Stats
+
+    out = out or sys.stdout
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")

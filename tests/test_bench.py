@@ -225,3 +225,27 @@ def test_table_output(capsys):
     text = capsys.readouterr().out
     header = next(ln for ln in text.splitlines() if ln.split()[:2] == ["keep", "beam"])
     assert "median_ms" in header and not math.isnan(float(text.splitlines()[text.splitlines().index(header) + 1].split()[2]))
+
+
+def test_random_assets_with_a_known_shape(tmp_path):
+    """--random-shape writes an untied bfloat16 target of the requested widths that our loaders
+    and transformers' tokenizer accept, with a head sized to it."""
+    from transformers import AutoTokenizer
+
+    from dart_jax.bench_assets import build_random_assets
+    from dart_jax.convert import load_dart_head, load_qwen3
+    from dart_jax.convert.safetensors_io import read_tensors
+
+    shape = {**TINY_SHAPE, "tie_word_embeddings": False, "vocab_size": 640}
+    paths = build_random_assets(tmp_path, layers=3, shape=shape)
+    target = load_qwen3(paths["base"])
+    c = target.config
+    assert (c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.vocab_size, c.num_hidden_layers, c.tie_word_embeddings) == (64, 128, 4, 2, 16, 640, 3, False)
+    tensors = read_tensors(paths["base"])
+    assert str(tensors["lm_head.weight"].dtype) == "bfloat16" and tensors["lm_head.weight"].shape == (640, 64)
+    head = load_dart_head(paths["dart"], target)
+    assert head.config.num_rows == 8 and head.config.draft_vocab_size == 640
+    tok = AutoTokenizer.from_pretrained(paths["base"])
+    assert tok.decode(tok("héllo, world")["input_ids"]) == "héllo, world"
+    assert Trie.load(paths["ngram"]).order == 3

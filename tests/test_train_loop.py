@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from dart_jax.train.__main__ import main
 from dart_jax.train.data import encode_conversation, load_tokenizer, read_conversations
-from tiny_models import make_tiny_qwen3, make_tiny_tokenizer
+from tiny_models import make_tiny_head, make_tiny_qwen3, make_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ["--draft-length", "3", "--draft-vocab", "64", "--max-length", "48", "--anchors-per-seq", "8",
@@ -66,6 +66,25 @@ def test_loss_mask_covers_assistant_turns(base):
     np.testing.assert_array_equal(short_mask, expect_mask[:20])
 
 
+def test_loss_mask_when_the_template_renders_the_last_turn_differently(base):
+    # like Qwen3's template: only the final assistant turn carries an (empty) think block
+    tok = load_tokenizer(base)
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and loop.last %}"
+        "<think>\n\n</think>\n\n{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": "more"}, {"role": "assistant", "content": "ok then"}]
+    ids, mask = encode_conversation(tok, messages, 1000)
+    text = tok.apply_chat_template(messages, tokenize=False)
+    assert tok.decode(ids) == text
+    picked = tok.decode(ids[mask])
+    # the earlier turn: its content and end-of-turn marker; the last turn: all it adds after the prompt
+    assert picked == "hello<|im_end|>" + "<think>\n\n</think>\n\nok then<|im_end|>\n"
+    first = text.index("hello")
+    assert not mask[: len(tok(text[:first], add_special_tokens=False)["input_ids"])].any()
+
+
 def test_bad_lines_are_named_or_skipped(tmp_path):
     path = tmp_path / "d.jsonl"
     good = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
@@ -82,11 +101,12 @@ def test_bad_lines_are_named_or_skipped(tmp_path):
         read_conversations(tmp_path / "missing.jsonl")
 
 
-def test_tiny_head_overfits_and_exports_a_lossless_head(base, tmp_path):
+def test_tiny_head_overfits_regenerated_data_and_exports_a_lossless_head(base, tmp_path):
     data = write_data(tmp_path / "d.jsonl", 2)
     out = tmp_path / "run"
     main(["--base", str(base), "--data", str(data), "--out", str(out), *COMMON, "--batch-size", "2",
-          "--epochs", "300", "--lr", "2e-2", "--save-every", "1000", "--log-every", "25"])
+          "--epochs", "300", "--lr", "2e-2", "--save-every", "1000", "--log-every", "25",
+          "--regenerate", "--regen-max-new", "20"])
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["alpha"][0] > 0.9, metrics
 
@@ -94,11 +114,20 @@ def test_tiny_head_overfits_and_exports_a_lossless_head(base, tmp_path):
 
     model = DartModel.from_pretrained(str(base), str(out / "head"), ngram=False)
     assert int(model.head.config.draft_vocab_size) == 64
-    prompt = json.loads(data.read_text().splitlines()[0])["messages"][0]["content"]
-    spec = model.generate(prompt, max_new_tokens=24)
-    ar = model.generate_ar(prompt, max_new_tokens=24)
-    assert list(spec.token_ids) == list(ar.token_ids)
-    assert np.mean(spec.accept_lengths) > 1.0  # the trained head does get drafts accepted
+    tok = load_tokenizer(base)
+    regenerated = [json.loads(line)["messages"] for line in (out / "regenerated.jsonl").read_text().splitlines()]
+    for original, messages in zip(read_conversations(data)[0], regenerated):
+        assert messages[0] == original[0]
+        prompt = tok(tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)["input_ids"]
+        ar = model.generate_ar(prompt, max_new_tokens=20)
+        # the regenerated turn is the target's own greedy reply (EOS is the end-of-turn marker)
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+        assert tok(messages[1]["content"], add_special_tokens=False)["input_ids"] == [t for t in ar.token_ids if t != eos]
+        spec = model.generate(prompt, max_new_tokens=20)
+        assert list(spec.token_ids) == list(ar.token_ids)
+        # the head memorised these replies, so its drafts are accepted
+        assert np.mean(spec.accept_lengths) > 2.0, spec.accept_lengths
 
 
 def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
@@ -122,10 +151,12 @@ def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
         main([*args[:-2], "--save-every", "2", "--out", str(b), "--lr", "1e-3"])
 
 
-def test_two_devices_match_one_device(base, tmp_path):
+def test_two_devices_match_one_device_starting_from_a_head(base, tmp_path):
     data = write_data(tmp_path / "d.jsonl", 4, seed=2)
-    args = ["--base", str(base), "--data", str(data), *COMMON, "--batch-size", "2", "--epochs", "1",
-            "--lr", "5e-3"]
+    init = make_tiny_head(tmp_path / "init", base, draft_length=3, draft_vocab_size=64, head_dim=8)
+    common = [a for a in COMMON if a not in ("--draft-vocab", "64")]
+    args = ["--base", str(base), "--data", str(data), *common, "--batch-size", "2", "--epochs", "1",
+            "--lr", "5e-3", "--init-head", str(init)]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     code = ("import jax; jax.config.update('jax_default_matmul_precision', 'highest'); "
             "assert jax.local_device_count() == 2; from dart_jax.train.__main__ import main; import sys; "
@@ -135,4 +166,17 @@ def test_two_devices_match_one_device(base, tmp_path):
     one, two = load_file(tmp_path / "one" / "head" / "model.safetensors"), load_file(tmp_path / "two" / "head" / "model.safetensors")
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-5, err_msg=name)
-    assert not np.allclose(one["fc.weight"], 0)
+    start = load_file(init / "model.safetensors")
+    np.testing.assert_array_equal(one["d2t"], start["d2t"])  # the head's draft vocabulary is kept
+    assert not np.allclose(one["fc.weight"], start["fc.weight"], atol=1e-4)  # and its weights trained
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--base", "--data", "--out", "--init-head", "--draft-length", "--draft-vocab", "--max-length",
+                   "--anchors-per-seq", "--batch-size", "--grad-accum", "--lr", "--epochs", "--gamma",
+                   "--save-every", "--keep-last", "--regenerate", "--skip-bad"):
+        assert option in text

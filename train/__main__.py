@@ -103,6 +103,16 @@ def run(args) -> Path:
     settings = _settings(args, target.config.vocab_size)
     progress = not args.no_progress
 
+    init = None
+    if args.init_head:
+        init = load_dart_head(args.init_head, target, dtype=jnp.float32)
+        if args.draft_vocab is not None and args.draft_vocab != init.config.draft_vocab_size:
+            raise ValueError(f"--init-head has a draft vocabulary of {init.config.draft_vocab_size} (kept when "
+                             f"continuing from it); drop --draft-vocab or pass {init.config.draft_vocab_size}")
+        if init.config.draft_length != settings.draft_length:
+            raise ValueError(f"--init-head has draft_length {init.config.draft_length}; pass --draft-length "
+                             f"{init.config.draft_length}")
+        settings = dataclasses.replace(settings, draft_vocab=init.config.draft_vocab_size)
     run_file = out / "run.json"
     recorded = {"settings": dataclasses.asdict(settings), "base": str(args.base), "data": str(Path(args.data).absolute()),
                 "init_head": args.init_head, "regenerate": args.regenerate}
@@ -140,12 +150,6 @@ def run(args) -> Path:
             print(f"dropped {dropped} conversations with no assistant token within --max-length", file=sys.stderr)
         data.save(data_file)
 
-    init = None
-    if args.init_head:
-        init = load_dart_head(args.init_head, target, dtype=jnp.float32)
-        if init.config.draft_length != settings.draft_length:
-            raise ValueError(f"--init-head has draft_length {init.config.draft_length}; pass --draft-length "
-                             f"{init.config.draft_length}")
     vocab_file = out / "vocab.npz"
     if vocab_file.exists():
         with np.load(vocab_file) as f:
@@ -183,7 +187,8 @@ def run(args) -> Path:
         print(f"stopped after micro-step {end} of {total}; run again with the same --out to resume", file=sys.stderr)
         return out
     folder = save_dart_head(out / "head", trainer.head_config, nnx.state(trainer.head()))
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    if metrics:  # empty when a finished run is restarted only to export again
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(f"exported the head to {folder}", file=sys.stderr)
     return folder
 

@@ -7,6 +7,7 @@ Accepted lines (one JSON object each; blank lines are ignored):
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -177,6 +178,7 @@ def encode_dataset(tokenizer, conversations, max_length: int, *, progress: bool 
     return Dataset(ids, masks), dropped
 
 
+@functools.lru_cache(maxsize=2)
 def epoch_order(n: int, epoch: int, seed: int) -> np.ndarray:
     """The sample order of an epoch: a permutation fixed by (seed, epoch), so resuming replays it."""
     return np.random.default_rng([seed, epoch]).permutation(n)

@@ -57,11 +57,6 @@ def packed_attention_mask(seq_len: int, anchors: jnp.ndarray, m: int, queries: j
     return real_key | own_block
 
 
-def row_targets(anchors: np.ndarray, m: int) -> np.ndarray:
-    """Sequence positions [.., K, m+1] whose token each row predicts: anchor + 2 + r."""
-    return np.asarray(anchors)[..., None] + 2 + np.arange(m + 1)
-
-
 def sample_anchors(loss_mask: np.ndarray, length: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Up to k anchors among the positions whose first row has a training target.
 
