@@ -141,7 +141,8 @@ def run(args) -> Path:
 
             regen = Regenerator(target, tokenizer, max_new_tokens=args.regen_max_new,
                                 temperature=args.regen_temperature, seed=args.seed)
-            conversations = [regen.conversation(c, i) for i, c in enumerate(tqdm(conversations, desc="regenerate", disable=not progress))]
+            bar = tqdm(conversations, desc="regenerate", disable=not progress)
+            conversations = [regen.conversation(c, i) for i, c in enumerate(bar)]
             with open(out / "regenerated.jsonl", "w", encoding="utf-8") as f:
                 for c in conversations:
                     f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")

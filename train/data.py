@@ -189,7 +189,8 @@ def pad_length(longest: int, max_length: int, multiple: int = 64) -> int:
     return int(min(max_length, -(-longest // multiple) * multiple))
 
 
-def make_batch(data: Dataset, epoch: int, index: int, *, batch_size: int, anchors: int, max_length: int, seed: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+def make_batch(data: Dataset, epoch: int, index: int, *, batch_size: int, anchors: int, max_length: int, seed: int,
+               pad_id: int = 0) -> dict[str, np.ndarray]:
     """Batch `index` of `epoch`: ids int32[B,T], loss_mask bool[B,T], anchors int32[B,K],
     anchor_valid bool[B,K]. The last batch of an epoch is filled with empty rows (no anchors)."""
     order = epoch_order(len(data), epoch, seed)[index * batch_size:(index + 1) * batch_size]

@@ -157,7 +157,8 @@ def data_mesh() -> Mesh:
 
 
 def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpoints, *, start_step: int,
-               end_step: int | None = None, save_every: int, log_every: int = 50, pad_id: int, progress: bool = True, log=print) -> dict:
+               end_step: int | None = None, save_every: int, log_every: int = 50, pad_id: int,
+               progress: bool = True, log=print) -> dict:
     """Run micro-steps start_step … end_step (default: all epochs), checkpointing every `save_every`
     and at the end. Metrics are averaged over windows of `log_every` micro-steps and logged as JSON
     lines; returns those of the last window."""
