@@ -19,7 +19,6 @@ nodes to `cache_len … cache_len+k`, and the head writes its k+1 real rows plus
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Any, Iterator, Sequence

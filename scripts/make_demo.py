@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,7 @@ def main(argv=None):
     ap.add_argument("what", choices=["target", "head", "trie"])
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=120, help="head training epochs over the corpus")
     args = ap.parse_args(argv)
     if args.what == "target":
         train_target(DEMO / "base", args.steps, args.seed)
@@ -117,10 +119,15 @@ def main(argv=None):
             seqs.append(encode_chat(tok, conv))
         Trie.build(seqs, order=3).save(DEMO / "ngram.trie")
     else:
+        run = ROOT / "out" / "demo_head"
         cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(DEMO / "base"), "--data", str(CORPUS),
-               "--out", str(ROOT / "out" / "demo_head"), "--export", str(DEMO / "head")]
-        print(" ".join(cmd))
+               "--out", str(run), "--regenerate", "--regen-max-new", "200", "--draft-length", "7",
+               "--max-length", "512", "--anchors-per-seq", "96", "--batch-size", "4", "--epochs", str(args.epochs),
+               "--lr", "3e-3", "--save-every", "200", "--seed", str(args.seed)]
+        print(" ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
+        shutil.rmtree(DEMO / "head", ignore_errors=True)
+        shutil.copytree(run / "head", DEMO / "head")
 
 
 if __name__ == "__main__":

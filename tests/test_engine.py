@@ -4,8 +4,6 @@ reference's tree rejection sampling (SPEC §4)."""
 from __future__ import annotations
 
 import collections
-import itertools
-import json
 import struct
 from types import SimpleNamespace
 
@@ -15,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tiny_models import make_tiny_head, make_tiny_qwen3, make_tiny_setup
+from tiny_models import make_tiny_qwen3, make_tiny_setup
 
 from dart_jax.engine import Engine, EngineOptions, Stats, prompt_bucket
 from dart_jax.model import DartModel, load_trie, published_base
@@ -38,7 +36,7 @@ def tiny(tmp_path_factory):
                                        num_hidden_layers=4, seed=1)
     model = DartModel.from_pretrained(base, head, trie, min_bucket=64)
     hf = Qwen3ForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    return SimpleNamespace(base=base, head=head, trie_path=trie, model=model, hf=hf, folder=folder, greedy={})
+    return SimpleNamespace(base=base, head=head, trie_path=trie, model=model, hf=hf, folder=folder)
 
 
 def hf_generate(tiny, prompt, max_new_tokens, eos=EOS):
