@@ -54,6 +54,15 @@ def _query_loop(token, freq, child_start, order, contexts, cands, out_p, out_len
 
 
 @njit(cache=True)
+def _query_loop_root(token, freq, child_start, root, order, contexts, cands, out_p, out_len):
+    acc = 0.0
+    for q in range(contexts.shape[0]):
+        ngram_probs(token, freq, child_start, order, contexts[q], cands[q], out_p, out_len, root)
+        acc += out_p[0]
+    return acc
+
+
+@njit(cache=True)
 def _reference_bytes(token, freq, child_start, order):
     """The trie in the reference format (SPEC §6), children listed in descending token order."""
     n = token.shape[0]
@@ -133,11 +142,22 @@ def run_ngram_bench(num_tokens: int = 4_000_000, *, order: int = 3, vocab: int =
         t0 = time.process_time()
         _query_loop(*loaded.arrays(), order, contexts[cyc], cands[cyc], out_p, out_len)
         hot_query_us = (time.process_time() - t0) / num_queries * 1e6
+        t0 = time.process_time()
+        root = loaded.root_table()
+        root_table_s = time.process_time() - t0
+        root_args = (*loaded.arrays(), root, order)
+        _query_loop_root(*root_args, contexts[:10], cands[:10], out_p, out_len)
+        t0 = time.process_time()
+        _query_loop_root(*root_args, contexts, cands, out_p, out_len)
+        root_query_us = (time.process_time() - t0) / num_queries * 1e6
+        t0 = time.process_time()
+        _query_loop_root(*root_args, contexts[cyc], cands[cyc], out_p, out_len)
+        root_hot_query_us = (time.process_time() - t0) / num_queries * 1e6
         t0 = time.perf_counter()
         for q in range(min(num_queries, 20_000)):
             loaded.probability(contexts[q], cands[q])
         py_query_us = (time.perf_counter() - t0) / min(num_queries, 20_000) * 1e6
-        del loaded, args
+        del loaded, args, root_args
 
     return {
         "tokens": int(n_tokens),
@@ -157,6 +177,10 @@ def run_ngram_bench(num_tokens: int = 4_000_000, *, order: int = 3, vocab: int =
         "query_us_numba_random_contexts": query_us,
         "query_us_numba_100_contexts_cycled": hot_query_us,
         "query_us_python_api": py_query_us,
+        "root_table_bytes": int(root.nbytes),
+        "root_table_build_s": root_table_s,
+        "query_us_numba_random_contexts_root_table": root_query_us,
+        "query_us_numba_100_contexts_cycled_root_table": root_hot_query_us,
     }
 
 

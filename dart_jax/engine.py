@@ -3,7 +3,7 @@
 Device work is two jitted pure functions over the `nnx.split` state of (target, head):
 - `prefill`: the prompt (padded to a power-of-two bucket) through the target, the first token,
   the head's first draft and its per-row top-k;
-- `step`: tree verification → acceptance → KV compaction → head call → top-k, in one call.
+- `step`: tree verification → acceptance → KV commit → head call → top-k, in one call.
 Both return everything the host needs as ONE packed int32 array (float probabilities are
 bit-cast), so a step costs one device→host copy; the host answers with one packed int32 array
 that holds the next tree (one host→device copy). The tree search (`ngram.build_tree`) runs on the
@@ -12,13 +12,15 @@ given (prompt bucket, cache size), so after warm-up no generation compiles anyth
 
 Cache discipline: `cache_len` (int32[B]) counts the committed tokens in the target cache; the
 head's cache always holds the same number of rows (one per committed token), so one length
-serves both. The step writes the tree at slots `cache_len … cache_len+N-1`, moves the accepted
-nodes to `cache_len … cache_len+k`, and the head writes its k+1 real rows plus m mask slots from
-`cache_len`; the mask slots are dropped by advancing only by k+1.
+serves both. The step verifies the tree against the cache without writing it there, then writes
+only the accepted nodes' keys/values to slots `cache_len … cache_len+k` (one in-place scatter of
+d+1 slots per step, whatever the tree size), and the head writes its k+1 real rows plus m mask
+slots from `cache_len`; the mask slots are dropped by advancing only by k+1.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Iterator, Sequence
@@ -29,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from .head import DartHead, HeadCache, init_head_cache
-from .qwen3 import KVCache, Qwen3, init_cache
+from .qwen3 import KVCache, Qwen3, init_cache, write_cache
 from .sampling import SamplingParams, greedy_accept, process_logits, sample_accept, sample_tokens
 
 
@@ -148,18 +150,6 @@ def _prefill_dart(graphdef, state, ids, prompt_len, cache: KVCache, head_cache: 
     return packed, cache, head_cache, key
 
 
-def _compact(cache: KVCache, cache_len: jax.Array, path: jax.Array) -> KVCache:
-    """Move the accepted nodes' keys/values (tree slots cache_len+path[i]) to cache_len+i."""
-
-    def move(buf, src, start):  # buf [L,S,KVH,D], src [D+1], start scalar
-        picked = jnp.take(buf, src, axis=1)  # [L,D+1,KVH,D]
-        return jax.lax.dynamic_update_slice(buf, picked, (0, start, 0, 0))
-
-    src = cache_len[:, None] + path  # [B,D+1]
-    moved = jax.vmap(move, in_axes=(1, 0, 0), out_axes=1)
-    return KVCache(k=moved(cache.k, src, cache_len), v=moved(cache.v, src, cache_len))
-
-
 def _unpack_tree(tree: jax.Array, n: int, depth: int):
     b = tree.shape[0]
     sizes = (n, n, n, n * n, (n - 1) * (depth + 1))
@@ -177,8 +167,9 @@ def _step_dart(graphdef, state, tree, cache: KVCache, head_cache: HeadCache, cac
     b = tree.shape[0]
     tokens, positions, parents, mask, retrieve = _unpack_tree(tree, n, depth)
     with jax.named_scope("verify"):
-        hidden, taps, cache = target.forward_hidden(tokens, positions=cache_len[:, None] + positions, cache=cache,
-                                                    cache_len=cache_len, mask=mask, return_taps=True)
+        # the tree's keys/values stay out of the cache: only the accepted path is written below
+        hidden, taps, tree_kv = target.forward_hidden_kv(tokens, positions=cache_len[:, None] + positions, cache=cache,
+                                                         cache_len=cache_len, mask=mask, return_taps=True)
         logits = target.lm_logits(hidden)  # [B,N,V]
     with jax.named_scope("accept"):
         key, sub = jax.random.split(key)
@@ -189,8 +180,10 @@ def _step_dart(graphdef, state, tree, cache: KVCache, head_cache: HeadCache, cac
 
         path, count, bonus = jax.lax.cond(params.greedy, lambda x: jax.vmap(greedy_accept)(x, tokens, retrieve),
                                           sampled, logits)
-    with jax.named_scope("compact"):
-        cache = _compact(cache, cache_len, path)
+    with jax.named_scope("commit"):
+        at = path[None, :, :, None, None]  # [1,B,D+1,1,1] over [L,B,N,KVH,D]
+        accepted = KVCache(k=jnp.take_along_axis(tree_kv.k, at, axis=2), v=jnp.take_along_axis(tree_kv.v, at, axis=2))
+        cache = write_cache(cache, cache_len, accepted)
     with jax.named_scope("draft"):
         path_tokens = jnp.take_along_axis(tokens, path, axis=1)  # [B,D+1]; entries past count are junk
         accepted_taps = jnp.take_along_axis(taps, path[..., None], axis=1)  # [B,D+1,3H]
@@ -219,14 +212,19 @@ def _decode_ar(graphdef, state, token, cache: KVCache, cache_len, key, params):
     return nxt, cache, cache_len + 1, key
 
 
-# Module-level so that every Engine over same-shaped models shares the compiled executables.
 _DONATE = ("cache", "head_cache")
-_prefill_dart_jit = jax.jit(_prefill_dart, static_argnums=0, static_argnames=("rows", "k"),
-                            donate_argnames=_DONATE)
-_step_dart_jit = jax.jit(_step_dart, static_argnums=0, static_argnames=("n", "depth", "k"),
-                         donate_argnames=_DONATE)
-_prefill_ar_jit = jax.jit(_prefill_ar, static_argnums=0, donate_argnames="cache")
-_decode_ar_jit = jax.jit(_decode_ar, static_argnums=0, donate_argnames="cache")
+_JITTED: dict = {}
+
+
+def _jitted(fn, graphdef, **jit_kwargs):
+    """`fn` jitted with its GraphDef bound. Binding it here, once per Engine, keeps the GraphDef out
+    of the per-call arguments: as a static argument it would be hashed on every step, which costs
+    milliseconds of host time. Engines over equal GraphDefs share the jitted function, hence its
+    compiled executables."""
+    key = (fn, graphdef)
+    if key not in _JITTED:
+        _JITTED[key] = jax.jit(functools.partial(fn, graphdef), **jit_kwargs)
+    return _JITTED[key]
 
 
 def _check_request(prompt_ids: Sequence[int], vocab: int, max_new_tokens: int, max_length: int, temperature: float,
@@ -284,6 +282,12 @@ class Engine:
         self.n_nodes = options.keep + 1
         self._pair_def, self._pair_state = nnx.split(_Pair(target, head))
         self._target_def, self._target_state = nnx.split(target)
+        self._prefill_dart = _jitted(_prefill_dart, self._pair_def, static_argnames=("rows", "k"),
+                                     donate_argnames=_DONATE)
+        self._step_dart = _jitted(_step_dart, self._pair_def, static_argnames=("n", "depth", "k"),
+                                  donate_argnames=_DONATE)
+        self._prefill_ar = _jitted(_prefill_ar, self._target_def, donate_argnames="cache")
+        self._decode_ar = _jitted(_decode_ar, self._target_def, donate_argnames="cache")
         self._held: tuple[int, KVCache, HeadCache] | None = None
 
     @property
@@ -361,8 +365,8 @@ class Engine:
         k = self.options.topk
         start = time.perf_counter()
         try:
-            packed, cache, head_cache, key = _prefill_dart_jit(self._pair_def, self._pair_state, padded, prompt_len, cache,
-                                                           head_cache, key, params, rows=self.rows, k=k)
+            packed, cache, head_cache, key = self._prefill_dart(self._pair_state, padded, prompt_len, cache, head_cache,
+                                                                key, params, rows=self.rows, k=k)
             host = np.asarray(packed)[0]
             stats.prefill_s = time.perf_counter() - start
             root = int(host[0])
@@ -378,8 +382,8 @@ class Engine:
                 tree = self._build_tree(cand, probs, preceding)
                 packed_tree = self._pack_tree(tree)
                 t1 = time.perf_counter()
-                packed, cache, head_cache, cache_len, key = _step_dart_jit(
-                    self._pair_def, self._pair_state, jax.device_put(packed_tree), cache, head_cache, cache_len, key,
+                packed, cache, head_cache, cache_len, key = self._step_dart(
+                    self._pair_state, jax.device_put(packed_tree), cache, head_cache, cache_len, key,
                     params, n=self.n_nodes, depth=depth, k=k)
                 host = np.asarray(packed)[0]
                 t2 = time.perf_counter()
@@ -412,8 +416,7 @@ class Engine:
         length, cache, head_cache = self._take_caches(self.cache_length(ids.size, max_length))
         start = time.perf_counter()
         try:
-            token, cache, key = _prefill_ar_jit(self._target_def, self._target_state, padded, prompt_len, cache, key,
-                                                 params)
+            token, cache, key = self._prefill_ar(self._target_state, padded, prompt_len, cache, key, params)
             first = int(np.asarray(token)[0])
             stats.prefill_s = time.perf_counter() - start
             kept = budget.take([first])
@@ -422,8 +425,8 @@ class Engine:
             cache_len = prompt_len
             while not budget.done:
                 t0 = time.perf_counter()
-                token, cache, cache_len, key = _decode_ar_jit(self._target_def, self._target_state, token, cache,
-                                                               cache_len, key, params)
+                token, cache, cache_len, key = self._decode_ar(self._target_state, token, cache, cache_len, key,
+                                                               params)
                 nxt = int(np.asarray(token)[0])
                 stats.device_s += time.perf_counter() - t0
                 stats.steps += 1

@@ -176,21 +176,65 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
 
-    def __call__(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots: jax.Array | None):
-        """x [B,T,H]; mask [B,T,S] over the keys (cache slots, or the T new tokens without a cache)."""
+    def __call__(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots: jax.Array | None,
+                 visible: jax.Array | None):
+        """x [B,T,H]. Three modes: no cache (mask [B,T,T]); `slots` [B,T]: write the new keys/values
+        there, then attend over the cache (mask [B,T,S]); `visible` [B,S]: leave the cache as it is
+        and attend over its visible slots plus the new tokens (mask [B,T,T]). Returns the output,
+        the cache and this layer's new keys/values [B,T,Hkv,D]."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim))  # [B,T,Hq,D]
         k = self.k_norm(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim))  # [B,T,Hkv,D]
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)  # [B,T,Hkv,D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
+        scale = self.head_dim ** -0.5
+        if cache is None:
+            out = attention(q, k, v, mask, scale)  # [B,T,Hq,D]
+        elif visible is None:
             rows = jnp.arange(b)[:, None]  # [B,1] against slots [B,T]
             # writes past S_max are dropped rather than clamped, so an overflow cannot corrupt valid slots
             cache = KVCache(k=cache.k.at[layer, rows, slots].set(k.astype(cache.k.dtype), mode="drop"),
                             v=cache.v.at[layer, rows, slots].set(v.astype(cache.v.dtype), mode="drop"))
-            k, v = cache.k[layer].astype(x.dtype), cache.v[layer].astype(x.dtype)  # [B,S,Hkv,D]
-        out = attention(q, k, v, mask, self.head_dim ** -0.5)  # [B,T,Hq,D]
-        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache
+            out = attention(q, cache.k[layer].astype(x.dtype), cache.v[layer].astype(x.dtype), mask, scale)
+        else:
+            # the new keys are read back as the cache would hold them, as in the writing mode
+            k = k.astype(cache.k.dtype).astype(x.dtype)
+            v = v.astype(cache.v.dtype).astype(x.dtype)
+            out = _attention_with_cache(q, k, v, cache.k[layer].astype(x.dtype), cache.v[layer].astype(x.dtype),
+                                        visible, mask, scale)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache, (k, v)
+
+
+def _attention_with_cache(q, k_new, v_new, k_old, v_old, visible, new_mask, scale):
+    """Attention of T new tokens over two key blocks, the cache (slots where `visible` [B,S]) and
+    the new tokens themselves (`new_mask` [B,T,T]), with one softmax over both. Keeping the new
+    keys out of the cache here means a forward never writes the cache per layer and never builds
+    a [B,T,S] mask by gathering."""
+    b, t, hq, d = q.shape
+    hkv = k_new.shape[2]
+    s = k_old.shape[1]
+    qg = q.reshape(b, t, hkv, hq // hkv, d)
+    scores = jnp.concatenate([jnp.einsum("btkgd,bskd->bkgts", qg, k_old, preferred_element_type=jnp.float32),
+                              jnp.einsum("btkgd,bskd->bkgts", qg, k_new, preferred_element_type=jnp.float32)],
+                             axis=-1) * scale  # [B,Hkv,G,T,S+T]
+    mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)), new_mask], axis=-1)[:, None, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jnp.where(mask, probs, 0.0).astype(v_new.dtype)
+    out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_old, preferred_element_type=jnp.float32)
+           + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_new, preferred_element_type=jnp.float32))
+    return out.astype(v_new.dtype).reshape(b, t, hq, d)
+
+
+def write_cache(cache: KVCache, cache_len: jax.Array, new: KVCache) -> KVCache:
+    """Write `new` ([L,B,T,KVH,D] keys/values) at slots `cache_len[b] + j`: one in-place scatter of
+    the T new slots per array. Writes past S_max are dropped rather than clamped, so an overflow
+    cannot corrupt valid slots."""
+    b, t = new.k.shape[1], new.k.shape[2]
+    rows = jnp.arange(b)[:, None]  # [B,1] against slots [B,T]
+    slots = jnp.asarray(cache_len, jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    return KVCache(k=cache.k.at[:, rows, slots].set(new.k.astype(cache.k.dtype), mode="drop"),
+                   v=cache.v.at[:, rows, slots].set(new.v.astype(cache.v.dtype), mode="drop"))
 
 
 class MLP(nnx.Module):
@@ -211,13 +255,13 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype)
         self.mlp = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, cache, layer, slots):
+    def __call__(self, x, cos, sin, mask, cache, layer, slots, visible):
         with jax.named_scope("attention"):
-            attn, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, slots)
+            attn, cache, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, slots, visible)
             x = x + attn
         with jax.named_scope("mlp"):
             x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, cache
+        return x, cache, kv
 
 
 class Qwen3(nnx.Module):
@@ -243,14 +287,29 @@ class Qwen3(nnx.Module):
         `< cache_len[b]` and new token i where `mask[b, j, i]` (default causal). The caller must keep
         `cache_len + T <= S_max`: writes beyond the cache are dropped.
         """
+        # Each layer writes its T new slots and then reads its cache layer: that data dependency
+        # lets XLA update the donated cache in place.
+        hidden, taps, cache, _ = self._forward(ids, positions, cache, cache_len, mask, return_taps, write=True)
+        return hidden, taps, cache
+
+    def forward_hidden_kv(self, ids: jax.Array, *, positions: jax.Array | None = None, cache: KVCache,
+                          cache_len: jax.Array, mask: jax.Array | None = None, return_taps: bool = False):
+        """`forward_hidden` with a cache that leaves the cache untouched and returns the new
+        tokens' keys/values instead: (hidden, taps | None, KVCache [L,B,T,KVH,D]). A caller that
+        keeps only some of the new tokens (tree verification) writes just those with `write_cache`,
+        after something that depends on this forward's output, so that the write stays in place."""
+        hidden, taps, _, new = self._forward(ids, positions, cache, cache_len, mask, return_taps, write=False)
+        return hidden, taps, new
+
+    def _forward(self, ids, positions, cache, cache_len, mask, return_taps, *, write: bool):
         b, t = ids.shape
         causal = jnp.tril(jnp.ones((t, t), bool))
         new_mask = jnp.broadcast_to(causal if mask is None else mask.astype(bool), (b, t, t))  # [B,T,T]
-        slots = None
+        slots = visible = None
         if cache is None:
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            full_mask = new_mask
+            layer_mask = new_mask
         else:
             if cache_len is None:
                 raise ValueError("forward_hidden with a cache needs cache_len int32[B] (valid slots per row).")
@@ -258,29 +317,37 @@ class Qwen3(nnx.Module):
             slots = cache_len[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B,T]
             if positions is None:
                 positions = slots
-            s = cache.k.shape[2]
-            rel = jnp.arange(s, dtype=jnp.int32)[None, :] - cache_len[:, None]  # [B,S] slot minus first new slot
-            is_new = (rel >= 0) & (rel < t)
-            among_new = jnp.take_along_axis(new_mask, jnp.clip(rel, 0, t - 1)[:, None, :], axis=2)  # [B,T,S]
-            full_mask = (rel < 0)[:, None, :] | (is_new[:, None, :] & among_new)  # [B,T,S]
+            rel = jnp.arange(cache.k.shape[2], dtype=jnp.int32)[None, :] - cache_len[:, None]  # [B,S] slot - first new
+            if not write:
+                visible, slots, layer_mask = rel < 0, None, new_mask
+            elif mask is None:
+                # causal: new token j sees every slot up to its own, an iota compare (no gather)
+                layer_mask = rel[:, None, :] <= jnp.arange(t, dtype=jnp.int32)[None, :, None]  # [B,T,S]
+            else:
+                is_new = (rel >= 0) & (rel < t)
+                among_new = jnp.take_along_axis(new_mask, jnp.clip(rel, 0, t - 1)[:, None, :], axis=2)  # [B,T,S]
+                layer_mask = (rel < 0)[:, None, :] | (is_new[:, None, :] & among_new)  # [B,T,S]
         positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
         inv_freq, attn_scale = _rope_tables(self.config)
         cos, sin = rope_cos_sin(positions, inv_freq, attn_scale)  # [B,T,D]
 
         with jax.named_scope("embed"):
             x = self.embed_tokens(ids)  # [B,T,H]
-        layer_inputs = {}
+        layer_inputs, keys, values = {}, [], []
         for i, layer in enumerate(self.layers):
             if return_taps and i in self.config.tap_layers:
                 layer_inputs[i] = x
             with jax.named_scope(f"layer_{i}"):
-                x, cache = layer(x, cos, sin, full_mask, cache, i, slots)
+                x, cache, (k, v) = layer(x, cos, sin, layer_mask, cache, i, slots, visible)
+            keys.append(k)
+            values.append(v)
         taps = None
         if return_taps:
             taps = jnp.concatenate([layer_inputs[i] for i in self.config.tap_layers], axis=-1)  # [B,T,3H]
         with jax.named_scope("final_norm"):
             x = self.norm(x)
-        return x, taps, cache
+        new = None if write or cache is None else KVCache(k=jnp.stack(keys), v=jnp.stack(values))
+        return x, taps, cache, new
 
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., H] → float32 logits [..., V]."""

@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple, Sequence, Union
 import numpy as np
 from numba import njit, prange
 
-from ._query import find_child, num_valid_nodes
+from ._query import find_child, find_children, num_valid_nodes, root_child
 
 __all__ = [
     "DraftTree",
@@ -153,18 +153,36 @@ def _check_inputs(topk_ids, topk_probs, preceding, n_preceding):
 
 
 @njit(cache=True)
-def _suffix_nodes_of_preceding(token, child_start, n_trie, preceding, n_preceding, out):
+def _suffix_nodes_of_preceding(token, child_start, root, n_trie, preceding, n_preceding, out):
     """out[L] = trie node of the last L preceding ids (-1 when not a path), L = 1 .. len(out)-1."""
     for length in range(1, out.shape[0]):
         out[length] = -1
         if length > n_preceding:
             continue
-        node = 0
-        for t in range(n_preceding - length, n_preceding):
-            node = find_child(token, child_start, n_trie, node, preceding[t])
+        node = root_child(token, child_start, n_trie, root, preceding[n_preceding - length])
+        for t in range(n_preceding - length + 1, n_preceding):
             if node < 0:
                 break
+            node = find_child(token, child_start, n_trie, node, preceding[t])
         out[length] = node
+
+
+@njit(cache=True, inline="always")
+def _fill_slot(token, freq, child_start, n_trie, node, inv, cands, child, p, ng):
+    """Look every candidate up under ``node`` at once; p_ngram of the children found.
+
+    All frequencies are read in one pass, so their cache misses overlap.
+    """
+    find_children(token, child_start, n_trie, node, cands, child, cands.shape[0])
+    one = np.float32(1.0)
+    for i in range(cands.shape[0]):
+        ng[i] = one
+        ch = child[i]
+        if ch >= 0:
+            pn = np.float32(freq[ch]) * inv
+            if not pn <= one:  # also a NaN from a corrupted trie: scores stay finite
+                pn = one
+            p[i] = pn
 
 
 @njit(cache=True, error_model="numpy")
@@ -176,6 +194,7 @@ def _search_one(
     token,
     freq,
     child_start,
+    root,
     order,
     use_ngram,
     ngram_weight,
@@ -202,8 +221,11 @@ def _search_one(
         lookup — the lists' thresholds only rise, so it could never have entered later;
       * n-gram probabilities (SPEC §5, as ``ngram_probs`` of trie.py) come from per-entry
         suffix nodes: each beam entry carries the trie nodes of its last 1 .. order-1 ids,
-        found from its parent's with one child lookup, and a candidate's lookup under a node
-        is shared by every beam entry of the row with that suffix node.
+        found from its parent's lookups, and the lookups under a node are shared by every beam
+        entry of the row with that suffix node: the first time a row needs a node, all k
+        candidates are looked up under it at once (``find_children``, binary searches in
+        lockstep, far cheaper than one after another), and depth-1 nodes come from the
+        trie's root table (``Trie.root_table``) when it has one.
     """
     d, k = topk_ids.shape
     status = _check_inputs(topk_ids, topk_probs, preceding, n_preceding)
@@ -245,13 +267,14 @@ def _search_one(
     miss_term = np.float32(math.log(tiny)) * ngw
     beam_ctx = np.full((beam_width, m + 1), -1, np.int64)
     next_ctx = np.full((beam_width, m + 1), -1, np.int64)
-    _suffix_nodes_of_preceding(token, child_start, n_trie, preceding, n_preceding, beam_ctx[0])
-    root_child = np.full((d, k), -2, np.int64)
+    _suffix_nodes_of_preceding(token, child_start, root, n_trie, preceding, n_preceding, beam_ctx[0])
     memo_cap = max(beam_width * m, 1)
     memo_node = np.empty(memo_cap, np.int64)
     memo_inv = np.empty(memo_cap, np.float32)
-    memo_state = np.empty((memo_cap, k), np.int8)  # 0 not looked up, 1 child, 2 no child
-    memo_p = np.empty((memo_cap, k), np.float32)
+    memo_done = np.empty(memo_cap, np.bool_)
+    memo_child = np.empty((memo_cap, k), np.int64)  # child of the slot's node per candidate, or -1
+    memo_p = np.empty((memo_cap, k), np.float32)  # p_ngram of each found child
+    memo_ng = np.empty((memo_cap, k), np.float32)  # its n-gram term; 1 (never a term) until needed
     beam_memo = np.full((beam_width, m + 1), -1, np.int64)
 
     n_pool = 0
@@ -259,7 +282,7 @@ def _search_one(
         lw = np.float32(level_w[lvl])
         with_ngram = m > 0 and lvl > 0
         to_beam = lvl + 1 < d
-        if with_ngram:
+        if m > 0:
             n_memo = 0
             for bi in range(n_beam):
                 for length in range(1, m + 1):
@@ -275,7 +298,7 @@ def _search_one(
                             n_memo += 1
                             memo_node[slot] = node
                             memo_inv[slot] = one / np.float32(freq[node])
-                            memo_state[slot, :] = 0
+                            memo_done[slot] = False
                     beam_memo[bi, length] = slot
         n_row = 0
         for bi in range(n_beam):
@@ -297,18 +320,15 @@ def _search_one(
                         slot = beam_memo[bi, length]
                         if slot < 0:
                             continue
-                        state = memo_state[slot, j]
-                        if state == 0:
-                            ch = find_child(token, child_start, n_trie, memo_node[slot], tok)
-                            state = 1 if ch >= 0 else 2
-                            memo_state[slot, j] = state
-                            if ch >= 0:
-                                pn = np.float32(freq[ch]) * memo_inv[slot]
-                                if not pn <= one:  # also a NaN from a corrupted trie: scores stay finite
-                                    pn = one
-                                memo_p[slot, j] = pn
-                        if state == 1:
-                            ng = np.float32(math.log(memo_p[slot, j] + tiny)) * ngw
+                        if not memo_done[slot]:
+                            _fill_slot(token, freq, child_start, n_trie, memo_node[slot], memo_inv[slot],
+                                       topk_ids[lvl], memo_child[slot], memo_p[slot], memo_ng[slot])
+                            memo_done[slot] = True
+                        if memo_child[slot, j] >= 0:
+                            ng = memo_ng[slot, j]
+                            if ng > 0:
+                                ng = np.float32(math.log(memo_p[slot, j] + tiny)) * ngw
+                                memo_ng[slot, j] = ng
                             break
                     term = term + ng
                 score = base + lw * term
@@ -334,12 +354,17 @@ def _search_one(
                     e = row_best[r]
                     bi = pool_slot[e]
                     j = pool_col[e]
-                    if root_child[lvl, j] == -2:
-                        root_child[lvl, j] = find_child(token, child_start, n_trie, 0, topk_ids[lvl, j])
-                    next_ctx[r, 1] = root_child[lvl, j]
+                    next_ctx[r, 1] = root_child(token, child_start, n_trie, root, topk_ids[lvl, j])
                     for length in range(2, m + 1):
-                        up = beam_ctx[bi, length - 1]
-                        next_ctx[r, length] = -1 if up < 0 else find_child(token, child_start, n_trie, up, topk_ids[lvl, j])
+                        slot = beam_memo[bi, length - 1]
+                        if slot < 0:
+                            next_ctx[r, length] = -1
+                            continue
+                        if not memo_done[slot]:
+                            _fill_slot(token, freq, child_start, n_trie, memo_node[slot], memo_inv[slot],
+                                       topk_ids[lvl], memo_child[slot], memo_p[slot], memo_ng[slot])
+                            memo_done[slot] = True
+                        next_ctx[r, length] = memo_child[slot, j]
                 beam_ctx, next_ctx = next_ctx, beam_ctx
             beam, row_best = row_best, beam
             n_beam = n_row
@@ -416,6 +441,7 @@ def _search_batch(
     token,
     freq,
     child_start,
+    root,
     order,
     use_ngram,
     ngram_weight,
@@ -442,6 +468,7 @@ def _search_batch(
             token,
             freq,
             child_start,
+            root,
             order,
             use_ngram,
             ngram_weight,
@@ -539,15 +566,23 @@ def _raise_for(status: int, where: str = "") -> None:
         raise ValueError(f"preceding_ids{where} must be token ids in [0, 2**31).")
 
 
-# Same dtypes as Trie.arrays(), so that trie=None reuses the compiled specialisation.
-_NO_TRIE = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(2, np.int64))
+def _readonly(x: np.ndarray) -> np.ndarray:
+    x.flags.writeable = False
+    return x
+
+
+# Same dtypes as Trie.arrays() and Trie.root_table() (an empty table: binary search), so that
+# trie=None and tries without a table reuse the compiled specialisation.
+_NO_ROOT_TABLE = _readonly(np.zeros(0, np.int32))
+_NO_TRIE = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(2, np.int64), _NO_ROOT_TABLE)
 
 
 def _trie_arrays(trie):
     if trie is None:
         return (*_NO_TRIE, 1, False)
     token, freq, child_start = trie.arrays()
-    return token, freq, child_start, int(trie.order), True
+    root = trie.root_table() if hasattr(trie, "root_table") else _NO_ROOT_TABLE
+    return token, freq, child_start, root, int(trie.order), True
 
 
 def build_tree(
@@ -587,7 +622,7 @@ def build_tree(
     d = ids.shape[0]
     level_w = _level_weights(level_weight, default_level_weight, d, "level_weight")
     logit_w = _level_weights(logit_weight, default_logit_weight, d, "logit_weight")
-    token, freq, child_start, order, use_ngram = _trie_arrays(trie)
+    token, freq, child_start, root, order, use_ngram = _trie_arrays(trie)
 
     n = keep + 1
     tokens = np.zeros(n, np.int32)
@@ -596,7 +631,7 @@ def build_tree(
     mask = np.zeros((n, n), np.bool_)
     retrieve = np.full((keep, d + 1), -1, np.int32)
     status, num_nodes, num_leaves = _search_one(
-        ids, probs, preceding, preceding.shape[0], token, freq, child_start, order, use_ngram,
+        ids, probs, preceding, preceding.shape[0], token, freq, child_start, root, order, use_ngram,
         float(ngram_weight), level_w, logit_w, eos, int(beam_width), int(keep),
         tokens, positions, parents, mask, retrieve,
     )
@@ -642,7 +677,7 @@ def build_tree_batch(
     eos = _check_search_args(beam_width, keep, ngram_weight, eos_id)
     level_w = _level_weights(level_weight, default_level_weight, d, "level_weight")
     logit_w = _level_weights(logit_weight, default_logit_weight, d, "logit_weight")
-    token, freq, child_start, order, use_ngram = _trie_arrays(trie)
+    token, freq, child_start, root, order, use_ngram = _trie_arrays(trie)
 
     n = keep + 1
     tokens = np.zeros((bsz, n), np.int32)
@@ -654,7 +689,7 @@ def build_tree_batch(
     num_leaves = np.zeros(bsz, np.int32)
     status = np.zeros(bsz, np.int64)
     _search_batch(
-        ids, probs, preceding, lens, token, freq, child_start, order, use_ngram,
+        ids, probs, preceding, lens, token, freq, child_start, root, order, use_ngram,
         float(ngram_weight), level_w, logit_w, eos, int(beam_width), int(keep),
         tokens, positions, parents, mask, retrieve, status, num_nodes, num_leaves,
     )

@@ -4,8 +4,9 @@ Layout (DESIGN.md): nodes in breadth-first order, node 0 = root.
   token       int32[N]    token of the edge into the node (0 for the root)
   freq        int32[N]    number of counted windows that start with the node's path
   child_start int64[N+1]  children of node i are child_start[i] .. child_start[i+1]-1, sorted by token
-16 bytes per node. Frequencies are int32 like the reference's; building or merging counts that
-do not fit raises ValueError.
+16 bytes per node, plus a token -> depth-1 node table (``root_table``, 4 bytes per vocabulary
+id, built on first use, not stored) that makes depth-1 lookups O(1). Frequencies are int32 like
+the reference's; building or merging counts that do not fit raises ValueError.
 
 File format (``save``/``load``), little-endian: a 64-byte header
   magic b"DJNGTRIE", u32 version, u32 header size, u64 order, u64 node count,
@@ -22,7 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import _build
-from ._query import find_path, ngram_probs, ngram_probs_batch
+from ._query import build_root_table, find_path, ngram_probs, ngram_probs_batch
 
 __all__ = ["Trie", "ngram_probs", "ngram_probs_batch"]
 
@@ -101,6 +102,7 @@ class Trie:
             )
         if self._order < 1:
             raise ValueError(f"Trie order must be >= 1; got {self._order}.")
+        self._root_table = None
 
     # -- accessors ---------------------------------------------------------------------------
     @property
@@ -118,6 +120,16 @@ class Trie:
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(token int32[N], freq int32[N], child_start int64[N+1])`` for Numba code."""
         return self._token, self._freq, self._child_start
+
+    def root_table(self) -> np.ndarray:
+        """``int32[max root token + 1]``: token -> child of the root, -1 where none (empty when
+        the ids are too large for a table). Built on first use (O(root children)), then kept;
+        pass it as ``root`` to ``ngram_probs`` for O(1) depth-1 lookups."""
+        if self._root_table is None:
+            table = build_root_table(self._token, self._child_start)
+            table.flags.writeable = False
+            self._root_table = table
+        return self._root_table
 
     def level_sizes(self) -> list[int]:
         """Number of nodes at each depth 0..order (breadth-first order makes levels ranges)."""
@@ -150,7 +162,8 @@ class Trie:
         cands = _as_ids(tokens, "tokens")
         out_p = np.zeros(cands.shape[0], np.float32)
         out_len = np.zeros(cands.shape[0], np.int64)
-        ngram_probs(self._token, self._freq, self._child_start, self._order, ctx, cands, out_p, out_len)
+        ngram_probs(self._token, self._freq, self._child_start, self._order, ctx, cands, out_p, out_len,
+                    self.root_table())
         return out_p, out_len
 
     def continuations(self, context, top: int = 10) -> np.ndarray:

@@ -222,6 +222,27 @@ def test_default_size_trees_match_oracle(corpora):
         check_tree(tree, kept, int(preceding[-1]), keep=60, d=8)
 
 
+def test_trie_without_root_table_matches_oracle(corpora):
+    """A trie-like object with only ``arrays()``/``order`` takes the binary-search path for
+    depth-1 lookups instead of ``Trie.root_table()``; both must give the oracle's tree."""
+
+    class PlainTrie:
+        def __init__(self, trie):
+            self.order = trie.order
+            self._arrays = trie.arrays()
+
+        def arrays(self):
+            return self._arrays
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        c = draw_case(rng, corpora)
+        for trie in (c["trie"], PlainTrie(c["trie"])):
+            tree = build_tree(c["ids"], c["probs"], c["preceding"], trie, eos_id=c["eos"],
+                              beam_width=c["beam_width"], keep=c["keep"])
+            check_tree(tree, c["kept"], int(c["preceding"][-1]), keep=c["keep"], d=c["d"])
+
+
 def test_ngram_term_changes_the_tree(corpora):
     """Guards against an n-gram term that is silently ignored."""
     rng = np.random.default_rng(2)

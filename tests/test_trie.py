@@ -251,6 +251,55 @@ def test_kernel_callable_from_numba_and_batch_form():
     assert (l1[:, 0] > 0).all()
 
 
+def test_root_table_and_lockstep_search_match_binary_search():
+    from numba import njit
+
+    from dart_jax.ngram._query import build_root_table, find_child, find_children
+
+    seqs = zipf_corpus(np.random.default_rng(11))
+    trie = Trie.build(seqs)
+    token, freq, cs = trie.arrays()
+    table = trie.root_table()
+    kids = {int(token[c]): c for c in range(cs[0], cs[1])}  # the root's children, read directly
+    assert table.dtype == np.int32 and table.shape[0] == max(kids) + 1
+    assert {t: int(n) for t, n in enumerate(table) if n >= 0} == kids
+    assert trie.root_table() is table and not table.flags.writeable
+    assert build_root_table(token[:1], cs[:2]).shape[0] == 0  # no valid children range
+
+    @njit
+    def both(token, cs, node, cands):
+        one = np.array([find_child(token, cs, token.shape[0], node, t) for t in cands])
+        many = np.empty(cands.shape[0], np.int64)
+        find_children(token, cs, token.shape[0], node, cands, many, cands.shape[0])
+        return one, many
+
+    rng = np.random.default_rng(1)
+    for node in list(range(0, trie.num_nodes, 37)) + [trie.num_nodes - 1]:
+        cands = rng.integers(0, 502, 25)
+        cands[:3] = token[cs[node] : cs[node] + 3] if cs[node + 1] - cs[node] >= 3 else cands[:3]
+        one, many = both(token, cs, node, cands)
+        np.testing.assert_array_equal(one, many)
+
+    @njit
+    def query(token, freq, cs, order, ctxs, cands, root, use_root):
+        p = np.empty(cands.shape, np.float32)
+        n = np.empty(cands.shape, np.int64)
+        for b in range(ctxs.shape[0]):
+            if use_root:
+                ngram_probs(token, freq, cs, order, ctxs[b], cands[b], p[b], n[b], root)
+            else:
+                ngram_probs(token, freq, cs, order, ctxs[b], cands[b], p[b], n[b])
+        return p, n
+
+    ctxs = np.array([s[:2] for s in seqs if len(s) >= 3] + [[600, 1], [1, 600]], np.int64)
+    cands = rng.integers(0, 510, (len(ctxs), 25))
+    with_table = query(token, freq, cs, trie.order, ctxs, cands, table, True)
+    without = query(token, freq, cs, trie.order, ctxs, cands, table, False)
+    np.testing.assert_array_equal(with_table[0].view(np.uint32), without[0].view(np.uint32))
+    np.testing.assert_array_equal(with_table[1], without[1])
+    assert (with_table[1] > 0).any()
+
+
 def test_probability_rejects_bad_ids():
     trie = Trie.build([[1, 2, 3]])
     with pytest.raises(ValueError, match="outside"):
