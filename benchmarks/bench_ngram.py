@@ -17,6 +17,7 @@ import time
 import numpy as np
 from numba import njit
 
+from dart_jax.bench_host import _query_loop
 from dart_jax.ngram.trie import Trie, ngram_probs
 
 
@@ -42,15 +43,6 @@ def make_corpus(num_tokens: int, *, vocab: int = 151_936, seed: int = 0) -> list
     stream = np.concatenate(pieces)[:num_tokens]
     cuts = np.sort(rng.choice(np.arange(1, num_tokens), size=max(1, num_tokens // 600), replace=False))
     return [np.append(s, eos) for s in np.split(stream, cuts)]
-
-
-@njit(cache=True)
-def _query_loop(token, freq, child_start, order, contexts, cands, out_p, out_len):
-    acc = 0.0
-    for q in range(contexts.shape[0]):
-        ngram_probs(token, freq, child_start, order, contexts[q], cands[q], out_p, out_len)
-        acc += out_p[0]
-    return acc
 
 
 @njit(cache=True)
