@@ -8,7 +8,15 @@ Both return everything the host needs as ONE packed int32 array (float probabili
 bit-cast), so a step costs one device→host copy; the host answers with one packed int32 array
 that holds the next tree (one host→device copy). The tree search (`ngram.build_tree`) runs on the
 CPU in between. Caches are donated and reused across generations; every shape is static for a
-given (prompt bucket, cache size), so after warm-up no generation compiles anything.
+given (prompt bucket, cache size, attention window), so after warm-up no generation of the same
+lengths compiles anything.
+
+Attention window: a decode step attends over the first `window` cache slots only, a power of two
+(>= 256) that covers the committed length plus what the step writes, chosen on the host per step
+(`attention_window`). Slots past the committed ones are masked out anyway, so the result is the
+same (up to float summation order; greedy outputs checked identical), but a step's cost follows the sequence length instead of max_length (on CPU, attending over
+a 2304-slot cache made a demo step ~2.5x slower). A generation that grows past the windows seen so
+far compiles the step once for each new window (at most log2(cache/256) + 2 variants in all).
 
 Cache discipline: `cache_len` (int32[B]) counts the committed tokens in the target cache; the
 head's cache always holds the same number of rows (one per committed token), so one length
@@ -150,6 +158,29 @@ def _prefill_dart(graphdef, state, ids, prompt_len, cache: KVCache, head_cache: 
     return packed, cache, head_cache, key
 
 
+_MIN_WINDOW = 256  # smallest attention window: few compiled variants, little waste
+
+
+def attention_window(needed: int, length: int) -> int:
+    """Cache slots a step attends over: the power of two >= `needed` (at least _MIN_WINDOW), capped
+    at the cache length. Every slot past the committed ones is masked out anyway, so attending over a
+    prefix gives the same result while the cost of a step follows the sequence, not the cache size.
+    Each window is one compiled variant of the step (at most log2(length/256) + 2 of them)."""
+    return min(length, max(_MIN_WINDOW, 1 << max(needed - 1, 0).bit_length()))
+
+
+def _window_caches(cache: KVCache, head_cache: HeadCache | None, window: int):
+    """The first `window` slots of the caches (read-only views for attention)."""
+    cache_w = KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
+    if head_cache is None:
+        return cache_w, None
+    return cache_w, HeadCache(k=head_cache.k[:, :window], v=head_cache.v[:, :window])
+
+
+def _put_window(full: jax.Array, part: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
+
+
 def _unpack_tree(tree: jax.Array, n: int, depth: int):
     b = tree.shape[0]
     sizes = (n, n, n, n * n, (n - 1) * (depth + 1))
@@ -159,17 +190,20 @@ def _unpack_tree(tree: jax.Array, n: int, depth: int):
 
 
 def _step_dart(graphdef, state, tree, cache: KVCache, head_cache: HeadCache, cache_len, key, params, *,
-               n: int, depth: int, k: int):
+               n: int, depth: int, k: int, window: int):
     """One speculative step. tree int32[B, ·] packed by `Engine._pack_tree`; returns packed
-    [count, path tokens (depth+1), bonus, top-k ids (depth·k), top-k probs (depth·k)]."""
+    [count, path tokens (depth+1), bonus, top-k ids (depth·k), top-k probs (depth·k)]. Attention
+    reads only the first `window` cache slots, which must hold every slot the head writes
+    (cache_len + depth + 1 + m)."""
     pair = nnx.merge(graphdef, state)
     target, head = pair.target, pair.head
     b = tree.shape[0]
     tokens, positions, parents, mask, retrieve = _unpack_tree(tree, n, depth)
+    cache_w, head_w = _window_caches(cache, head_cache, window)
     with jax.named_scope("verify"):
         # the tree's keys/values stay out of the cache: only the accepted path is written below
-        hidden, taps, tree_kv = target.forward_hidden_kv(tokens, positions=cache_len[:, None] + positions, cache=cache,
-                                                         cache_len=cache_len, mask=mask, return_taps=True)
+        hidden, taps, tree_kv = target.forward_hidden_kv(tokens, positions=cache_len[:, None] + positions,
+                                                         cache=cache_w, cache_len=cache_len, mask=mask, return_taps=True)
         logits = target.lm_logits(hidden)  # [B,N,V]
     with jax.named_scope("accept"):
         key, sub = jax.random.split(key)
@@ -189,7 +223,8 @@ def _step_dart(graphdef, state, tree, cache: KVCache, head_cache: HeadCache, cac
         accepted_taps = jnp.take_along_axis(taps, path[..., None], axis=1)  # [B,D+1,3H]
         follow = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
         follow = jnp.where(jnp.arange(depth + 1)[None, :] == (count - 1)[:, None], bonus[:, None], follow)
-        draft_logits, head_cache = head(accepted_taps, follow, cache=head_cache, cache_len=cache_len, n_real=count)
+        draft_logits, head_w = head(accepted_taps, follow, cache=head_w, cache_len=cache_len, n_real=count)
+        head_cache = HeadCache(k=_put_window(head_cache.k, head_w.k), v=_put_window(head_cache.v, head_w.v))
         cand, cand_probs = _draft_topk(head, draft_logits, depth, k)
     packed = jnp.concatenate([count[:, None], path_tokens, bonus[:, None], cand.reshape(b, -1),
                               _bits(cand_probs).reshape(b, -1)], axis=1)
@@ -204,9 +239,12 @@ def _prefill_ar(graphdef, state, ids, prompt_len, cache: KVCache, key, params):
     return sample_tokens(sub, _last_logits(target, hidden, prompt_len), params), cache, key
 
 
-def _decode_ar(graphdef, state, token, cache: KVCache, cache_len, key, params):
+def _decode_ar(graphdef, state, token, cache: KVCache, cache_len, key, params, *, window: int):
+    """One token; attention reads (and the new key/value goes to) the first `window` slots."""
     target = nnx.merge(graphdef, state)
-    hidden, _, cache = target.forward_hidden(token[:, None], cache=cache, cache_len=cache_len)
+    cache_w, _ = _window_caches(cache, None, window)
+    hidden, _, cache_w = target.forward_hidden(token[:, None], cache=cache_w, cache_len=cache_len)
+    cache = KVCache(k=_put_window(cache.k, cache_w.k), v=_put_window(cache.v, cache_w.v))
     key, sub = jax.random.split(key)
     nxt = sample_tokens(sub, target.lm_logits(hidden[:, 0]), params)
     return nxt, cache, cache_len + 1, key
@@ -284,10 +322,10 @@ class Engine:
         self._target_def, self._target_state = nnx.split(target)
         self._prefill_dart = _jitted(_prefill_dart, self._pair_def, static_argnames=("rows", "k"),
                                      donate_argnames=_DONATE)
-        self._step_dart = _jitted(_step_dart, self._pair_def, static_argnames=("n", "depth", "k"),
+        self._step_dart = _jitted(_step_dart, self._pair_def, static_argnames=("n", "depth", "k", "window"),
                                   donate_argnames=_DONATE)
         self._prefill_ar = _jitted(_prefill_ar, self._target_def, donate_argnames="cache")
-        self._decode_ar = _jitted(_decode_ar, self._target_def, donate_argnames="cache")
+        self._decode_ar = _jitted(_decode_ar, self._target_def, static_argnames="window", donate_argnames="cache")
         self._held: tuple[int, KVCache, HeadCache] | None = None
 
     @property
@@ -377,6 +415,8 @@ class Engine:
             yield kept, 0
             cache_len = prompt_len
             depth = self.rows
+            committed = ids.size  # cache_len on the host, for the attention window
+            reach = depth + 1 + self.head.config.draft_length  # slots past cache_len the head writes
             while not budget.done:
                 t0 = time.perf_counter()
                 tree = self._build_tree(cand, probs, preceding)
@@ -384,12 +424,13 @@ class Engine:
                 t1 = time.perf_counter()
                 packed, cache, head_cache, cache_len, key = self._step_dart(
                     self._pair_state, jax.device_put(packed_tree), cache, head_cache, cache_len, key,
-                    params, n=self.n_nodes, depth=depth, k=k)
+                    params, n=self.n_nodes, depth=depth, k=k, window=attention_window(committed + reach, length))
                 host = np.asarray(packed)[0]
                 t2 = time.perf_counter()
                 stats.tree_s += t1 - t0
                 stats.device_s += t2 - t1
                 count = int(host[0])
+                committed += count
                 path_tokens = host[1:2 + depth][:count].tolist()
                 bonus = int(host[2 + depth])
                 cand, probs = self._unpack_draft(host[3 + depth:])
@@ -423,10 +464,12 @@ class Engine:
             stats.new_tokens = len(budget.out)
             yield kept, 0
             cache_len = prompt_len
+            committed = ids.size
             while not budget.done:
                 t0 = time.perf_counter()
                 token, cache, cache_len, key = self._decode_ar(self._target_state, token, cache, cache_len, key,
-                                                               params)
+                                                               params, window=attention_window(committed + 1, length))
+                committed += 1
                 nxt = int(np.asarray(token)[0])
                 stats.device_s += time.perf_counter() - t0
                 stats.steps += 1

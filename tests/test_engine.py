@@ -390,3 +390,14 @@ def test_reference_trie_is_converted_once_and_cached(tmp_path):
 
 def test_prompt_bucket():
     assert [prompt_bucket(n) for n in (1, 5, 32, 33, 64, 65)] == [32, 32, 32, 64, 64, 128]
+
+
+def test_generation_across_attention_windows(tiny):
+    """Steps attend over a power-of-two window of the cache (>= 256 slots) that grows with the
+    sequence: a generation that crosses 256 and 512 slots must still be the target's greedy output."""
+    engine = engine_for(tiny, eos=())
+    prompt = PROMPTS[1]
+    expected = hf_generate(tiny, prompt, 520, eos=None)
+    dart, _, _ = run(engine.generate_steps, prompt, max_new_tokens=520, max_length=1024)
+    ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=520, max_length=1024)
+    assert dart == ar == expected
