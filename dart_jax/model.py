@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -150,6 +151,8 @@ class DartModel:
             raise ValueError(f"unknown option(s) {unknown}; valid: {sorted(_ENGINE_OPTS | _MODEL_OPTS)}.")
         if dart is None:
             raise ValueError("a DART head is required (dart=hub id or folder).")
+        if not Path(os.path.expanduser(str(dart))).exists() and not re.fullmatch(r"[\w.-]+/[\w.-]+", str(dart)):
+            raise FileNotFoundError(f"DART head {str(dart)!r}: no such folder, and not a hub id of the form 'owner/name'.")
         if base is None:
             base = published_base(dart)
         head_folder = resolve(dart, ["*.json", "*.safetensors"], what="DART head")

@@ -64,6 +64,10 @@ def test_cli_missing_files(ckpt, tmp_path, capsys):
     assert "nohead" in capsys.readouterr().err
     assert generate.main(["--ckpt", str(head), "--base", str(base), "--ngram", str(tmp_path / "none.trie")]) == 2
     assert "none.trie" in capsys.readouterr().err
+    # without --base the base is looked up from the published pairs: a missing local head must
+    # still be reported as missing, not as an unknown base
+    assert generate.main(["--ckpt", str(tmp_path / "nohead"), "--ngram", str(trie)]) == 2
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_cli_demo_assets_missing_is_a_clear_error(monkeypatch, tmp_path, capsys):

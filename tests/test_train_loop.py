@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from dart_jax.train.__main__ import main
+from dart_jax.train.__main__ import cli, main
 from dart_jax.train.data import encode_conversation, load_tokenizer, read_conversations
 from tiny_models import make_tiny_head, make_tiny_qwen3, make_tiny_tokenizer
 
@@ -99,6 +99,15 @@ def test_bad_lines_are_named_or_skipped(tmp_path):
         read_conversations(path)
     with pytest.raises(FileNotFoundError, match="--data"):
         read_conversations(tmp_path / "missing.jsonl")
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    assert cli(["--base", str(tmp_path / "nobase"), "--data", str(tmp_path / "d.jsonl"), "--out",
+                str(tmp_path / "run"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert cli(["--base", str(tmp_path), "--data", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "run"),
+                "--gamma", "0"]) == 2
+    assert "--gamma" in capsys.readouterr().err
 
 
 def test_tiny_head_overfits_regenerated_data_and_exports_a_lossless_head(base, tmp_path):

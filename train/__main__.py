@@ -194,5 +194,14 @@ def run(args) -> Path:
     return folder
 
 
+def cli(argv=None) -> int:
+    """`main` for the command line: a bad input is one message and exit code 2, not a traceback."""
+    try:
+        return main(argv)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())
