@@ -20,7 +20,7 @@ from flax import nnx
 from dart_jax.head import DartHead, DartHeadConfig
 
 from .hub import resolve
-from .safetensors_io import SINGLE_NAME, read_tensors, weight_files, write_tensors
+from .safetensors_io import SINGLE_NAME, read_config, read_tensors, weight_files, write_tensors
 
 CONFIG_NAME = "config.json"
 IGNORED = ("embed_tokens.weight",)
@@ -55,15 +55,7 @@ def head_folder(path_or_id: str | os.PathLike) -> Path:
 
 
 def read_head_config(folder: Path) -> DartHeadConfig:
-    path = Path(folder) / CONFIG_NAME
-    if not path.exists():
-        raise FileNotFoundError(f"{folder} has no {CONFIG_NAME}; a DART head folder holds config.json and model.safetensors.")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(raw).__name__}.")
+    raw = read_config(folder, "a DART head folder holds config.json and model.safetensors")
     return DartHeadConfig.from_hf(raw)
 
 

@@ -6,7 +6,6 @@ so peak memory is the model plus one tensor.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -21,7 +20,7 @@ from tqdm.auto import tqdm
 from ..qwen3 import Qwen3, Qwen3Config, default_dtype
 from ..sharding import DEFAULT_RULES, named_sharding
 from .hub import resolve
-from .safetensors_io import weight_files
+from .safetensors_io import read_config, weight_files
 
 ALLOW_PATTERNS = ("*.json", "*.safetensors")
 
@@ -37,16 +36,7 @@ def _checkpoint_folder(path_or_id: str | os.PathLike) -> Path:
 def load_qwen3_config(path_or_id: str | os.PathLike) -> Qwen3Config:
     """The `Qwen3Config` of a checkpoint folder or hub id (reads only config.json)."""
     folder = _checkpoint_folder(path_or_id)
-    config_file = folder / "config.json"
-    if not config_file.exists():
-        raise FileNotFoundError(f"no config.json in {folder}: a HF Qwen3 checkpoint folder needs config.json next to "
-                                f"its model.safetensors (found: {sorted(p.name for p in folder.iterdir())[:20]}).")
-    try:
-        cfg = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_file} is not valid JSON: {e}") from e
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{config_file}: expected a JSON object, got {type(cfg).__name__}.")
+    cfg = read_config(folder, "a HF Qwen3 checkpoint folder needs config.json next to its model.safetensors")
     return Qwen3Config.from_hf(cfg)
 
 

@@ -17,6 +17,21 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
 
+def read_config(folder: Path, what: str) -> dict:
+    """The JSON object in `folder`/config.json; `what` says what such a folder holds, for the error."""
+    path = Path(folder) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no config.json in {folder}: {what} "
+                                f"(found: {sorted(p.name for p in Path(folder).iterdir())[:20]}).")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(raw).__name__}.")
+    return raw
+
+
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder, in a stable order."""
     folder = Path(folder)
