@@ -10,19 +10,20 @@ from numba import njit
 
 
 @njit(cache=True, inline="always")
+def _child_range(child_start, num_nodes, node):
+    """(first child, number of children) of ``node``, clamped to the node arrays."""
+    lo = max(child_start[node], 0)
+    return lo, min(child_start[node + 1], num_nodes) - lo
+
+
+@njit(cache=True, inline="always")
 def find_child(token, child_start, num_nodes, node, tok):
     """Index of the child of ``node`` whose token is ``tok``, or -1.
 
     Binary search written so that the compare can compile to a conditional move rather than
     a hard-to-predict branch.
     """
-    lo = child_start[node]
-    hi = child_start[node + 1]
-    if lo < 0:
-        lo = 0
-    if hi > num_nodes:
-        hi = num_nodes
-    size = hi - lo
+    lo, size = _child_range(child_start, num_nodes, node)
     if size <= 0:
         return -1
     while size > 1:
@@ -86,13 +87,7 @@ def find_children(token, child_start, num_nodes, node, cands, out, k):
     independent (no mispredicted branches, cache misses overlap), and the first steps read the
     same few cache lines. Much faster than one binary search after another.
     """
-    lo = child_start[node]
-    hi = child_start[node + 1]
-    if lo < 0:
-        lo = 0
-    if hi > num_nodes:
-        hi = num_nodes
-    size = hi - lo
+    lo, size = _child_range(child_start, num_nodes, node)
     if size <= 0:
         for i in range(k):
             out[i] = -1
