@@ -17,7 +17,7 @@ import time
 import numpy as np
 from numba import njit
 
-from dart_jax.bench_host import _query_loop
+from dart_jax.bench.host import _query_loop
 from dart_jax.ngram.trie import Trie, ngram_probs
 
 

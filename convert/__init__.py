@@ -1,16 +1,25 @@
-"""Checkpoint reading and writing (safetensors; no torch at run time)."""
+"""Checkpoint reading and writing (safetensors; no torch at run time): configs, tensor names and
+their checks, hub resolution. A leaf of the project: it imports nothing else of dart_jax.
+
+`load_qwen3`, `load_dart_head` and `save_dart_head` build or take modules, which live above this
+package in `dart_jax.models`; they are public under this package's name (the documented API),
+so they are handed on lazily from `dart_jax.models.checkpoints` — the one place where a name of
+a higher layer is reachable from here (tests/test_layers.py allows exactly this).
+"""
 from __future__ import annotations
 
-__all__ = ["load_qwen3", "load_dart_head", "save_dart_head"]
+import importlib
+
+from .dart_head import DartHeadConfig, export_dart_head, read_head, write_dart_head
+from .hub import resolve
+from .qwen3 import Qwen3Config, load_qwen3_config
+
+__all__ = ["load_qwen3", "load_dart_head", "save_dart_head", "Qwen3Config", "DartHeadConfig", "load_qwen3_config",
+           "read_head", "write_dart_head", "export_dart_head", "resolve"]
+_MODULE_LOADERS = ("load_qwen3", "load_dart_head", "save_dart_head")
 
 
 def __getattr__(name):
-    if name == "load_qwen3":
-        from .qwen3 import load_qwen3
-
-        return load_qwen3
-    if name in ("load_dart_head", "save_dart_head"):
-        from . import dart_head
-
-        return getattr(dart_head, name)
-    raise AttributeError(name)
+    if name in _MODULE_LOADERS:
+        return getattr(importlib.import_module("dart_jax.models.checkpoints"), name)
+    raise AttributeError(f"module 'dart_jax.convert' has no attribute {name!r}")

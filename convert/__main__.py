@@ -12,6 +12,10 @@ import sys
 
 import numpy as np
 
+from .dart_head import check_fits_target, check_tensors, export_dart_head, head_folder, read_head_config
+from .qwen3 import load_qwen3_config
+from .safetensors_io import read_tensors
+
 
 def _describe(folder, config, tensors) -> list[str]:
     lines = [f"DART head {folder}",
@@ -31,9 +35,6 @@ def _describe(folder, config, tensors) -> list[str]:
 
 
 def _inspect(args) -> None:
-    from .dart_head import check_fits_target, check_tensors, head_folder, read_head_config
-    from .safetensors_io import read_tensors
-
     folder = head_folder(args.head)
     config = read_head_config(folder)
     tensors = read_tensors(folder)
@@ -43,8 +44,6 @@ def _inspect(args) -> None:
     used = np.arange(config.draft_vocab_size) + tensors["d2t"].astype(np.int64)
     print(f"  d2t maps draft ids to target ids {int(used.min())} … {int(used.max())}")
     if args.base:
-        from .qwen3 import load_qwen3_config
-
         base = load_qwen3_config(args.base)
         print(f"base {args.base}: hidden {base.hidden_size}, vocab {base.vocab_size}, {base.num_hidden_layers} layers")
         check_fits_target(config, base, tensors["d2t"])
@@ -52,12 +51,8 @@ def _inspect(args) -> None:
 
 
 def _export(args) -> None:
-    from .dart_head import export_dart_head
-
     target_config = None
     if args.base:
-        from .qwen3 import load_qwen3_config
-
         target_config = load_qwen3_config(args.base)
     out = export_dart_head(args.head, args.out, args.dtype, target_config)
     print(f"wrote {out}/config.json and {out}/model.safetensors ({args.dtype})")

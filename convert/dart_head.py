@@ -1,30 +1,161 @@
-"""Read and write DART head checkpoints in the reference layout (SPEC §1).
+"""DART head checkpoints in the reference layout (docs/spec.md §1): config, tensor names, checks, writing.
 
 A head folder (or hub id) holds `config.json` and `model.safetensors` with PyTorch names:
-Linear weights are [out, in] and are transposed to our [in, out] kernels. The token embedding
-is the target's; a checkpoint that also carries `embed_tokens.weight` is accepted and the tensor
-ignored. Everything is checked against the target before any array is built.
+Linear weights are [out, in] (the model's kernels are [in, out]). The token embedding is the
+target's; a checkpoint that also carries `embed_tokens.weight` is accepted and the tensor
+ignored. Everything is checked against the config and the target before any array is built.
+Building the module from these arrays is `dart_jax.models.checkpoints`' work.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from flax import nnx
 
-from dart_jax.head import DartHead, DartHeadConfig
-
+from .configs import freeze, read_config, thaw
 from .hub import resolve
-from .safetensors_io import SINGLE_NAME, read_config, read_tensors, weight_files, write_tensors
+from .qwen3 import check_rope_scaling, rope_kind
+from .safetensors_io import SINGLE_NAME, read_tensors, weight_files, write_tensors
 
 CONFIG_NAME = "config.json"
 IGNORED = ("embed_tokens.weight",)
-_SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+SAVE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+ACTIVATIONS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu")
+HEAD_ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn")
+_HEAD_ROPE_NEEDS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",)}
+
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "draft_length", "draft_vocab_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class DartHeadConfig:
+    """The head's config.json (Llama-style fields plus draft_length / draft_vocab_size).
+
+    Hashable, so it can sit in a GraphDef or be a static jit argument. `rope_scaling` is kept as
+    sorted (key, value) pairs; `rope_scaling_dict` gives it back as a dict. Fields we do not use
+    are kept in `extra` (key, JSON text) so that `to_hf` writes them back unchanged.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_length: int
+    draft_vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: tuple | None = None
+    max_position_embeddings: int = 2048
+    hidden_act: str = "silu"
+    target_hidden_size: int | None = None
+    extra: tuple = ()
+
+    @property
+    def num_rows(self) -> int:
+        return self.draft_length + 1
+
+    @property
+    def fc_in(self) -> int:
+        return 3 * (self.target_hidden_size or self.hidden_size)
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return thaw(self.rope_scaling)
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> "DartHeadConfig":
+        missing = [k for k in _REQUIRED if cfg.get(k) is None]
+        if missing:
+            raise ValueError(f"DART head config.json lacks {missing}; a DART head config needs {list(_REQUIRED)} "
+                             "(Llama-style fields plus draft_length and draft_vocab_size).")
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        if heads % kv_heads:
+            raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}.")
+        act = cfg.get("hidden_act", "silu")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {act!r} is not supported; supported: {sorted(ACTIVATIONS)}.")
+        rope_scaling = cfg.get("rope_scaling")
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None and isinstance(cfg.get("rope_parameters"), Mapping):
+            # transformers >= 5 writes rope_theta (and the scaling kind) inside rope_parameters
+            params = dict(cfg["rope_parameters"])
+            rope_theta = params.pop("rope_theta", None)
+            if rope_scaling is None and params.get("rope_type", "default") != "default":
+                rope_scaling = params
+        # torch_dtype / dtype describe a saved file, not the head; save_dart_head writes its own
+        known = {f.name for f in dataclasses.fields(cls)} | {"rope_parameters", "torch_dtype", "dtype"}
+        config = cls(
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            vocab_size=int(cfg["vocab_size"]),
+            draft_length=int(cfg["draft_length"]),
+            draft_vocab_size=int(cfg["draft_vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=None if rope_scaling is None else freeze(rope_scaling),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            hidden_act=act,
+            target_hidden_size=None if cfg.get("target_hidden_size") is None else int(cfg["target_hidden_size"]),
+            extra=tuple(sorted((k, json.dumps(v)) for k, v in cfg.items() if k not in known)),
+        )
+        if config.draft_length < 1:
+            raise ValueError(f"draft_length must be >= 1, got {config.draft_length}.")
+        check_rope_scaling(config.rope_scaling_dict, HEAD_ROPE_KINDS, "DART head config", _HEAD_ROPE_NEEDS)
+        return config
+
+    def rope_arguments(self) -> tuple[float, dict | None, dict]:
+        """(theta, scaling, keyword arguments) of the project's RoPE function
+        (`dart_jax.models.layers.rope_inv_freq`) that give the tables the reference head builds
+        from this config (docs/spec.md §3): plain and 'llama3' RoPE use rope_theta, 'llama3'
+        without its three keys falls back to plain RoPE, and 'linear', 'dynamic' and 'yarn' are
+        built over base 10000 whatever rope_theta says; 'dynamic' is evaluated once for a table of
+        max_position_embeddings + 20 positions, and 'yarn' always truncates its correction range,
+        defaults its original length to 4096 and takes its scale as an mscale ratio."""
+        scaling = self.rope_scaling_dict
+        kind = rope_kind(scaling)
+        if kind == "default":
+            return self.rope_theta, None, {}
+        if kind == "llama3":
+            if any(scaling.get(k) is None for k in ("low_freq_factor", "high_freq_factor",
+                                                     "original_max_position_embeddings")):
+                return self.rope_theta, None, {}
+            return self.rope_theta, {**scaling, "factor": scaling.get("factor") or 1.0}, {}
+        if kind == "dynamic":
+            return 10000.0, scaling, {"dynamic_length": self.max_position_embeddings + 20,
+                                      "max_position_embeddings": self.max_position_embeddings}
+        if kind == "yarn":
+            scaling = {k: v for k, v in scaling.items() if k != "attention_factor"}
+            scaling.update(truncate=True, original_max_position_embeddings=scaling.get(
+                "original_max_position_embeddings") or 4096)
+            return 10000.0, scaling, {"yarn_mscale_ratio": True}
+        return 10000.0, scaling, {}
+
+    def to_hf(self) -> dict:
+        out = {k: json.loads(v) for k, v in self.extra}
+        out.setdefault("architectures", ["LlamaForCausalLMDart"])
+        out.setdefault("model_type", "llama")
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if f.name == "rope_scaling":
+                value = self.rope_scaling_dict
+            if f.name == "target_hidden_size" and value is None:
+                continue
+            out[f.name] = value
+        return out
 
 
 def tensor_table(config: DartHeadConfig) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]]:
@@ -57,6 +188,22 @@ def head_folder(path_or_id: str | os.PathLike) -> Path:
 def read_head_config(folder: Path) -> DartHeadConfig:
     raw = read_config(folder, "a DART head folder holds config.json and model.safetensors")
     return DartHeadConfig.from_hf(raw)
+
+
+def read_head(path_or_id: str | os.PathLike, target_config: Any | None = None) -> tuple[Path, DartHeadConfig, dict]:
+    """(folder, config, tensors) of a head checkpoint, checked against its config and, when
+    given, against the config of the target it drafts for."""
+    folder = head_folder(path_or_id)
+    config = read_head_config(folder)
+    if target_config is not None:
+        check_fits_target(config, target_config)
+    tensors = read_tensors(folder)
+    check_tensors(config, tensors, f"DART head {path_or_id!s} ({', '.join(p.name for p in weight_files(folder))})")
+    if target_config is not None:
+        check_fits_target(config, target_config, tensors["d2t"])
+    elif problems := _d2t_problems(tensors["d2t"], config.vocab_size):
+        raise ValueError(f"DART head {path_or_id!s}: " + "; ".join(problems) + ". The checkpoint's vocabulary mapping is broken.")
+    return folder, config, tensors
 
 
 def check_tensors(config: DartHeadConfig, tensors: dict[str, np.ndarray], where: str) -> None:
@@ -99,7 +246,7 @@ def check_fits_target(config: DartHeadConfig, target_config: Any, d2t: np.ndarra
         problems += _d2t_problems(d2t, tv)
     if problems:
         raise ValueError("this DART head does not fit the target: " + "; ".join(problems)
-                         + ". Pick the head published for this base model (see SPEC §1 / DartModel's pairs table).")
+                         + ". Pick the head published for this base model (see docs/spec.md §1 / DartModel's pairs table).")
 
 
 def _d2t_problems(d2t: np.ndarray, vocab: int) -> list[str]:
@@ -111,102 +258,43 @@ def _d2t_problems(d2t: np.ndarray, vocab: int) -> list[str]:
             f"(first: draft id {bad[0]} → {mapped[bad[0]]})"]
 
 
-def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None) -> DartHead:
-    """A DartHead for `target` (a Qwen3 module: its `.config` and shared `.embed_tokens`).
-
-    `dtype` sets both the parameter and the compute dtype; None takes the target's compute dtype
-    (`target.dtype`, else the dtype of its embedding).
-    """
-    folder = head_folder(path_or_id)
-    config = read_head_config(folder)
-    check_fits_target(config, target.config)
-    tensors = read_tensors(folder)
-    check_tensors(config, tensors, f"DART head {path_or_id!s} ({', '.join(p.name for p in weight_files(folder))})")
-    check_fits_target(config, target.config, tensors["d2t"])
-    if dtype is None:
-        dtype = getattr(target, "dtype", None) or target.embed_tokens.embedding.get_value().dtype
-    head = nnx.eval_shape(lambda: DartHead(config, target.embed_tokens, dtype=dtype, param_dtype=dtype, rngs=None))
-    head.embed_tokens = target.embed_tokens
-    _assign(head, config, tensors, dtype)
-    return head
-
-
-def _assign(head: DartHead, config: DartHeadConfig, tensors: dict[str, np.ndarray], dtype) -> None:
-    for name, (path, _, transpose) in tensor_table(config).items():
-        obj = head
-        for part in path[:-1]:
-            obj = getattr(obj, part)
-        array = np.asarray(tensors[name])
-        if name == "d2t":
-            value = jnp.asarray(array.astype(np.int32))
-        elif name == "t2d":
-            value = jnp.asarray(array.astype(np.bool_))
-        else:
-            value = jnp.asarray((array.T if transpose else array), dtype=dtype)
-        getattr(obj, path[-1]).set_value(value)
-
-
-def head_tensors(config: DartHeadConfig, params, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """The checkpoint tensors (PyTorch layout) of a head module or of its nnx.State."""
-    if dtype not in _SAVE_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_SAVE_DTYPES)}, got {dtype!r}.")
-    state = nnx.state(params) if isinstance(params, nnx.Module) else params
-    flat = {tuple(str(p) for p in path): var for path, var in nnx.to_flat_state(state)}
-    out = {}
-    for name, (path, shape, transpose) in tensor_table(config).items():
-        if path not in flat:
-            raise ValueError(f"params has no {'.'.join(path)} (for {name}); pass the DartHead itself or nnx.state(head), "
-                             "which includes the Buffer variables d2t and t2d.")
-        array = np.asarray(_value(flat[path]))
-        array = _reference_layout(name, array.T if transpose else array, dtype)
-        if tuple(array.shape) != shape:
-            raise ValueError(f"{name}: params give shape {tuple(array.shape)}, the config implies {shape}.")
-        out[name] = array
-    return out
-
-
-def _reference_layout(name: str, array: np.ndarray, dtype: str) -> np.ndarray:
+def reference_layout(name: str, array: np.ndarray, dtype: str) -> np.ndarray:
     """The dtype the reference stores a tensor in: d2t int64, t2d bool, floats as `dtype`."""
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(SAVE_DTYPES)}, got {dtype!r}.")
     if name == "d2t":
         return array.astype(np.int64)
     if name == "t2d":
         return array.astype(np.bool_)
-    return array.astype(_SAVE_DTYPES[dtype])
+    return array.astype(SAVE_DTYPES[dtype])
 
 
-def _value(var) -> Any:
-    return var.get_value() if isinstance(var, nnx.Variable) else var
-
-
-def save_dart_head(folder: str | os.PathLike, config: DartHeadConfig, params, dtype: str = "float32") -> Path:
-    """Write `config.json` + `model.safetensors` in the reference layout (floats as `dtype`,
-    'float32' or 'bfloat16'; d2t int64; t2d bool). `params` is the DartHead or nnx.state(head)."""
-    return _write(Path(folder), config, head_tensors(config, params, dtype), dtype)
-
-
-def _write(folder: Path, config: DartHeadConfig, tensors: dict[str, np.ndarray], dtype: str) -> Path:
+def write_dart_head(folder: str | os.PathLike, config: DartHeadConfig, tensors: Mapping[str, np.ndarray],
+                    dtype: str = "float32") -> Path:
+    """Write `config.json` + `model.safetensors` in the reference layout from named arrays in
+    the checkpoint's own layout ([out, in] weights), floats as `dtype` ('float32' or 'bfloat16')."""
+    out = {}
+    for name, (_, shape, _) in tensor_table(config).items():
+        if name not in tensors:
+            raise ValueError(f"no tensor {name!r} to write; a DART head needs {sorted(tensor_table(config))}.")
+        array = reference_layout(name, np.asarray(tensors[name]), dtype)
+        if tuple(array.shape) != shape:
+            raise ValueError(f"{name}: the arrays give shape {tuple(array.shape)}, the config implies {shape}.")
+        out[name] = array
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hf = config.to_hf()
     hf["torch_dtype"] = dtype
     (folder / CONFIG_NAME).write_text(json.dumps(hf, indent=2) + "\n")
-    write_tensors(folder / SINGLE_NAME, tensors)
+    write_tensors(folder / SINGLE_NAME, out)
     return folder
 
 
 def export_dart_head(src: str | os.PathLike, dest: str | os.PathLike, dtype: str = "float32",
                      target_config: Any | None = None) -> Path:
     """Re-save a head checkpoint in the reference layout with floats as `dtype` (no model is
-    built). Checks it as `load_dart_head` does; against `target_config` when one is given."""
-    if dtype not in _SAVE_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_SAVE_DTYPES)}, got {dtype!r}.")
-    folder = head_folder(src)
-    config = read_head_config(folder)
-    tensors = read_tensors(folder)
-    check_tensors(config, tensors, f"DART head {src!s}")
-    if target_config is not None:
-        check_fits_target(config, target_config, tensors["d2t"])
-    elif problems := _d2t_problems(tensors["d2t"], config.vocab_size):
-        raise ValueError(f"DART head {src!s}: " + "; ".join(problems) + ". The checkpoint's vocabulary mapping is broken.")
-    out = {name: _reference_layout(name, np.asarray(tensors[name]), dtype) for name in tensor_table(config)}
-    return _write(Path(dest), config, out, dtype)
-
+    built). Checks it as loading does; against `target_config` when one is given."""
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(SAVE_DTYPES)}, got {dtype!r}.")
+    _, config, tensors = read_head(src, target_config)
+    return write_dart_head(dest, config, tensors, dtype)

@@ -9,6 +9,9 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+
 
 def _looks_like_repo_id(name: str) -> bool:
     parts = name.split("/")
@@ -30,9 +33,6 @@ def resolve(name: str | os.PathLike, allow_patterns: Sequence[str] | None = None
             f"{what} {name!r} is neither an existing local path nor a hub id of the form 'owner/name'; "
             "pass a folder that holds config.json and *.safetensors, or a Hugging Face repo id."
         )
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     try:
         return Path(snapshot_download(name, allow_patterns=list(allow_patterns) if allow_patterns else None,

@@ -17,21 +17,6 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
 
-def read_config(folder: Path, what: str) -> dict:
-    """The JSON object in `folder`/config.json; `what` says what such a folder holds, for the error."""
-    path = Path(folder) / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"no config.json in {folder}: {what} "
-                                f"(found: {sorted(p.name for p in Path(folder).iterdir())[:20]}).")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(raw).__name__}.")
-    return raw
-
-
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder, in a stable order."""
     folder = Path(folder)
@@ -72,3 +57,47 @@ def read_tensors(folder: Path, names: Iterable[str] | None = None) -> dict[str, 
 def write_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Write one safetensors file (bf16 arrays as ml_dtypes.bfloat16)."""
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata or {"format": "pt"})
+
+
+def tensor_index(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """Name → (file, shape) over all weight files of a checkpoint, read from the headers only."""
+    index: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for f in weight_files(folder):
+        with safe_open(str(f), framework="numpy") as fh:
+            for key in fh.keys():
+                if key in index:
+                    raise ValueError(f"tensor {key!r} appears in both {index[key][0].name} and {f.name}.")
+                index[key] = (f, tuple(fh.get_slice(key).get_shape()))
+    return index
+
+
+def write_checkpoint_tensors(folder: Path, tensors: dict[str, np.ndarray],
+                             max_shard_size_bytes: int | None = None) -> list[Path]:
+    """Write the tensors of a checkpoint into `folder`: one `model.safetensors`, or, with
+    `max_shard_size_bytes`, shards of at most that size (a larger tensor gets a shard of its own)
+    named and indexed as transformers writes them. Returns the files written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if max_shard_size_bytes is None:
+        write_tensors(folder / SINGLE_NAME, tensors)
+        return [folder / SINGLE_NAME]
+    if max_shard_size_bytes <= 0:
+        raise ValueError(f"max_shard_size_bytes must be a positive number of bytes, got {max_shard_size_bytes}.")
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, array in tensors.items():
+        nbytes = np.asarray(array).nbytes
+        if shards[-1] and size + nbytes > max_shard_size_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = array
+        size += nbytes
+    files, weight_map = [], {}
+    for i, shard in enumerate(shards, 1):
+        files.append(folder / f"model-{i:05d}-of-{len(shards):05d}.safetensors")
+        write_tensors(files[-1], shard)
+        weight_map.update(dict.fromkeys(shard, files[-1].name))
+    total = int(sum(np.asarray(a).nbytes for a in tensors.values()))
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return files

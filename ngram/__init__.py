@@ -1,16 +1,8 @@
-"""N-gram trie and the n-gram-guided tree search (Numba, CPU)."""
+"""N-gram trie and the n-gram-guided tree search (Numba, CPU). A leaf of the project: it imports
+nothing else of dart_jax."""
 from __future__ import annotations
 
-__all__ = ["Trie", "build_tree", "build_tree_batch", "DraftTree"]
+from .tree import DraftTree, TreeSettings, build_tree, build_tree_batch
+from .trie import Trie
 
-
-def __getattr__(name):
-    if name == "Trie":
-        from .trie import Trie
-
-        return Trie
-    if name in ("build_tree", "build_tree_batch", "DraftTree"):
-        from . import tree
-
-        return getattr(tree, name)
-    raise AttributeError(name)
+__all__ = ["Trie", "build_tree", "build_tree_batch", "DraftTree", "TreeSettings"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .trie import Trie
+
 _ID_KEYS = ("input_ids", "token_ids", "tokens", "ids")
 _SUFFIXES = (".jsonl", ".npy", ".txt")
 
@@ -98,8 +100,6 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def cmd_build(args):
-    from .trie import Trie
-
     tokenizer = _load_tokenizer(args.tokenizer)
     eos = args.eos
     if eos is None and tokenizer is not None and not args.no_eos:
@@ -113,15 +113,11 @@ def cmd_build(args):
 
 
 def cmd_convert(args):
-    from .trie import Trie
-
     trie = Trie.from_reference(args.input, args.output, chunk_bytes=args.chunk_mb << 20, progress=True)
     print(f"wrote {args.output}: {trie.num_nodes} nodes, order {trie.order}")
 
 
 def cmd_info(args):
-    from .trie import Trie
-
     trie = Trie.load(args.trie, verify=args.verify)
     token, freq, _ = trie.arrays()
     info = {
@@ -142,8 +138,6 @@ def cmd_info(args):
 
 
 def cmd_query(args):
-    from .trie import Trie
-
     trie = Trie.load(args.trie)
     tokenizer = _load_tokenizer(args.tokenizer)
     if args.text is not None:
@@ -172,8 +166,6 @@ def cmd_query(args):
 
 
 def cmd_merge(args):
-    from .trie import Trie
-
     tries = [Trie.load(p) for p in args.inputs]
     merged = tries[0]
     for t in tries[1:]:
@@ -183,8 +175,6 @@ def cmd_merge(args):
 
 
 def cmd_reduce(args):
-    from .trie import Trie
-
     reduced = Trie.load(args.input).reduce(args.threshold)
     reduced.save(args.output)
     print(f"wrote {args.output}: {reduced.num_nodes} nodes, order {reduced.order}")
@@ -201,7 +191,7 @@ def make_parser() -> argparse.ArgumentParser:
         "build",
         help="count n-grams of a corpus into a trie",
         description=(
-            "Count every window of ORDER tokens of each sequence (SPEC §5). Inputs: .jsonl files "
+            "Count every window of ORDER tokens of each sequence (docs/spec.md §5). Inputs: .jsonl files "
             f"(each line a list of token ids, an object with one of {list(_ID_KEYS)}, or text under "
             "--text-key / a JSON string, tokenized with --tokenizer), .npy files (1-D: one sequence, "
             "2-D: one per row), .txt files (one document per line, needs --tokenizer), or folders "
@@ -224,7 +214,7 @@ def make_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "convert",
         help="convert a reference (C++) .trie file",
-        description="Stream a reference .trie (SPEC §6) into the dart_jax format, in bounded memory "
+        description="Stream a reference .trie (docs/spec.md §6) into the dart_jax format, in bounded memory "
         "(scratch files next to OUTPUT, about 40 bytes per node).",
     )
     c.add_argument("input", help="reference .trie file")
@@ -241,7 +231,7 @@ def make_parser() -> argparse.ArgumentParser:
     q = sub.add_parser(
         "query",
         help="n-gram probabilities after a context",
-        description="Print P(token | context) and the matched context length (SPEC §5) for --tokens, "
+        description="Print P(token | context) and the matched context length (docs/spec.md §5) for --tokens, "
         "or for the --top most frequent continuations of the longest matching context suffix.",
     )
     q.add_argument("trie")

@@ -109,7 +109,7 @@ def find_children(token, child_start, num_nodes, node, cands, out, k):
 # reference's float arithmetic does, instead of raising ZeroDivisionError.
 @njit(cache=True, error_model="numpy")
 def ngram_probs(token, freq, child_start, order, context, cands, out_p, out_len, root=None):
-    """SPEC §5 n-gram probabilities of ``cands`` after ``context`` (reference get_probability).
+    """docs/spec.md §5 n-gram probabilities of ``cands`` after ``context`` (reference get_probability).
 
     For suffix lengths ``min(order-1, len(context))`` down to 1 (the empty suffix never counts):
     if that suffix of the context is a path, each still-unmatched candidate that is a child of it

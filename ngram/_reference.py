@@ -1,4 +1,4 @@
-"""Streaming reader of the reference (C++) ``.trie`` format (SPEC §6) into the CSR layout.
+"""Streaming reader of the reference (C++) ``.trie`` format (docs/spec.md §6) into the CSR layout.
 
 Two passes over flat arrays, never per-node Python objects:
 1. parse the file chunk by chunk (Numba), storing each node's token and freq and its child
@@ -17,6 +17,8 @@ import tempfile
 import numpy as np
 from numba import njit
 from tqdm.auto import tqdm
+
+from ._format import MAGIC, create_file
 
 _RECORD = 24  # i32 token, u64 parent, i32 freq, u64 n_children
 _EDGE = 12  # i32 child token, u64 child id
@@ -137,8 +139,6 @@ def bfs_walk(p0, p1, tail, queue, node_token, node_freq, edge_start, edge_token,
 
 
 def convert_reference(cls, path, out, *, chunk_bytes: int, progress: bool):
-    from .trie import _create_file
-
     path = os.fspath(path)
     out = None if out is None else os.fspath(out)
     if not os.path.isfile(path):
@@ -168,7 +168,7 @@ def convert_reference(cls, path, out, *, chunk_bytes: int, progress: bool):
             if out is None:
                 arrays = (np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n + 1, np.int64))
             else:
-                arrays = _create_file(tmp_out, order, n)
+                arrays = create_file(tmp_out, order, n)
             queue = alloc("queue", np.int64, n)
             seen = alloc("seen", np.bool_, n)
             _walk(path, n, progress, queue, seen, node_token, node_freq, edge_start, edge_token, edge_child, *arrays)
@@ -193,7 +193,7 @@ def _read_header(f, path, size):
     head = f.read(16)
     if len(head) < 16:
         raise ValueError(f"{path!r} is {size} bytes: too short for a reference .trie header (16 bytes).")
-    if head[:8] == b"DJNGTRIE":
+    if head[:8] == MAGIC:
         raise ValueError(f"{path!r} is already a dart_jax trie; open it with Trie.load().")
     order, n = struct.unpack("<QQ", head)
     if not 1 <= order <= 64:

@@ -1,4 +1,4 @@
-"""N-gram-guided beam search that turns the head's d top-k rows into a draft tree (SPEC §5).
+"""N-gram-guided beam search that turns the head's d top-k rows into a draft tree (docs/spec.md §5).
 
 The search, the pool selection and the tree encoding run in Numba on flat arrays; the Python
 functions only check arguments and allocate the static-shape outputs.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import dataclasses
 from typing import Callable, NamedTuple, Sequence, Union
 
 import numpy as np
@@ -38,6 +39,7 @@ from ._query import find_child, find_children, num_valid_nodes, root_child
 
 __all__ = [
     "DraftTree",
+    "TreeSettings",
     "build_tree",
     "build_tree_batch",
     "default_level_weight",
@@ -219,7 +221,7 @@ def _search_one(
         are made; an entry whose score bound (its score with the n-gram term taken as 0,
         which is the largest it can be) would enter neither is dropped before its n-gram
         lookup — the lists' thresholds only rise, so it could never have entered later;
-      * n-gram probabilities (SPEC §5, as ``ngram_probs`` of trie.py) come from per-entry
+      * n-gram probabilities (docs/spec.md §5, as ``ngram_probs`` of trie.py) come from per-entry
         suffix nodes: each beam entry carries the trie nodes of its last 1 .. order-1 ids,
         found from its parent's lookups, and the lookups under a node are shared by every beam
         entry of the row with that suffix node: the first time a row needs a node, all k
@@ -598,7 +600,7 @@ def build_tree(
     level_weight: WeightSpec = None,
     logit_weight: WeightSpec = None,
 ) -> DraftTree:
-    """Build one draft tree (SPEC §5) padded to ``keep + 1`` nodes.
+    """Build one draft tree (docs/spec.md §5) padded to ``keep + 1`` nodes.
 
     Args:
       topk_ids: int [d, k] target token ids of each row's top-k draft candidates.
@@ -697,3 +699,49 @@ def build_tree_batch(
     if bad.size:
         _raise_for(int(status[bad[0]]), f" of sequence {bad[0]}")
     return DraftTree(tokens, positions, parents, mask, retrieve, num_nodes, num_leaves)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSettings:
+    """How draft trees are searched (defaults are the reference's, docs/spec.md §5): the search
+    reads the `topk` best candidates of the first `draft_rows` rows (None: all rows), keeps a beam
+    of `beam_width` per row and `keep` nodes besides the root, and weighs the n-gram term by
+    `ngram_weight`. Checked on construction; `check_fits` checks them against a drafter."""
+
+    keep: int = 60
+    beam_width: int = 20
+    topk: int = 25
+    draft_rows: int | None = None
+    ngram_weight: float = 0.5
+
+    def __post_init__(self):
+        checks = [
+            (isinstance(self.keep, int) and self.keep >= 1, f"keep (tree size) must be an integer >= 1, got {self.keep!r}"),
+            (isinstance(self.beam_width, int) and self.beam_width >= 1,
+             f"beam_width must be an integer >= 1, got {self.beam_width!r}"),
+            (isinstance(self.topk, int) and self.topk >= 1, f"topk must be an integer >= 1, got {self.topk!r}"),
+            (self.draft_rows is None or (isinstance(self.draft_rows, int) and self.draft_rows >= 1),
+             f"draft_rows must be None or an integer >= 1, got {self.draft_rows!r}"),
+            (math.isfinite(self.ngram_weight) and self.ngram_weight >= 0,
+             f"ngram_weight must be a finite number >= 0, got {self.ngram_weight!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message + ".")
+
+    def check_fits(self, rows: int, draft_vocab: int) -> "TreeSettings":
+        """These settings against a drafter of `rows` rows over a vocabulary of `draft_vocab` ids."""
+        if self.topk > draft_vocab:
+            raise ValueError(f"topk must lie in [1, draft vocabulary {draft_vocab}], got {self.topk}.")
+        if self.draft_rows is not None and self.draft_rows > rows:
+            raise ValueError(f"draft_rows must lie in [1, {rows}] (the head drafts {rows} rows), got {self.draft_rows}.")
+        return self
+
+    def rows_used(self, rows: int) -> int:
+        """Rows the search reads of a drafter that drafts `rows`."""
+        return self.draft_rows or rows
+
+    def search(self, topk_ids, topk_probs, preceding_ids, preceding_len, trie, *, eos_id) -> DraftTree:
+        """`build_tree_batch` with these settings."""
+        return build_tree_batch(topk_ids, topk_probs, preceding_ids, trie, eos_id=eos_id, preceding_len=preceding_len,
+                                beam_width=self.beam_width, keep=self.keep, ngram_weight=self.ngram_weight)

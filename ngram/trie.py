@@ -1,4 +1,4 @@
-"""N-gram trie (SPEC §5) as flat CSR arrays, with Numba lookups and a memory-mapped file format.
+"""N-gram trie (docs/spec.md §5) as flat CSR arrays, with Numba lookups and a memory-mapped file format.
 
 Layout (DESIGN.md): nodes in breadth-first order, node 0 = root.
   token       int32[N]    token of the edge into the node (0 for the root)
@@ -23,14 +23,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import _build
+from ._format import HEADER, MAGIC, VERSION, create_file, layout
+from ._reference import convert_reference
 from ._query import build_root_table, find_path, ngram_probs, ngram_probs_batch
 
 __all__ = ["Trie", "ngram_probs", "ngram_probs_batch"]
 
-MAGIC = b"DJNGTRIE"
-VERSION = 1
-_HEADER = struct.Struct("<8sIIQQQQQQ")
-_ALIGN = 64
 _MAX_TOKEN = np.iinfo(np.int32).max - 1  # +1 must still fit in int32 (window padding)
 
 _CHECK_MESSAGES = {
@@ -40,17 +38,6 @@ _CHECK_MESSAGES = {
     _build.UNSORTED: "the children of node {node} are not sorted by token (or repeat a token)",
     _build.TOO_DEEP: "node {node} lies deeper than the trie order",
 }
-
-
-def _aligned(x: int) -> int:
-    return (x + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def _layout(num_nodes: int) -> tuple[int, int, int, int]:
-    tok_off = _aligned(_HEADER.size)
-    freq_off = _aligned(tok_off + 4 * num_nodes)
-    cs_off = _aligned(freq_off + 4 * num_nodes)
-    return tok_off, freq_off, cs_off, cs_off + 8 * (num_nodes + 1)
 
 
 def _to_int32_freq(freq: np.ndarray, what: str) -> np.ndarray:
@@ -80,7 +67,7 @@ def _as_ids(x, what: str) -> np.ndarray:
 
 
 class Trie:
-    """A counted n-gram trie; see the module docstring for the layout and SPEC §5 for semantics."""
+    """A counted n-gram trie; see the module docstring for the layout and docs/spec.md §5 for semantics."""
 
     def __init__(self, token, freq, child_start, order: int):
         self._token = np.asarray(token)
@@ -153,7 +140,7 @@ class Trie:
 
     # -- queries -----------------------------------------------------------------------------
     def probability(self, context, tokens) -> tuple[np.ndarray, np.ndarray]:
-        """SPEC §5 ``P(token | context)`` for each token: ``(probs float32[n], matched_len int64[n])``.
+        """docs/spec.md §5 ``P(token | context)`` for each token: ``(probs float32[n], matched_len int64[n])``.
 
         Same result as the reference ``get_probability``: longest suffix of the context (at most
         order-1 tokens) that is a path and has the token as a child; 0 and length 0 otherwise.
@@ -191,7 +178,7 @@ class Trie:
         chunk_tokens: int = 1 << 24,
         progress: bool = False,
     ) -> "Trie":
-        """Count every window of ``order`` tokens of each sequence (SPEC §5).
+        """Count every window of ``order`` tokens of each sequence (docs/spec.md §5).
 
         Each sequence (a conversation, ending in EOS if the caller wants EOS counted) contributes
         the windows starting at each of its positions, cut short at its end. Sequences are
@@ -287,7 +274,7 @@ class Trie:
     def save(self, path) -> None:
         """Write the trie in the dart_jax format (to ``path + '.tmp'``, renamed at the end)."""
         path = os.fspath(path)
-        out = _create_file(path + ".tmp", self.order, self.num_nodes)
+        out = create_file(path + ".tmp", self.order, self.num_nodes)
         for dst, src in zip(out, self.arrays()):
             dst[:] = src
             dst.flush()
@@ -302,7 +289,7 @@ class Trie:
             raise FileNotFoundError(f"No trie file at {path!r}.")
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            head = f.read(_HEADER.size)
+            head = f.read(HEADER.size)
         if len(head) < 8 or head[:8] != MAGIC:
             hint = ""
             if len(head) >= 16:
@@ -313,17 +300,17 @@ class Trie:
                         f"`python -m dart_jax.ngram convert {path} OUT` or Trie.from_reference()."
                     )
             raise ValueError(f"{path!r} is not a dart_jax trie file (bad magic number).{hint}")
-        if len(head) < _HEADER.size:
+        if len(head) < HEADER.size:
             raise ValueError(f"{path!r} is truncated: {size} bytes, shorter than the header.")
-        _, version, header_size, order, n, tok_off, freq_off, cs_off, file_size = _HEADER.unpack(head)
+        _, version, header_size, order, n, tok_off, freq_off, cs_off, file_size = HEADER.unpack(head)
         if version != VERSION:
             raise ValueError(
                 f"{path!r} has trie format version {version}; this dart_jax reads version {VERSION}. "
                 "Rebuild or re-convert the trie with this version."
             )
-        if header_size != _HEADER.size or order < 1 or n < 1 or n > size // 16:
+        if header_size != HEADER.size or order < 1 or n < 1 or n > size // 16:
             raise ValueError(f"{path!r} has a corrupted header (order {order}, {n} nodes, {size} bytes).")
-        if (tok_off, freq_off, cs_off, file_size) != _layout(n):
+        if (tok_off, freq_off, cs_off, file_size) != layout(n):
             raise ValueError(f"{path!r} has a corrupted header: array offsets do not match {n} nodes.")
         if size != file_size:
             raise ValueError(
@@ -345,25 +332,10 @@ class Trie:
 
     @classmethod
     def from_reference(cls, path, out=None, *, chunk_bytes: int = 1 << 26, progress: bool = True) -> "Trie":
-        """Read a reference (C++) ``.trie`` (SPEC §6) by streaming it.
+        """Read a reference (C++) ``.trie`` (docs/spec.md §6) by streaming it.
 
         With ``out`` the trie is written there in the dart_jax format (scratch arrays are
         disk-backed next to it, so memory stays bounded) and returned memory-mapped; without it
         everything is built in memory.
         """
-        from ._reference import convert_reference
-
         return convert_reference(cls, path, out, chunk_bytes=chunk_bytes, progress=progress)
-
-
-def _create_file(path: str, order: int, num_nodes: int) -> tuple[np.memmap, np.memmap, np.memmap]:
-    """Create a trie file of the right size with its header; return writable array views."""
-    tok_off, freq_off, cs_off, size = _layout(num_nodes)
-    with open(path, "wb") as f:
-        f.write(_HEADER.pack(MAGIC, VERSION, _HEADER.size, order, num_nodes, tok_off, freq_off, cs_off, size))
-        f.truncate(size)
-    return (
-        np.memmap(path, dtype="<i4", mode="r+", offset=tok_off, shape=(num_nodes,)),
-        np.memmap(path, dtype="<i4", mode="r+", offset=freq_off, shape=(num_nodes,)),
-        np.memmap(path, dtype="<i8", mode="r+", offset=cs_off, shape=(num_nodes + 1,)),
-    )

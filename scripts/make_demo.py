@@ -18,14 +18,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from dart_jax.bench.tiny import SPECIALS, save_chat_tokenizer
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "scripts" / "demo_corpus.jsonl"
 DEMO = ROOT / "dart_jax" / "demo"
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def conversations():
@@ -38,20 +37,13 @@ def encode_chat(tok, conv, add_generation_prompt=False) -> list[int]:
 
 
 def make_tokenizer(out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     texts = [m["content"] for conv in conversations() for m in conv] + ["user", "assistant", "system"]
-    trainer = trainers.BpeTrainer(vocab_size=480, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=480, special_tokens=list(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-    return fast
+    return save_chat_tokenizer(tok, out)
 
 
 def train_target(out: Path, steps: int, seed: int):

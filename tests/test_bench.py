@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from dart_jax import bench
-from dart_jax.bench_e2e import load_prompts
-from dart_jax.bench_shapes import KNOWN_SHAPES, TINY_SHAPE, param_count
+from dart_jax.bench.e2e import load_prompts
+from dart_jax.bench.shapes import KNOWN_SHAPES, TINY_SHAPE, param_count
 from dart_jax.ngram import Trie
 
 README = Path(__file__).resolve().parent.parent / "benchmarks" / "README.md"
@@ -232,7 +232,7 @@ def test_random_assets_with_a_known_shape(tmp_path):
     and transformers' tokenizer accept, with a head sized to it."""
     from transformers import AutoTokenizer
 
-    from dart_jax.bench_assets import build_random_assets
+    from dart_jax.bench.tiny import build_random_assets
     from dart_jax.convert import load_dart_head, load_qwen3
     from dart_jax.convert.safetensors_io import read_tensors
 

@@ -1,6 +1,6 @@
 """The speculative engine against independent oracles: transformers' greedy generate, our own
 autoregressive decoding, the exact target distribution, and a plain-Python restatement of the
-reference's tree rejection sampling (SPEC §4)."""
+reference's tree rejection sampling (docs/spec.md §4)."""
 from __future__ import annotations
 
 import collections
@@ -13,12 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from tiny_models import make_tiny_qwen3, make_tiny_setup
 
-from dart_jax.engine import Engine, EngineOptions, Stats, prompt_bucket
-from dart_jax.model import DartModel, load_trie, published_base
-from dart_jax.ngram import Trie
-from dart_jax.sampling import SamplingParams, process_logits, sample_accept
+from dart_jax.api.model import DartModel, load_trie, published_base
+from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
+from dart_jax.decoding.drafter import DartDrafter
+from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
+from dart_jax.decoding.settings import GenerationSettings, ShapeSettings, prompt_bucket
+from dart_jax.ngram import TreeSettings, Trie
 
 VOCAB = 32
 EOS = 2
@@ -47,15 +49,15 @@ def hf_generate(tiny, prompt, max_new_tokens, eos=EOS):
     return out[0, len(prompt):].tolist()
 
 
-def engine_for(tiny, trie=None, *, eos=(EOS,), **options):
-    return Engine(tiny.model.target, tiny.model.head, trie if trie is not None else tiny.model.engine.trie,
-                  eos_ids=eos, tree_eos_id=EOS, options=EngineOptions(**{"min_bucket": 64, **options}))
+def engine_for(tiny, trie=None, *, eos=(EOS,), **tree):
+    return Engine(tiny.model.target, DartDrafter(tiny.model.head), trie if trie is not None else tiny.model.engine.trie,
+                  eos_ids=eos, tree_eos_id=EOS, tree=TreeSettings(**tree), shapes=ShapeSettings(min_bucket=64))
 
 
 def run(steps_fn, prompt, **kwargs):
     stats = Stats()
     ids, counts = [], []
-    for kept, accepted in steps_fn(prompt, stats=stats, **kwargs):
+    for kept, accepted in steps_fn(prompt, GenerationSettings(**kwargs), stats=stats):
         ids.extend(kept)
         counts.append(accepted)
     assert ids == stats.token_ids
@@ -358,7 +360,7 @@ def test_bad_inputs_raise_before_compiling(tiny, tmp_path):
 
 
 def write_reference_trie(path, trie: Trie):
-    """SPEC §6 writer: records in node order, children in reverse order (any order is allowed)."""
+    """docs/spec.md §6 writer: records in node order, children in reverse order (any order is allowed)."""
     token, freq, child_start = trie.arrays()
     parent = np.zeros(len(token), np.int64)
     for i in range(len(token)):

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from tiny_models import make_tiny_setup
 
-from dart_jax import generate
+from dart_jax.api import generate
+from dart_jax.bench.tiny import make_tiny_setup
 
 
 @pytest.fixture(scope="module")

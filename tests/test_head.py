@@ -1,8 +1,8 @@
-"""DART draft head against a NumPy restatement of SPEC §3, and its checkpoint round trips.
+"""DART draft head against a NumPy restatement of docs/spec.md §3, and its checkpoint round trips.
 
 The oracle below recomputes every call from scratch over the whole committed history in
 float64; the head's weights come from a checkpoint the test writes itself in the reference
-layout (SPEC §1), so the loader's name/transpose table is checked by the same comparison.
+layout (docs/spec.md §1), so the loader's name/transpose table is checked by the same comparison.
 """
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from dart_jax.convert.dart_head import load_dart_head, save_dart_head
-from dart_jax.head import DartHeadConfig, HeadCache, TRAINABLE, init_head_cache
+from dart_jax.bench.tiny import make_tiny_qwen3
+from dart_jax.models.checkpoints import load_dart_head, save_dart_head
+from dart_jax.convert.dart_head import DartHeadConfig
+from dart_jax.models.head import HeadCache, TRAINABLE, init_head_cache
 
 H, I, HEADS, KV, HD, V, VD, M = 32, 48, 4, 2, 12, 100, 40, 3
 D = M + 1
@@ -95,7 +97,7 @@ def embedding_table(seed=1):
     return np.random.default_rng(seed).standard_normal((V, H)).astype(np.float32)
 
 
-# ---------------------------------------------------------------- the NumPy oracle (SPEC §3)
+# ---------------------------------------------------------------- the NumPy oracle (docs/spec.md §3)
 def np_rms(x, w, eps=1e-6):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
@@ -192,7 +194,7 @@ def make_step(head):
     @jax.jit
     def step(state, taps, ids, cache, cache_len, n_real):
         traces.append(1)
-        return nnx.merge(graphdef, state)(taps, ids, cache=cache, cache_len=cache_len, n_real=n_real)
+        return nnx.merge(graphdef, state).extend(taps, ids, cache, cache_len, n_real)
 
     return (lambda *args: step(state, *args)), traces
 
@@ -253,8 +255,8 @@ def test_rope_kinds_match_reference_semantics(tmp_path, kind, scaling, theta):
 def test_llama3_and_yarn_rope_agree_with_the_target_tables(scaling):
     """With base 10000 (what the reference head's yarn uses) the head's tables equal the shared
     HF-style tables of dart_jax.layers, an implementation written separately."""
-    from dart_jax.head import head_rope
-    from dart_jax.layers import rope_inv_freq
+    from dart_jax.models.head import head_rope
+    from dart_jax.models.layers import rope_inv_freq
 
     config = DartHeadConfig.from_hf(head_config_dict(rope_scaling=scaling, rope_theta=10000.0))
     inv, scale = head_rope(config)
@@ -408,29 +410,14 @@ def test_cli_inspect_and_export(setup, tmp_path, capsys):
     assert "vocab_size 100 != target vocab_size 120" in capsys.readouterr().err
 
 
-def _tiny_qwen3_checkpoint(folder, layers=6, inter=64, heads=4, kv=2, hd=8):
-    """A random HF-layout Qwen3 (names as in transformers), written without importing torch."""
-    rng = np.random.default_rng(9)
-    base = _base_config(folder)
-    t = {"model.embed_tokens.weight": rng.standard_normal((V, H)), "model.norm.weight": 1 + 0.1 * rng.standard_normal(H)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        for name, shape in (("self_attn.q_proj", (heads * hd, H)), ("self_attn.k_proj", (kv * hd, H)),
-                            ("self_attn.v_proj", (kv * hd, H)), ("self_attn.o_proj", (H, heads * hd)),
-                            ("mlp.gate_proj", (inter, H)), ("mlp.up_proj", (inter, H)), ("mlp.down_proj", (H, inter))):
-            t[p + name + ".weight"] = rng.standard_normal(shape) * 0.1
-        for name, n in (("self_attn.q_norm", hd), ("self_attn.k_norm", hd), ("input_layernorm", H),
-                        ("post_attention_layernorm", H)):
-            t[p + name + ".weight"] = 1 + 0.1 * rng.standard_normal(n)
-    save_file({k: v.astype(np.float32) for k, v in t.items()}, str(base / "model.safetensors"))
-    return base
-
-
 def test_head_on_a_real_qwen3_target(tmp_path):
     """load_dart_head against the project's Qwen3 module: its shared embedding and its taps."""
     from dart_jax.convert import load_qwen3
 
-    target = load_qwen3(_tiny_qwen3_checkpoint(tmp_path / "base"), dtype=jnp.float32)
+    base = make_tiny_qwen3(tmp_path / "base", vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=6,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                           seed=9)
+    target = load_qwen3(base, dtype=jnp.float32)
     tensors = random_tensors(seed=7)
     head = load_dart_head(write_head(tmp_path / "head", tensors, head_config_dict()), target)
     assert head.embed_tokens is target.embed_tokens

@@ -13,11 +13,13 @@ import torch
 from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from dart_jax.convert.qwen3 import load_qwen3, load_qwen3_config
+from dart_jax.bench.tiny import make_tiny_qwen3
+from dart_jax.convert.qwen3 import load_qwen3_config
+from dart_jax.models.checkpoints import load_qwen3
 from dart_jax.convert.safetensors_io import read_tensors, write_tensors
-from dart_jax.qwen3 import KVCache, Qwen3Config, default_dtype, init_cache
-from dart_jax.sharding import DEFAULT_RULES, logical_to_spec, shard_cache, shard_module
-from tiny_models import make_tiny_qwen3
+from dart_jax.convert.qwen3 import Qwen3Config
+from dart_jax.models.qwen3 import KVCache, default_dtype, init_cache, write_cache
+from dart_jax.models.sharding import DEFAULT_RULES, logical_to_spec, shard_cache, shard_module
 
 CONFIGS = {
     # odd sizes, GQA 1:1, untied, 5 layers (taps 2, 2, 2)
@@ -45,7 +47,7 @@ def hf_run(folder, ids, dtype=torch.float32):
 @functools.partial(jax.jit, static_argnums=0)
 def _full(graphdef, state, ids):
     model = nnx.merge(graphdef, state)
-    hidden, taps, _ = model.forward_hidden(ids, return_taps=True)
+    hidden, taps = model.forward_hidden(ids, return_taps=True)
     return model(ids), taps, hidden
 
 
@@ -59,7 +61,11 @@ def full_forward(model, ids):
 def _cached(graphdef, state, ids, cache, cache_len, mask, positions):
     TRACES.append(ids.shape)  # a Python side effect: runs only when jit traces (i.e. compiles)
     model = nnx.merge(graphdef, state)
-    return model(ids, cache=cache, cache_len=cache_len, mask=mask, positions=positions, return_taps=True)
+    if mask is None:  # append to the cache
+        hidden, taps, cache = model.extend(ids, cache, cache_len, return_taps=True)
+    else:  # a tree against the cache, which is left as it is
+        hidden, taps, _ = model.verify(ids, positions, mask, cache, cache_len, return_taps=True)
+    return model.lm_logits(hidden), taps, cache
 
 
 TRACES: list = []
@@ -178,7 +184,7 @@ def test_tree_verify_matches_each_root_to_node_path(full_runs):
 def test_sharded_and_bf16_checkpoints(tmp_path):
     kw = CONFIGS["h48_gqa1_untied"]
     single = make_tiny_qwen3(tmp_path / "single", seed=7, **kw)
-    sharded = make_tiny_qwen3(tmp_path / "sharded", seed=7, max_shard_size="60KB", **kw)
+    sharded = make_tiny_qwen3(tmp_path / "sharded", seed=7, max_shard_size_bytes=60_000, **kw)
     assert (sharded / "model.safetensors.index.json").exists()
     assert len(list(sharded.glob("*.safetensors"))) > 2
     ids = random_ids(kw["vocab_size"], (1, 64), seed=8)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dart_jax.head import DartHead, DartHeadConfig
+from dart_jax.convert.dart_head import DartHeadConfig
+from dart_jax.models.head import DartHead
 from dart_jax.train.forward import shifted_ids, train_draft_logits
 from dart_jax.train.loss import annealed_kl, expected_length, row_accuracy
 from dart_jax.train.masks import packed_attention_mask, packed_positions, query_index, sample_anchors
@@ -13,7 +14,7 @@ from dart_jax.train.vocab import build_draft_vocab, used_from_d2t
 
 
 def numpy_mask(t, anchors, m):
-    """SPEC §7 block mask by loops over (query, key) pairs of one sequence."""
+    """docs/spec.md §7 block mask by loops over (query, key) pairs of one sequence."""
     k = len(anchors)
     n = t + k * m
     mask = np.zeros((n, n), bool)

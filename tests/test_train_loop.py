@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from dart_jax.bench.tiny import make_tiny_head, make_tiny_qwen3, make_tiny_tokenizer
 from dart_jax.train.__main__ import cli, main
 from dart_jax.train.data import encode_conversation, load_tokenizer, read_conversations
-from tiny_models import make_tiny_head, make_tiny_qwen3, make_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ["--draft-length", "3", "--draft-vocab", "64", "--max-length", "48", "--anchors-per-seq", "8",
@@ -119,7 +119,7 @@ def test_tiny_head_overfits_regenerated_data_and_exports_a_lossless_head(base, t
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["alpha"][0] > 0.9, metrics
 
-    from dart_jax.model import DartModel
+    from dart_jax.api.model import DartModel
 
     model = DartModel.from_pretrained(str(base), str(out / "head"), ngram=False)
     assert int(model.head.config.draft_vocab_size) == 64

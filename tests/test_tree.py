@@ -1,4 +1,4 @@
-"""Tree search (SPEC §5) against a plain-Python restatement written here.
+"""Tree search (docs/spec.md §5) against a plain-Python restatement written here.
 
 The oracle keeps sequences as tuples, scores in float64, the n-gram model as a dict of window
 counts, and ranks with Python's sort; the kernel under test works on CSR arrays in float32.
@@ -19,7 +19,7 @@ from dart_jax.ngram.trie import Trie
 MARGIN = 1e-3
 
 
-# ------------------------------------------------------------------ oracle (SPEC §5 in Python)
+# ------------------------------------------------------------------ oracle (docs/spec.md §5 in Python)
 
 
 def window_counts(sequences, order):

@@ -1,4 +1,4 @@
-"""N-gram trie against a plain-Python restatement of SPEC §5 and a SPEC §6 file writer."""
+"""N-gram trie against a plain-Python restatement of docs/spec.md §5 and a docs/spec.md §6 file writer."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from dart_jax.ngram.trie import Trie, ngram_probs, ngram_probs_batch
 DEMO_TOKENIZER = os.path.join(os.path.dirname(__file__), "..", "dart_jax", "demo", "base")
 
 
-# -- oracles (SPEC §5 restated with dicts) ---------------------------------------------------
+# -- oracles (docs/spec.md §5 restated with dicts) ---------------------------------------------------
 def oracle_counts(seqs, order):
     """{path tuple: freq}: every window of `order` tokens (cut at the sequence end) adds 1 to
     each of its prefixes, the empty one (root) included."""
@@ -113,7 +113,7 @@ CORPORA = {
 }
 
 
-# -- a writer of the reference format (SPEC §6) -------------------------------------------------
+# -- a writer of the reference format (docs/spec.md §6) -------------------------------------------------
 def write_reference(path, counts, order, rng, *, tamper=None):
     """Node ids: root 0, the rest a random permutation (not breadth-first); children shuffled."""
     paths = sorted(counts, key=len)

@@ -1,4 +1,4 @@
-"""Training DART draft heads with optax and orbax-checkpoint (SPEC §7).
+"""Training DART draft heads with optax and orbax-checkpoint (docs/spec.md §7).
 
 `python -m dart_jax.train --base BASE --data FILE.jsonl --out DIR` (see `--help`):
 - data.py        JSONL conversations → chat template → ids + assistant loss mask; batches, anchors

@@ -1,4 +1,4 @@
-"""`python -m dart_jax.train`: train a DART draft head for a Qwen3 target (SPEC §7)."""
+"""`python -m dart_jax.train`: train a DART draft head for a Qwen3 target (docs/spec.md §7)."""
 from __future__ import annotations
 
 import argparse
@@ -7,9 +7,22 @@ import json
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
 
-from .loop import TrainSettings
+from dart_jax.models.checkpoints import load_dart_head, load_qwen3, save_dart_head
+from dart_jax.models.head import DartHead
+from dart_jax.models.sharding import shard_module
+
+from .checkpoint import Checkpoints
+from .data import Dataset, encode_dataset, load_tokenizer, read_conversations
+from .loop import (Trainer, TrainSettings, batches_per_epoch, data_mesh, head_config_for, save_npz_atomic, set_vocab,
+                   train_loop, write_json_atomic)
+from .regenerate import Regenerator
+from .vocab import build_draft_vocab, used_from_d2t
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,20 +92,6 @@ def main(argv=None) -> int:
 
 
 def run(args) -> Path:
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from dart_jax.convert import load_dart_head, load_qwen3, save_dart_head
-    from dart_jax.head import DartHead
-    from dart_jax.sharding import shard_module
-
-    from .checkpoint import Checkpoints
-    from .data import Dataset, encode_dataset, load_tokenizer, read_conversations
-    from .loop import (Trainer, batches_per_epoch, data_mesh, head_config_for, save_npz_atomic, set_vocab,
-                       train_loop, write_json_atomic)
-    from .vocab import build_draft_vocab, used_from_d2t
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     mesh = data_mesh()
@@ -135,10 +134,6 @@ def run(args) -> Path:
         if bad:
             print(f"skipped {bad} malformed lines of {args.data}", file=sys.stderr)
         if args.regenerate:
-            from tqdm.auto import tqdm
-
-            from .regenerate import Regenerator
-
             regen = Regenerator(target, tokenizer, max_new_tokens=args.regen_max_new,
                                 temperature=args.regen_temperature, seed=args.seed)
             bar = tqdm(conversations, desc="regenerate", disable=not progress)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .masks import sample_anchors
 
@@ -163,8 +164,6 @@ class Dataset:
 
 def encode_dataset(tokenizer, conversations, max_length: int, *, progress: bool = True) -> tuple[Dataset, int]:
     """(Dataset, number of conversations dropped because no assistant token survived the cut)."""
-    from tqdm.auto import tqdm
-
     ids, masks, dropped = [], [], 0
     for messages in tqdm(conversations, desc="tokenize", disable=not progress):
         x, mask = encode_conversation(tokenizer, messages, max_length)

@@ -21,12 +21,15 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
 
-from dart_jax.head import TRAINABLE, DartHead, DartHeadConfig
+from dart_jax.convert.dart_head import DartHeadConfig
+from dart_jax.models.head import TRAINABLE, DartHead
 
 from .data import Dataset, batches_per_epoch, make_batch
 from .forward import shifted_ids, train_draft_logits
 from .loss import annealed_kl, expected_length, row_accuracy
+from .vocab import vocab_from_used
 
 
 @dataclasses.dataclass
@@ -60,8 +63,6 @@ def head_config_for(target_config, draft_length: int, draft_vocab: int, rope_the
 
 
 def set_vocab(head: DartHead, used: np.ndarray) -> None:
-    from .vocab import vocab_from_used
-
     d2t, t2d = vocab_from_used(used, head.config.vocab_size)
     head.d2t.set_value(jnp.asarray(d2t.astype(np.int32)))
     head.t2d.set_value(jnp.asarray(t2d))
@@ -93,7 +94,7 @@ def batch_loss(head: DartHead, target, batch: dict, used: jax.Array, gamma: floa
     ids, anchors = batch["ids"], batch["anchors"]
     b, t = ids.shape
     d = head.config.num_rows
-    hidden, taps, _ = target.forward_hidden(ids, return_taps=True)  # [B,T,H], [B,T,3H]
+    hidden, taps = target.forward_hidden(ids, return_taps=True)  # [B,T,H], [B,T,3H]
     taps, hidden = jax.lax.stop_gradient(taps), jax.lax.stop_gradient(hidden)
     # row r of anchor a predicts the token at a+2+r from the target's distribution at a+1+r
     goal = anchors[..., None] + 2 + jnp.arange(d)  # [B,K,d]
@@ -162,8 +163,6 @@ def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpo
     """Run micro-steps start_step … end_step (default: all epochs), checkpointing every `save_every`
     and at the end. Metrics are averaged over windows of `log_every` micro-steps and logged as JSON
     lines; returns those of the last window."""
-    from tqdm.auto import tqdm
-
     per_epoch = batches_per_epoch(len(data), settings.batch_size)
     total = settings.epochs * per_epoch
     end_step = total if end_step is None else end_step

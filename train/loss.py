@@ -1,4 +1,4 @@
-"""Annealed KL loss over the d draft rows (SPEC §7) and the acceptance metrics logged with it."""
+"""Annealed KL loss over the d draft rows (docs/spec.md §7) and the acceptance metrics logged with it."""
 from __future__ import annotations
 
 import jax

@@ -1,9 +1,9 @@
-"""Layout of one prefix-shared training sequence (SPEC §7).
+"""Layout of one prefix-shared training sequence (docs/spec.md §7).
 
 A packed sequence holds the T real positions of a sample followed by K blocks of m mask slots,
 one block per anchor. Real position i carries the target's taps at i and the token that follows
 i; anchor a's block stands for the m tokens drafted after the prefix 0..a, exactly as the m mask
-slots appended by one inference call on that prefix (SPEC §3).
+slots appended by one inference call on that prefix (docs/spec.md §3).
 
 Row r (0..m) of anchor a predicts the token at position a + 2 + r; its teacher is the target's
 next-token distribution at position a + 1 + r. Row 0 is read at the anchor's real position, rows

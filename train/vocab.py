@@ -1,4 +1,4 @@
-"""Draft vocabulary (SPEC §7, the EAGLE-3 convention): the most frequent training targets."""
+"""Draft vocabulary (docs/spec.md §7, the EAGLE-3 convention): the most frequent training targets."""
 from __future__ import annotations
 
 from collections.abc import Iterable

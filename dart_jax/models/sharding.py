@@ -13,6 +13,8 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .qwen3 import CACHE_AXES
+
 DEFAULT_RULES: Mapping[str, str | None] = {
     "batch": "data",
     "seq": None,
@@ -62,6 +64,4 @@ def shard_module(module: nnx.Module, mesh: Mesh, rules: Mapping[str, str | None]
 
 def shard_cache(cache, mesh: Mesh, rules: Mapping[str, str | None] = DEFAULT_RULES):
     """Place a `qwen3.KVCache` ([layers, batch, seq, kv_heads, head_dim]) on `mesh`."""
-    from .qwen3 import CACHE_AXES
-
     return jax.tree.map(lambda a: jax.device_put(a, named_sharding(CACHE_AXES, a.shape, mesh, rules)), cache)

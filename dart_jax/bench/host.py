@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from dart_jax.bench_util import median, progress, summary_ms, time_calls, zipf_tokens
+from dart_jax.bench.util import median, progress, summary_ms, time_calls, zipf_tokens
 from dart_jax.ngram import Trie, build_tree
 from dart_jax.ngram.trie import ngram_probs
 

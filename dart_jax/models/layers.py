@@ -1,7 +1,7 @@
 """Building blocks shared by the Qwen3 target and the DART head.
 
 Every parameter carries `logical_axes` metadata (batch, seq, heads, kv_heads, head_dim, embed,
-mlp, vocab) so that sharding over a Mesh is a rules table (see `dart_jax.sharding`).
+mlp, vocab) so that sharding over a Mesh is a rules table (see `dart_jax.models.sharding`).
 """
 from __future__ import annotations
 
@@ -51,34 +51,40 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(dtype) * x32.astype(dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None) -> tuple[np.ndarray, float]:
-    """Inverse frequencies [head_dim//2] and the attention scaling factor for a RoPE config.
+def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None, *,
+                  dynamic_length: int | None = None, max_position_embeddings: int | None = None,
+                  yarn_mscale_ratio: bool = False) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [head_dim//2] and the cos/sin scale of a RoPE config — the one RoPE of
+    the project, for the target and the draft head alike.
 
-    Supports the HF kinds 'default', 'linear', 'llama3' and 'yarn'. Kinds that depend on the
-    running sequence length ('dynamic') raise, since our shapes are static.
+    Kinds (HF semantics): 'default', 'linear', 'llama3', 'yarn', and 'dynamic' (NTK) evaluated
+    once at `dynamic_length` positions for a model of `max_position_embeddings` (shapes are
+    static, so it is not rebuilt as a sequence grows). `yarn_mscale_ratio` takes the yarn
+    attention scale as get_mscale(mscale or 1) / get_mscale(mscale_all_dim or 0) in every case,
+    as the reference draft head does; HF does so only when both are set.
     """
     inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    if not scaling:
-        return inv.astype(np.float32), 1.0
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv.astype(np.float32), 1.0
     factor = float(scaling["factor"])
     if kind == "linear":
         return (inv / factor).astype(np.float32), 1.0
+    if kind == "dynamic":
+        if dynamic_length is None or max_position_embeddings is None:
+            raise ValueError("dynamic rope_scaling depends on the sequence length; it is supported for the draft "
+                             "head only, evaluated at a fixed length.")
+        base = theta * (factor * dynamic_length / max_position_embeddings - (factor - 1)) ** (head_dim / (head_dim - 2))
+        return (1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(np.float32), 1.0
     if kind == "llama3":
         low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
         old_len = float(scaling["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv
-        smooth = (old_len / wavelen - low) / (high - low)
-        scaled = np.where(wavelen > old_len / low, inv / factor, inv)
-        mid = (1 - smooth) * scaled / factor + smooth * scaled
-        is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        return np.where(is_mid, mid, scaled).astype(np.float32), 1.0
+        smooth = (old_len / wavelen - low) / (high - low) if low != high else np.zeros_like(inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        out = np.where(wavelen < old_len / high, inv, np.where(wavelen > old_len / low, inv / factor, mid))
+        return out.astype(np.float32), 1.0
     if kind == "yarn":
-        if "original_max_position_embeddings" not in scaling:
-            raise ValueError("yarn rope_scaling needs 'original_max_position_embeddings' (HF fills it from the "
-                             "config's max_position_embeddings); add it to the scaling dict.")
         old_len = float(scaling["original_max_position_embeddings"])
         beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
 
@@ -94,15 +100,19 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None
         ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
         extrapolation = 1 - ramp
         inv_yarn = (inv / factor) * (1 - extrapolation) + inv * extrapolation
-        mscale = scaling.get("attention_factor")
-        if mscale is None:
-            def get_mscale(m=1.0):
-                return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
 
-            ms, ms_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        def get_mscale(m=1.0):
+            return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        ms, ms_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        mscale = scaling.get("attention_factor")
+        if yarn_mscale_ratio:
+            mscale = get_mscale(1.0 if ms is None else ms) / get_mscale(0.0 if ms_all is None else ms_all)
+        elif mscale is None:
             mscale = get_mscale(ms) / get_mscale(ms_all) if ms and ms_all else get_mscale()
         return inv_yarn.astype(np.float32), float(mscale)
-    raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3, yarn")
+    raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, linear, llama3, yarn"
+                     " (and dynamic for the draft head)")
 
 
 def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, attn_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:

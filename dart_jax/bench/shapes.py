@@ -11,9 +11,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from dart_jax.bench_util import progress, summary_ms, time_calls
+from dart_jax.bench.util import progress, summary_ms, time_calls
+from dart_jax.convert.qwen3 import Qwen3Config
+from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_window
+from dart_jax.decoding.engine import verify_tree
+from dart_jax.decoding.sampling import SamplingParams
+from dart_jax.models.qwen3 import Qwen3, init_cache
 
 _QWEN3_COMMON = {"vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                  "max_position_embeddings": 40960, "head_dim": 128, "num_key_value_heads": 8,
@@ -104,12 +112,6 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
                batch: int = 1, dtype: str | None = None, reps: int = 10, warmup: int = 2, seed: int = 0,
                show_progress: bool = True) -> dict[str, Any]:
     """Median time of a verify step (root + `budget` nodes) per budget, and of a 1-token decode step."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from dart_jax.qwen3 import Qwen3, Qwen3Config, init_cache
-
     if context < 1 or batch < 1:
         raise ValueError(f"--context and --batch must be >= 1, got {context} and {batch}")
     label, fields = shape_fields(model=model, config_path=config_path, tiny=tiny, layers=layers, vocab=vocab)
@@ -125,36 +127,42 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
 
     bar = progress(1 + (1 + len(budgets)) * (reps + warmup), "shapes", show_progress)
     target = Qwen3(config, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(seed))
+    decoder = AutoregressiveDecoder(target)
     graphdef, state = nnx.split(target)
     bar.update()
 
-    def step(state, ids, cache, cache_len, mask, *, taps: bool):
-        m = nnx.merge(graphdef, state)
-        hidden, aux, cache = m.forward_hidden(ids, cache=cache, cache_len=cache_len, mask=mask, return_taps=taps)
-        # the engine reads the target's choice per node; the argmax keeps the lm_head in the timing
-        return jnp.argmax(m.lm_logits(hidden), axis=-1), aux, cache
+    def verify(state, tree, cache, cache_len):
+        # the engine's verification; the argmax keeps the lm_head in the timing as acceptance reads it
+        logits, taps, tree_kv = verify_tree(nnx.merge(graphdef, state), tree, cache, cache_len)
+        return jnp.argmax(logits, axis=-1), taps, tree_kv
 
-    verify = jax.jit(lambda s, i, c, n, m: step(s, i, c, n, m, taps=True), donate_argnums=(2,))
-    decode = jax.jit(lambda s, i, c, n, m: step(s, i, c, n, m, taps=False), donate_argnums=(2,))
+    verify = jax.jit(verify)
     rng = np.random.default_rng(seed)
     cache_len = jnp.full((batch,), context, jnp.int32)
     holder = {"cache": init_cache(config, batch, max_len, jdtype)}
+    params, key = SamplingParams.make(0.0), jax.random.key(seed)
+    window = attention_window(context + 1, max_len)
 
-    def timed(fn, tokens):
+    def decode_call():
+        token = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch,)), jnp.int32)
+        out, holder["cache"], _, _ = decoder.decode(decoder.state, token, holder["cache"], cache_len, key, params,
+                                                    window=window)
+        return out
+
+    def verify_call(tokens):
         ids = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch, tokens)), jnp.int32)
         # ancestors-or-self of a chain: any tree of this size costs the same with dense attention
-        mask = jnp.broadcast_to(jnp.tril(jnp.ones((tokens, tokens), bool)), (batch, tokens, tokens))
+        tree = {"tokens": ids, "positions": jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens)),
+                "mask": jnp.broadcast_to(jnp.tril(jnp.ones((tokens, tokens), bool)), (batch, tokens, tokens))}
+        return lambda: verify(state, tree, holder["cache"], cache_len)
 
-        def call():
-            out, aux, holder["cache"] = fn(state, ids, holder["cache"], cache_len, mask)
-            return out, aux
-
+    def timed(call):
         return summary_ms(time_calls(call, reps=reps, warmup=warmup, tick=bar.update))
 
-    base = timed(decode, 1)
+    base = timed(decode_call)
     rows = [{"kind": "decode", "budget": 0, "tokens": 1, **base, "ratio_to_decode": 1.0}]
     for budget in budgets:
-        t = timed(verify, budget + 1)
+        t = timed(verify_call(budget + 1))
         rows.append({"kind": "verify", "budget": budget, "tokens": budget + 1, **t,
                      "ratio_to_decode": t["median_ms"] / base["median_ms"]})
     bar.close()

@@ -17,8 +17,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dart_jax.bench_shapes import KNOWN_SHAPES
-from dart_jax.bench_util import block, median, progress, summary_ms
+from dart_jax.bench.shapes import KNOWN_SHAPES
+from dart_jax.decoding.engine import Stats
+from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.bench.util import block, median, progress, summary_ms
 
 PHASES = ("verify_draft_device", "topk_transfer", "tree_search", "host_overhead")
 
@@ -79,7 +81,7 @@ def _demo_assets() -> dict[str, Path] | None:
 def open_model(*, base, dart, ngram, small_ngram, random, random_layers, random_hidden, random_shape, keep,
                seed) -> Iterator:
     """Yield (DartModel, description of the model set); a random set lives as long as the block."""
-    from dart_jax.model import DartModel
+    from dart_jax.api.model import DartModel
 
     opts = {} if keep is None else {"keep": keep}
     if random_shape:
@@ -99,7 +101,7 @@ def open_model(*, base, dart, ngram, small_ngram, random, random_layers, random_
         yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **opts),
                {"kind": "demo", **{k: str(v) for k, v in demo.items()}})
         return
-    from dart_jax.bench_assets import build_random_assets
+    from dart_jax.bench.assets import build_random_assets
 
     with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:
         shape = KNOWN_SHAPES[random_shape] if random_shape else None
@@ -136,7 +138,7 @@ def run_e2e(*, base=None, dart=None, ngram=None, small_ngram=False, random=False
     with open_model(base=base, dart=dart, ngram=ngram, small_ngram=small_ngram, random=random,
                     random_layers=random_layers, random_hidden=random_hidden, random_shape=random_shape, keep=keep,
                     seed=seed) as (model, source):
-        keep = model.engine.options.keep
+        keep = model.engine.tree.keep
         bar = progress(len(items) * 2 * (reps + warmup), "e2e", show_progress)
         for item in items:
             timings = {"dart": [], "ar": []}
@@ -206,8 +208,6 @@ def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=Fa
     apart on an array of the same size and taken out of the device time. Host overhead is the rest
     of the step's wall time (packing, bookkeeping, the Python loop).
     """
-    from dart_jax.engine import Stats
-
     if reps < 1 or warmup < 0:
         raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}")
     items = load_prompts(prompts, categories=categories, limit=limit)
@@ -219,17 +219,17 @@ def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=Fa
                     random_layers=random_layers, random_hidden=random_hidden, random_shape=random_shape, keep=keep,
                     seed=seed) as (model, source):
         engine = model.engine
-        topk_ms = _transfer_ms(2 * engine.rows * engine.options.topk, reps=20)
+        topk_ms = _transfer_ms(2 * engine.rows * engine.tree.topk, reps=20)
         bar = progress(len(items) * (reps + warmup), "phases", show_progress)
         for item in items:
             ids = model.encode(item["prompt"], chat_flag)
             for _ in range(warmup):
-                for _ in engine.generate_steps(ids, **kwargs):
+                for _ in engine.generate_steps(ids, GenerationSettings(**kwargs)):
                     pass
                 bar.update()
             for _ in range(reps):
                 stats = Stats()
-                steps = engine.generate_steps(ids, stats=stats, **kwargs)
+                steps = engine.generate_steps(ids, GenerationSettings(**kwargs), stats=stats)
                 next(steps)  # the prefill's token
                 prefill_ms.append(stats.prefill_s * 1e3)
                 while True:
@@ -256,5 +256,5 @@ def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=Fa
     summary = {"steps": len(step_ms), "step_ms": median(step_ms), "prefill_ms": median(prefill_ms),
                "topk_transfer_ms": topk_ms, "shares": {r["phase"]: r["share"] for r in rows[:-1]}}
     config = {"model": source, "prompts": str(prompts or default_prompts_path()), "num_prompts": len(items),
-              **kwargs, "chat": chat_flag, "keep": engine.options.keep, "reps": reps, "warmup": warmup}
+              **kwargs, "chat": chat_flag, "keep": engine.tree.keep, "reps": reps, "warmup": warmup}
     return {"mode": "phases", "config": config, "rows": rows, "summary": summary}

@@ -1,4 +1,4 @@
-"""Token sampling and tree acceptance (SPEC §4 step 3), as pure jittable functions.
+"""Token sampling and tree acceptance (docs/spec.md §4 step 3), as pure jittable functions.
 
 The logits pipeline follows the reference's `prepare_logits_processor`: temperature, then top-p,
 then top-k (in that order, which differs from transformers' default), then softmax. The three

@@ -9,9 +9,19 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .engine import Engine, EngineOptions, Stats
+from transformers import AutoTokenizer
 
-# SPEC §1: the published DART heads and the base model each was trained for
+from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
+from dart_jax.convert.hub import resolve
+from dart_jax.convert.qwen3 import load_qwen3_config
+from dart_jax.decoding.drafter import DartDrafter
+from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
+from dart_jax.models.checkpoints import load_dart_head, load_qwen3
+from dart_jax.ngram import TreeSettings, Trie
+from dart_jax.ngram._format import MAGIC
+
+# docs/spec.md §1: the published DART heads and the base model each was trained for
 PUBLISHED_PAIRS = {
     "fvliang/qwen1.7b-dart": "Qwen/Qwen3-1.7B",
     "fvliang/qwen4b-dart": "Qwen/Qwen3-4B",
@@ -21,8 +31,33 @@ PUBLISHED_PAIRS = {
 }
 DEFAULT_NGRAM = "fvliang/dart-qwen3-ngram"
 BASE_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model")
-_ENGINE_OPTS = {f.name for f in dataclasses.fields(EngineOptions)}
-_MODEL_OPTS = {"system_prompt", "enable_thinking", "trie_cache_dir"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSettings:
+    """How string prompts are formatted: an optional system message, and Qwen3's thinking switch."""
+
+    system_prompt: str | None = None
+    enable_thinking: bool = False
+
+
+# the option groups that `from_pretrained(**opts)` fills by field name
+_OPTION_GROUPS = {"tree": TreeSettings, "shapes": ShapeSettings, "chat": ChatSettings}
+
+
+def split_options(opts: dict[str, Any], **given) -> dict[str, Any]:
+    """Keyword options → one settings object per group (`tree`, `shapes`, `chat`), starting from
+    the objects in `given`; an option that no group has is an error naming the valid ones."""
+    fields = {f.name: group for group, cls in _OPTION_GROUPS.items() for f in dataclasses.fields(cls)}
+    unknown = sorted(set(opts) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; valid: {sorted(fields)}.")
+    out = {}
+    for group, cls in _OPTION_GROUPS.items():
+        base = given.get(group) or cls()
+        mine = {k: v for k, v in opts.items() if fields[k] == group}
+        out[group] = dataclasses.replace(base, **mine) if mine else base
+    return out
 
 
 @dataclasses.dataclass
@@ -50,8 +85,6 @@ def published_base(dart: str | os.PathLike) -> str:
 
 
 def _trie_file(ngram, small: bool) -> Path:
-    from .convert.hub import resolve
-
     name = "small.trie" if small else "full.trie"
     path = Path(os.path.expanduser(str(ngram)))
     if path.is_file():
@@ -81,9 +114,6 @@ def load_trie(ngram, *, small: bool = False, cache_dir: str | os.PathLike | None
     """A `Trie` from a file, a folder holding small.trie/full.trie, or a hub id. A reference
     (C++) `.trie` is converted once to our format and cached next to it (or under `cache_dir`,
     default ~/.cache/dart_jax, when that folder is read-only)."""
-    from .ngram import Trie
-    from .ngram.trie import MAGIC
-
     path = _trie_file(ngram, small)
     with open(path, "rb") as f:
         magic = f.read(len(MAGIC))
@@ -112,13 +142,13 @@ class DartModel:
     """DART speculative decoding of a Qwen3 target with a DART head and an n-gram trie."""
 
     def __init__(self, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int],
-                 options: EngineOptions = EngineOptions(), system_prompt: str | None = None,
-                 enable_thinking: bool = False, mesh=None):
+                 tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
+                 chat: ChatSettings = ChatSettings(), mesh=None):
         self.tokenizer = tokenizer
-        self.system_prompt = system_prompt
-        self.enable_thinking = enable_thinking
+        self.chat_settings = chat
         tree_eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(eos_ids, default=None)
-        self.engine = Engine(target, head, trie, eos_ids=eos_ids, tree_eos_id=tree_eos, options=options, mesh=mesh)
+        self.engine = Engine(target, DartDrafter(head), trie, eos_ids=eos_ids, tree_eos_id=tree_eos, tree=tree,
+                             shapes=shapes, mesh=mesh)
 
     @property
     def target(self):
@@ -126,48 +156,41 @@ class DartModel:
 
     @property
     def head(self):
-        return self.engine.head
+        return self.engine.drafter.module
 
     @classmethod
     def from_pretrained(cls, base, dart, ngram=None, *, small_ngram: bool = False, dtype=None, mesh=None,
+                        tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
+                        chat: ChatSettings | None = None, trie_cache_dir: str | os.PathLike | None = None,
                         **opts) -> "DartModel":
         """Load base (Qwen3), DART head and n-gram trie (hub ids or local paths).
 
         base=None resolves the base of a published head. ngram=None takes DEFAULT_NGRAM;
         ngram=False (or "none") searches with the head's logits only. `small_ngram` picks
-        small.trie instead of full.trie inside an n-gram folder or repository.
-        opts: keep, beam_width, topk, draft_rows, ngram_weight, min_bucket, cache_multiple
-        (EngineOptions); system_prompt, enable_thinking (chat formatting); trie_cache_dir.
+        small.trie instead of full.trie inside an n-gram folder or repository. `trie_cache_dir`
+        holds converted reference tries when the trie's own folder is read-only.
+        Settings come as objects (`tree`, `shapes`, `chat`) or as their fields by name in `opts`:
+        keep, beam_width, topk, draft_rows, ngram_weight (TreeSettings); min_bucket,
+        cache_multiple (ShapeSettings); system_prompt, enable_thinking (ChatSettings).
         """
-        from transformers import AutoTokenizer
-
-        from .convert import load_dart_head, load_qwen3
-        from .convert.dart_head import check_fits_target, read_head_config
-        from .convert.hub import resolve
-        from .convert.qwen3 import load_qwen3_config
-
-        unknown = sorted(set(opts) - _ENGINE_OPTS - _MODEL_OPTS)
-        if unknown:
-            raise ValueError(f"unknown option(s) {unknown}; valid: {sorted(_ENGINE_OPTS | _MODEL_OPTS)}.")
+        groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         if dart is None:
             raise ValueError("a DART head is required (dart=hub id or folder).")
         if not Path(os.path.expanduser(str(dart))).exists() and not re.fullmatch(r"[\w.-]+/[\w.-]+", str(dart)):
             raise FileNotFoundError(f"DART head {str(dart)!r}: no such folder, and not a hub id of the form 'owner/name'.")
         if base is None:
             base = published_base(dart)
-        head_folder = resolve(dart, ["*.json", "*.safetensors"], what="DART head")
+        head_dir = head_folder(dart)
         base_folder = resolve(base, BASE_PATTERNS, what="base model")
-        head_config = read_head_config(head_folder)
+        head_config = read_head_config(head_dir)
         target_config = load_qwen3_config(base_folder)
         check_fits_target(head_config, target_config)
-        options = EngineOptions(**{k: v for k, v in opts.items() if k in _ENGINE_OPTS})
-        options.validate(head_config.num_rows, head_config.draft_vocab_size)
+        groups["tree"].check_fits(head_config.num_rows, head_config.draft_vocab_size)
 
         if ngram is False or (isinstance(ngram, str) and ngram.lower() == "none"):
             trie = None
         else:
-            trie = load_trie(DEFAULT_NGRAM if ngram is None else ngram, small=small_ngram,
-                             cache_dir=opts.get("trie_cache_dir"))
+            trie = load_trie(DEFAULT_NGRAM if ngram is None else ngram, small=small_ngram, cache_dir=trie_cache_dir)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(base_folder))
         except (OSError, ValueError) as e:
@@ -177,10 +200,9 @@ class DartModel:
             raise ValueError(f"the tokenizer in {base_folder} has {len(tokenizer)} tokens but the model's vocab_size is "
                              f"{target_config.vocab_size}: tokenizer and weights do not belong together.")
         target = load_qwen3(base_folder, dtype=dtype, mesh=mesh)
-        head = load_dart_head(head_folder, target, dtype=dtype)
+        head = load_dart_head(head_dir, target, dtype=dtype)
         return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids),
-                   options=options, system_prompt=opts.get("system_prompt"),
-                   enable_thinking=bool(opts.get("enable_thinking", False)), mesh=mesh)
+                   mesh=mesh, **groups)
 
     # ------------------------------------------------------------------ prompts and text
     def encode(self, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
@@ -190,21 +212,22 @@ class DartModel:
         if chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ValueError("the tokenizer has no chat template; pass chat=False (--no-chat) to use the raw prompt.")
-            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+            system = self.chat_settings.system_prompt
+            messages = ([{"role": "system", "content": system}] if system else [])
             messages.append({"role": "user", "content": prompt})
             prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                        enable_thinking=self.enable_thinking)
+                                                        enable_thinking=self.chat_settings.enable_thinking)
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # ------------------------------------------------------------------ generation
-    def _run(self, steps_fn, prompt, chat, kwargs) -> GenerationResult:
+    def _run(self, steps_fn, prompt, chat: bool, settings: GenerationSettings) -> GenerationResult:
         ids = self.encode(prompt, chat)
         stats = Stats()
         out = []
-        for kept, _ in steps_fn(ids, stats=stats, **kwargs):
+        for kept, _ in steps_fn(ids, settings, stats=stats):
             out.extend(kept)
         return GenerationResult(out, self.decode(out), list(stats.accept_lengths), stats.as_dict(), ids)
 
@@ -212,29 +235,26 @@ class DartModel:
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                  chat: bool = True) -> GenerationResult:
         """DART decoding; greedy when temperature is 0, else lossless sampling."""
-        kwargs = dict(max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, top_p=top_p,
-                      top_k=top_k, seed=seed)
-        return self._run(self.engine.generate_steps, prompt, chat, kwargs)
+        settings = GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        return self._run(self.engine.generate_steps, prompt, chat, settings)
 
     def generate_ar(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                     chat: bool = True) -> GenerationResult:
         """Plain autoregressive decoding of the target (the baseline), same arguments."""
-        kwargs = dict(max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, top_p=top_p,
-                      top_k=top_k, seed=seed)
-        return self._run(self.engine.generate_ar_steps, prompt, chat, kwargs)
+        settings = GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        return self._run(self.engine.generate_ar_steps, prompt, chat, settings)
 
     def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
                stats: Stats | None = None) -> Iterator[tuple[str, int]]:
         """Yields (new text, accepted length of the step) once per step (0 for the prefill's token).
         Text is held back while it ends in an incomplete character."""
+        settings = GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
         ids = self.encode(prompt, chat)
         out: list[int] = []
         shown = ""
-        for kept, accepted in self.engine.generate_steps(ids, max_new_tokens=max_new_tokens, max_length=max_length,
-                                                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                                         stats=stats):
+        for kept, accepted in self.engine.generate_steps(ids, settings, stats=stats):
             out.extend(kept)
             text = self.decode(out)
             if text.endswith("\ufffd"):

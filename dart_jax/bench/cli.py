@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from dart_jax.bench_util import meta, parse_int_list
+from dart_jax.bench.util import meta, parse_int_list
 
 # the columns each mode's table shows, in order (the JSON rows hold these and possibly more)
 TABLE_COLUMNS = {
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     show = not args.no_progress
     common = dict(reps=args.reps, warmup=args.warmup, seed=args.seed, show_progress=show)
     if args.mode == "search":
-        from dart_jax.bench_host import run_search
+        from dart_jax.bench.host import run_search
 
         return run_search(keeps=parse_int_list(args.keeps, name="--keeps"),
                           beams=parse_int_list(args.beams, name="--beams"), draft_length=args.draft_length,
@@ -153,17 +153,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                           corpus_tokens=args.corpus_tokens, order=args.order, no_ngram=args.no_ngram,
                           samples=args.samples, **common)
     if args.mode == "ngram":
-        from dart_jax.bench_host import run_ngram
+        from dart_jax.bench.host import run_ngram
 
         return run_ngram(trie_path=args.trie, reference_trie=args.reference_trie, corpus_tokens=args.corpus_tokens,
                          vocab=args.vocab, order=args.order, queries=args.queries, candidates=args.candidates, **common)
     if args.mode == "shapes":
-        from dart_jax.bench_shapes import run_shapes
+        from dart_jax.bench.shapes import run_shapes
 
         return run_shapes(model=args.model, config_path=args.config_path, tiny=args.tiny, layers=args.layers,
                           vocab=args.vocab, budgets=parse_int_list(args.budgets, name="--budgets"),
                           context=args.context, batch=args.batch, dtype=args.dtype, **common)
-    from dart_jax.bench_e2e import run_e2e, run_phases
+    from dart_jax.bench.e2e import run_e2e, run_phases
 
     model = dict(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram, random=args.random,
                  random_layers=args.random_layers, random_hidden=args.random_hidden,

@@ -1,0 +1,1 @@
+"""The public Python API (`DartModel`) and the command lines built on it."""

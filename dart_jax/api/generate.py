@@ -1,0 +1,146 @@
+"""Generate text with DART from the command line.
+
+    python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --small-ngram --prompt "Write a haiku"
+    python -m dart_jax.generate                       # the embedded demo model, offline
+    python -m dart_jax.generate --compare-ar --json   # DART vs plain decoding, machine-readable
+
+Streams the text, then prints the mean accepted length τ and tokens/s (after a short warm-up
+that compiles the shapes, so compilation is not timed). --compare-ar runs the same prompt through
+plain autoregressive decoding and reports the speedup and, for greedy decoding, whether both
+outputs are identical (they must be).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dart_jax.decoding.engine import Stats
+from dart_jax.decoding.settings import GenerationSettings
+
+from .model import DartModel
+
+DEMO = Path(__file__).resolve().parent.parent / "demo"
+DEMO_PROMPT = "What is speculative decoding?"
+DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m dart_jax.generate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt", help="DART head: hub id or folder (default: the embedded demo model)")
+    ap.add_argument("--base", help="base Qwen3 model: hub id or folder (default: the published base of --ckpt)")
+    ap.add_argument("--ngram", help="n-gram trie: file, folder or hub id (default fvliang/dart-qwen3-ngram; "
+                                    "'none' searches with the head's logits only)")
+    ap.add_argument("--small-ngram", action="store_true", help="use small.trie instead of full.trie")
+    ap.add_argument("--prompt", help="the user message (chat-formatted unless --no-chat)")
+    ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
+    ap.add_argument("--thinking", action="store_true", help="let Qwen3 think (enable_thinking=True in the template)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--max-length", type=int, default=2048, help="prompt + generated tokens at most")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", type=int, default=60, help="draft tree size (nodes besides the root)")
+    ap.add_argument("--beam-width", type=int, default=20)
+    ap.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
+    ap.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (default all)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                    help="parameter/compute dtype (default float32 on CPU, bfloat16 on accelerators)")
+    ap.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
+    ap.add_argument("--no-warmup", action="store_true", help="time the first run, compilation included")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return ap.parse_args(argv)
+
+
+def _demo_paths() -> tuple[Path, Path, Path]:
+    base, head, trie = DEMO / "base", DEMO / "head", DEMO / "ngram.trie"
+    missing = [str(p) for p in (base / "config.json", base / "model.safetensors", head / "config.json",
+                                head / "model.safetensors", trie) if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the embedded demo model is incomplete (missing {', '.join(missing)}); "
+                                "pass a DART head with --ckpt (and --base / --ngram), or reinstall dart_jax.")
+    return base, head, trie
+
+
+def _load(args):
+    opts = dict(keep=args.keep, beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
+                enable_thinking=args.thinking)
+    if args.ckpt is None:
+        base, head, trie = _demo_paths()
+        base = args.base or base
+        ngram = args.ngram or trie
+    else:
+        base, head, ngram = args.base, args.ckpt, args.ngram
+    return DartModel.from_pretrained(base, head, ngram, small_ngram=args.small_ngram, dtype=args.dtype, **opts)
+
+
+def run(args, out=None) -> dict:
+    out = out or sys.stdout
+    try:  # checked before anything is loaded
+        GenerationSettings(args.max_new_tokens, args.max_length, args.temperature, args.top_p, args.top_k, args.seed)
+    except ValueError as e:
+        message = str(e)
+        for name in ("max_new_tokens", "max_length", "temperature", "top_p", "top_k"):
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        raise ValueError(message) from None
+    model = _load(args)
+    prompt = args.prompt or (DEMO_PROMPT if args.ckpt is None else DEFAULT_PROMPT)
+    chat = not args.no_chat
+    sampling = dict(max_length=args.max_length, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                    seed=args.seed, chat=chat)
+    prompt_ids = model.encode(prompt, chat)
+    if len(prompt_ids) >= args.max_length:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens but --max-length is {args.max_length}.")
+    if not args.no_warmup:
+        model.generate(prompt_ids, max_new_tokens=min(4, args.max_new_tokens), **sampling)
+        if args.compare_ar:
+            model.generate_ar(prompt_ids, max_new_tokens=2, **sampling)
+
+    stats = Stats()
+    pieces = []
+    for piece, _ in model.stream(prompt_ids, max_new_tokens=args.max_new_tokens, stats=stats, **sampling):
+        pieces.append(piece)
+        if not args.json:
+            out.write(piece)
+            out.flush()
+    text = "".join(pieces)
+    report = {"prompt": prompt, "text": text, "token_ids": list(stats.token_ids),
+              "accept_lengths": list(stats.accept_lengths), "stats": stats.as_dict()}
+    if args.compare_ar:
+        ar = model.generate_ar(prompt_ids, max_new_tokens=args.max_new_tokens, **sampling)
+        report["ar"] = {"text": ar.text, "token_ids": ar.token_ids, "stats": ar.stats}
+        ar_tps = ar.stats["tokens_per_s"]
+        report["speedup"] = stats.tokens_per_s / ar_tps if ar_tps > 0 else None
+        report["greedy_match"] = (ar.token_ids == report["token_ids"]) if args.temperature == 0 else None
+    if args.json:
+        out.write(json.dumps(report) + "\n")
+    else:
+        s = report["stats"]
+        out.write(f"\n\n[DART] {s['new_tokens']} tokens in {s['steps']} steps, tau {s['tau']:.2f}, "
+                  f"{s['tokens_per_s']:.1f} tokens/s (verify+draft {s['device_s']:.2f}s, tree search "
+                  f"{s['tree_s']:.2f}s, host {s['host_s']:.2f}s)\n")
+        if args.compare_ar:
+            a = report["ar"]["stats"]
+            speed = "n/a" if report["speedup"] is None else f"{report['speedup']:.2f}x"
+            out.write(f"[AR]   {a['new_tokens']} tokens, {a['tokens_per_s']:.1f} tokens/s; speedup {speed}")
+            if report["greedy_match"] is not None:
+                out.write(f"; greedy outputs {'identical' if report['greedy_match'] else 'DIFFER'}")
+            out.write("\n")
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Plain autoregressive decoding of a Qwen3 target: the baseline of the speculative engine, the
+regeneration of training data, and the decode step the benchmarks time.
+
+Two jitted pure functions over the target's `nnx.split` state: a prefill of the padded prompt
+and a one-token step. The step attends over a power-of-two window of the cache that follows the
+sequence (`attention_window`), so its cost follows the sequence length, not the cache size.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
+
+from .sampling import SamplingParams, sample_tokens
+from .settings import GenerationSettings, ShapeSettings
+
+_MIN_WINDOW = 256  # smallest attention window: few compiled variants, little waste
+_JITTED: dict = {}
+
+
+def jitted(fn, graphdef, *static, **jit_kwargs):
+    """`fn` jitted with its GraphDef (and further static arguments) bound. Binding them here keeps
+    the GraphDef out of the per-call arguments: as a static argument it would be hashed on every
+    step, which costs milliseconds of host time. Callers over equal GraphDefs share the jitted
+    function, hence its compiled executables."""
+    key = (fn, graphdef, static)
+    if key not in _JITTED:
+        _JITTED[key] = jax.jit(functools.partial(fn, graphdef, *static), **jit_kwargs)
+    return _JITTED[key]
+
+
+def attention_window(needed: int, length: int) -> int:
+    """Cache slots a step attends over: the power of two >= `needed` (at least 256), capped at the
+    cache length. Every slot past the committed ones is masked out anyway, so attending over a
+    prefix gives the same result while the cost of a step follows the sequence, not the cache size.
+    Each window is one compiled variant of a step (at most log2(length/256) + 2 of them)."""
+    return min(length, max(_MIN_WINDOW, 1 << max(needed - 1, 0).bit_length()))
+
+
+def window_view(cache: KVCache, window: int) -> KVCache:
+    """The first `window` slots of a target cache."""
+    return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
+
+
+def put_window(full: jax.Array, part: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
+
+
+def last_logits(target: Qwen3, hidden: jax.Array, length: jax.Array) -> jax.Array:
+    """Target logits [B,V] at position length[b]-1."""
+    last = jnp.take_along_axis(hidden, (length - 1)[:, None, None], axis=1)[:, 0]  # [B,H]
+    return target.lm_logits(last)
+
+
+def _prefill(graphdef, state, ids, prompt_len, cache: KVCache, key, params: SamplingParams):
+    target = nnx.merge(graphdef, state)
+    hidden, _, cache = target.extend(ids, cache, jnp.zeros((ids.shape[0],), jnp.int32))
+    key, sub = jax.random.split(key)
+    return sample_tokens(sub, last_logits(target, hidden, prompt_len), params), cache, key
+
+
+def _decode(graphdef, state, token, cache: KVCache, cache_len, key, params: SamplingParams, *, window: int):
+    """One token; attention reads (and the new key/value goes to) the first `window` slots."""
+    target = nnx.merge(graphdef, state)
+    hidden, _, cache_w = target.extend(token[:, None], window_view(cache, window), cache_len)
+    cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
+    key, sub = jax.random.split(key)
+    return sample_tokens(sub, target.lm_logits(hidden[:, 0]), params), cache, cache_len + 1, key
+
+
+class Budget:
+    """One sequence's output: appends tokens until EOS, max_new_tokens or max_length."""
+
+    def __init__(self, eos_ids: frozenset[int], max_new_tokens: int, room: int):
+        self.eos_ids, self.limit, self.out, self.done = eos_ids, min(max_new_tokens, room), [], False
+
+    def take(self, ids) -> list[int]:
+        """Append what still counts of `ids`; returns that part."""
+        kept = []
+        for t in ids:
+            if self.done:
+                break
+            kept.append(int(t))
+            self.done = int(t) in self.eos_ids or len(self.out) + len(kept) >= self.limit
+        self.out.extend(kept)
+        return kept
+
+
+class CachePool:
+    """Caches reused across generations: the last set is kept when it is long enough (a shape
+    already compiled), else it is freed before a new set is made by `make(length)`."""
+
+    def __init__(self, make: Callable[[int], tuple]):
+        self._make, self._held = make, None
+
+    def take(self, length: int) -> tuple[int, tuple]:
+        held, self._held = self._held, None
+        if held is not None and held[0] >= length:
+            return held
+        del held  # free the old buffers before allocating the new ones
+        return length, self._make(length)
+
+    def keep(self, length: int, caches: tuple) -> None:
+        if not any(leaf.is_deleted() for leaf in jax.tree.leaves(caches)):
+            self._held = (length, caches)
+
+
+class AutoregressiveDecoder:
+    """Plain decoding of `target` with the engine's sampling; caches come from a `CachePool`
+    whose sets start with a target `KVCache` (other caches in the set are kept untouched)."""
+
+    def __init__(self, target: Qwen3, shapes: ShapeSettings = ShapeSettings(), pool: CachePool | None = None):
+        self.target, self.shapes = target, shapes
+        graphdef, self.state = nnx.split(target)
+        self.pool = pool or CachePool(lambda length: (init_cache(target.config, 1, length, target.dtype),))
+        self.prefill = jitted(_prefill, graphdef, donate_argnames="cache")
+        self.decode = jitted(_decode, graphdef, static_argnames="window", donate_argnames="cache")
+
+    def steps(self, prompt_ids: np.ndarray, settings: GenerationSettings, eos_ids: frozenset[int], *,
+              cache_length: int, stats=None) -> Iterator[list[int]]:
+        """Yields the new token(s) of each step ([first], then one per step) until the budget ends.
+        `stats` (optional) gets prefill_s, device_s, steps, accept_lengths and total_s."""
+        n = prompt_ids.size
+        padded = np.zeros((1, self.shapes.bucket(n)), np.int32)
+        padded[0, :n] = prompt_ids
+        params, key = settings.sampling_params(), jax.random.key(settings.seed)
+        budget = Budget(eos_ids, settings.max_new_tokens, settings.max_length - n)
+        length, caches = self.pool.take(cache_length)
+        cache, rest = caches[0], caches[1:]
+        start = time.perf_counter()
+        try:
+            token, cache, key = self.prefill(self.state, jnp.asarray(padded), jnp.full((1,), n, jnp.int32), cache, key,
+                                             params)
+            first = int(np.asarray(token)[0])
+            if stats is not None:
+                stats.prefill_s = time.perf_counter() - start
+            yield budget.take([first])
+            cache_len, committed = jnp.full((1,), n, jnp.int32), n
+            while not budget.done:
+                t0 = time.perf_counter()
+                token, cache, cache_len, key = self.decode(self.state, token, cache, cache_len, key, params,
+                                                           window=attention_window(committed + 1, length))
+                committed += 1
+                nxt = int(np.asarray(token)[0])
+                if stats is not None:
+                    stats.device_s += time.perf_counter() - t0
+                    stats.steps += 1
+                    stats.accept_lengths.append(1)
+                yield budget.take([nxt])
+        finally:
+            if stats is not None:
+                stats.total_s = time.perf_counter() - start
+            self.pool.keep(length, (cache, *rest))
+
+    def generate(self, prompt_ids, settings: GenerationSettings, eos_ids) -> list[int]:
+        """The new ids after `prompt_ids` (a final EOS included when generation stopped on it)."""
+        ids = np.asarray(prompt_ids, np.int32)
+        need = self.shapes.cache_length(max(self.shapes.bucket(ids.size), settings.max_length) + 1)
+        return [t for kept in self.steps(ids, settings, frozenset(int(e) for e in eos_ids), cache_length=need)
+                for t in kept]

@@ -1,0 +1,132 @@
+"""The engine's drafter interface, and the DART head as its first drafter.
+
+A drafter proposes, each step, what the host turns into a draft tree. The engine splits the
+drafter's module together with the target (so that a shared embedding is one array), calls its
+device methods inside the jitted prefill and step, moves its proposal to the host through the
+step's `Layout`, and asks it for the tree. Everything the jitted functions need of a drafter is
+its class (static) and its module (traced), so engines over equal modules share executables.
+"""
+from __future__ import annotations
+
+import abc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dart_jax.models.head import DartHead, HeadCache, init_head_cache
+from dart_jax.ngram import DraftTree, TreeSettings
+
+from .layout import Field
+
+
+class Drafter(abc.ABC):
+    """What the engine needs of a drafter. Device methods are static: they get the drafter's
+    module merged from the traced state."""
+
+    module: nnx.Module
+
+    @property
+    @abc.abstractmethod
+    def rows(self) -> int:
+        """Draft rows per call: the deepest tree it can propose has `rows` levels below the root."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Ids a row chooses from (the bound of the tree search's top-k)."""
+
+    @abc.abstractmethod
+    def reach(self, real_rows: int) -> int:
+        """Cache slots past the committed length that a call over `real_rows` rows writes."""
+
+    @abc.abstractmethod
+    def init_cache(self, batch: int, length: int, dtype):
+        """A zero cache of `length` slots per sequence."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def cache_window(cache, window: int):
+        """A view of the first `window` slots of the cache (what a step attends over)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def cache_put(cache, part):
+        """`cache` with its first slots replaced by the window `part`."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def proposal_fields(rows: int, k: int) -> tuple[Field, ...]:
+        """The per-sequence arrays a draft sends to the host."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def prefill(module, taps, next_ids, cache, n_real, *, rows: int, k: int):
+        """First draft after the prompt: taps [B,T,3H] of the (padded) prompt, next_ids [B,T]
+        (the token that follows each position), n_real [B] real positions → (proposal, cache)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def extend(module, taps, next_ids, cache, cache_len, n_real, *, rows: int, k: int):
+        """Draft after a step: taps and next ids of the accepted nodes [B,D+1,·], of which
+        n_real [B] are real, appended after `cache_len` [B] committed tokens → (proposal, cache)."""
+
+    @abc.abstractmethod
+    def tree(self, proposal: dict[str, np.ndarray], preceding: np.ndarray, preceding_len: np.ndarray, trie,
+             settings: TreeSettings, eos_id: int | None) -> DraftTree:
+        """Host side: the draft trees [B] of a proposal; `preceding` [B,P] holds the ids fed to
+        the drafter this step (the first `preceding_len[b]`; the last is the root)."""
+
+
+class DartDrafter(Drafter):
+    """The DART head (docs/spec.md §3): one call drafts d rows; the n-gram tree search builds the tree."""
+
+    def __init__(self, head: DartHead):
+        self.module = head
+
+    @property
+    def rows(self) -> int:
+        return self.module.num_rows
+
+    @property
+    def vocab_size(self) -> int:
+        return self.module.config.draft_vocab_size
+
+    def reach(self, real_rows: int) -> int:
+        return real_rows + self.module.config.draft_length  # the m mask slots follow the real rows
+
+    def init_cache(self, batch: int, length: int, dtype) -> HeadCache:
+        return init_head_cache(self.module.config, batch, length, dtype)
+
+    @staticmethod
+    def cache_window(cache: HeadCache, window: int) -> HeadCache:
+        return HeadCache(k=cache.k[:, :window], v=cache.v[:, :window])
+
+    @staticmethod
+    def cache_put(cache: HeadCache, part: HeadCache) -> HeadCache:
+        def put(full, p):
+            return jax.lax.dynamic_update_slice(full, p, (0,) * full.ndim)
+
+        return HeadCache(k=put(cache.k, part.k), v=put(cache.v, part.v))
+
+    @staticmethod
+    def proposal_fields(rows: int, k: int) -> tuple[Field, ...]:
+        return (Field("cand_ids", (rows, k)), Field("cand_probs", (rows, k), "float32"))
+
+    @staticmethod
+    def prefill(module, taps, next_ids, cache, n_real, *, rows: int, k: int):
+        zero = jnp.zeros(next_ids.shape[:1], jnp.int32)
+        return DartDrafter.extend(module, taps, next_ids, cache, zero, n_real, rows=rows, k=k)
+
+    @staticmethod
+    def extend(module, taps, next_ids, cache, cache_len, n_real, *, rows: int, k: int):
+        logits, cache = module.extend(taps, next_ids, cache, cache_len, n_real)
+        # the tree search scores each row's top-k by the softmax over those k logits only
+        values, idx = jax.lax.top_k(logits[:, :rows].astype(jnp.float32), k)  # [B,rows,k]
+        proposal = {"cand_ids": module.to_target(idx).astype(jnp.int32), "cand_probs": jax.nn.softmax(values, axis=-1)}
+        return proposal, cache
+
+    def tree(self, proposal, preceding, preceding_len, trie, settings: TreeSettings, eos_id) -> DraftTree:
+        return settings.search(proposal["cand_ids"], proposal["cand_probs"], preceding, preceding_len, trie,
+                               eos_id=eos_id)

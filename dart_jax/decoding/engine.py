@@ -1,0 +1,313 @@
+"""The speculative decoding loop (docs/spec.md §4), for any `Drafter`.
+
+Device work is two jitted pure functions over the `nnx.split` state of (target, drafter module):
+- `prefill`: the prompt (padded to a power-of-two bucket) through the target, the first token,
+  and the drafter's first proposal;
+- `step`: tree verification → acceptance → KV commit of the accepted path → the drafter's next
+  proposal, in one call.
+Both return what the host needs as ONE int32 array laid out by `layout` (one device→host copy
+per step); the host answers with one packed tree (one host→device copy). The drafter turns its
+proposal into trees on the CPU in between. Caches are donated and reused across generations;
+every shape is static for a given (prompt bucket, cache size, attention window), so after warm-up
+no generation of the same lengths compiles anything.
+
+Every array keeps a batch dimension B, and the host state is per sequence (lengths, budgets,
+stats); `generate_steps` drives one sequence.
+
+Attention window: a step attends over the first `window` cache slots only, a power of two (>= 256)
+that covers the committed length plus what the step writes (`attention_window`); slots past the
+committed ones are masked out anyway, so the result is the same while a step's cost follows the
+sequence length instead of max_length.
+
+Cache discipline: `cache_len` (int32[B]) counts the committed tokens in the target cache; the
+drafter's cache holds one row per committed token too, so one length serves both. A step
+verifies the tree against the cache without writing it there, then writes only the accepted
+nodes' keys/values to slots `cache_len … cache_len+k`; the drafter writes its k+1 real rows (and
+whatever it appends, e.g. DART's m mask slots) from `cache_len`, and advancing by k+1 drops the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, write_cache
+from dart_jax.models.sharding import shard_cache
+from dart_jax.ngram import TreeSettings
+
+from .autoregressive import (AutoregressiveDecoder, Budget, CachePool, attention_window, jitted, last_logits,
+                             put_window, window_view)
+from .drafter import Drafter
+from .layout import prefill_layout, step_layout, tree_layout
+from .sampling import SamplingParams, greedy_accept, process_logits, sample_accept, sample_tokens
+from .settings import GenerationSettings, ShapeSettings
+
+
+@dataclasses.dataclass
+class Stats:
+    """Per-generation figures of one sequence; times in seconds."""
+
+    new_tokens: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    total_s: float = 0.0
+    prefill_s: float = 0.0  # prompt through target (+ drafter), incl. the first transfer
+    device_s: float = 0.0  # per-step verify + draft on the device, incl. both transfers
+    tree_s: float = 0.0  # tree construction on the CPU
+    accept_lengths: list[int] = dataclasses.field(default_factory=list)
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # the generated ids so far
+
+    @property
+    def host_s(self) -> float:
+        return max(self.total_s - self.prefill_s - self.device_s - self.tree_s, 0.0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        return float(np.mean(self.accept_lengths)) if self.accept_lengths else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"new_tokens": self.new_tokens, "steps": self.steps, "prompt_tokens": self.prompt_tokens,
+                "tokens_per_s": self.tokens_per_s, "tau": self.mean_accept_length, "total_s": self.total_s,
+                "prefill_s": self.prefill_s, "device_s": self.device_s, "tree_s": self.tree_s, "host_s": self.host_s}
+
+
+class _Pair(nnx.Module):
+    """Target and drafter module split together, so that a shared embedding is one array."""
+
+    def __init__(self, target: Qwen3, drafter: nnx.Module):
+        self.target = target
+        self.drafter = drafter
+
+
+def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array):
+    """The target over a draft tree against the cache (read only): (logits [B,N,V], taps [B,N,3H],
+    the tree's keys/values [L,B,N,KVH,D]). Nodes sit at positions cache_len + depth."""
+    hidden, taps, tree_kv = target.verify(tree["tokens"], cache_len[:, None] + tree["positions"], tree["mask"],
+                                          cache, cache_len, return_taps=True)
+    return target.lm_logits(hidden), taps, tree_kv
+
+
+def _prefill(graphdef, drafter_cls, state, ids, prompt_len, cache: KVCache, draft_cache, key, params, *,
+             rows: int, k: int):
+    """ids int32[B,T] (prompt padded to the bucket), prompt_len int32[B] → packed `prefill_layout`."""
+    pair = nnx.merge(graphdef, state)
+    b, t = ids.shape
+    with jax.named_scope("prefill_target"):
+        hidden, taps, cache = pair.target.extend(ids, cache, jnp.zeros((b,), jnp.int32), return_taps=True)
+        key, sub = jax.random.split(key)
+        first = sample_tokens(sub, last_logits(pair.target, hidden, prompt_len), params)  # [B]
+    with jax.named_scope("prefill_draft"):
+        # position i carries the token that follows it: prompt[1:] and then the sampled token
+        shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
+        shifted = jnp.where(jnp.arange(t)[None, :] == (prompt_len - 1)[:, None], first[:, None], shifted)
+        proposal, draft_cache = drafter_cls.prefill(pair.drafter, taps, shifted, draft_cache, prompt_len, rows=rows, k=k)
+    packed = prefill_layout(drafter_cls.proposal_fields(rows, k)).pack({"first": first, **proposal})
+    return packed, cache, draft_cache, key
+
+
+def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache_len, key, params, *,
+          n: int, depth: int, k: int, window: int):
+    """One speculative step: tree int32[B,·] packed by `tree_layout(n, depth)` → packed
+    `step_layout`. Attention reads only the first `window` cache slots, which must hold every slot
+    the drafter writes."""
+    pair = nnx.merge(graphdef, state)
+    b = tree.shape[0]
+    tree = tree_layout(n, depth).unpack(tree)
+    tokens, parents, retrieve = tree["tokens"], tree["parents"], tree["retrieve"]
+    with jax.named_scope("verify"):
+        # the tree's keys/values stay out of the cache: only the accepted path is written below
+        logits, taps, tree_kv = verify_tree(pair.target, tree, window_view(cache, window), cache_len)
+    with jax.named_scope("accept"):
+        key, sub = jax.random.split(key)
+
+        def sampled(logits):
+            probs = process_logits(logits, params)
+            return jax.vmap(sample_accept)(jax.random.split(sub, b), probs, tokens, parents, retrieve)
+
+        path, count, bonus = jax.lax.cond(params.greedy, lambda x: jax.vmap(greedy_accept)(x, tokens, retrieve),
+                                          sampled, logits)
+    with jax.named_scope("commit"):
+        at = path[None, :, :, None, None]  # [1,B,D+1,1,1] over [L,B,N,KVH,D]
+        accepted = KVCache(k=jnp.take_along_axis(tree_kv.k, at, axis=2), v=jnp.take_along_axis(tree_kv.v, at, axis=2))
+        cache = write_cache(cache, cache_len, accepted)
+    with jax.named_scope("draft"):
+        path_tokens = jnp.take_along_axis(tokens, path, axis=1)  # [B,D+1]; entries past count are junk
+        accepted_taps = jnp.take_along_axis(taps, path[..., None], axis=1)  # [B,D+1,3H]
+        follow = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
+        follow = jnp.where(jnp.arange(depth + 1)[None, :] == (count - 1)[:, None], bonus[:, None], follow)
+        draft_w = drafter_cls.cache_window(draft_cache, window)
+        proposal, draft_w = drafter_cls.extend(pair.drafter, accepted_taps, follow, draft_w, cache_len, count,
+                                               rows=depth, k=k)
+        draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
+    layout = step_layout(depth, drafter_cls.proposal_fields(depth, k))
+    packed = layout.pack({"count": count, "path_tokens": path_tokens, "bonus": bonus, **proposal})
+    return packed, cache, draft_cache, cache_len + count, key
+
+
+_DONATE = ("cache", "draft_cache")
+
+
+def check_prompt(prompt_ids: Sequence[int], vocab: int, max_length: int) -> np.ndarray:
+    """A prompt as int32 ids, or a ValueError naming what is wrong with it."""
+    ids = np.asarray(prompt_ids)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError(f"the prompt must be a non-empty sequence of token ids, got shape {ids.shape}.")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"prompt token ids must be integers, got dtype {ids.dtype}.")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab}) (the target's vocabulary); "
+                         f"found range [{ids.min()}, {ids.max()}].")
+    if ids.size >= int(max_length):
+        raise ValueError(f"the prompt has {ids.size} tokens but max_length is {max_length}: max_length counts the "
+                         "prompt plus the generated tokens, so raise max_length or shorten the prompt.")
+    return ids.astype(np.int32)
+
+
+class Engine:
+    """Speculative decoding of `target` with `drafter`; the drafter's trees are searched with `trie`
+    (None: the drafter's scores alone) under `tree` settings. Also runs the autoregressive baseline
+    over the same cache set."""
+
+    def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
+                 tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
+                 mesh=None):
+        self.target, self.drafter, self.trie, self.mesh = target, drafter, trie, mesh
+        self.tree = tree.check_fits(drafter.rows, drafter.vocab_size)
+        self.shapes = shapes
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.tree_eos_id = tree_eos_id
+        self.rows = tree.rows_used(drafter.rows)
+        self.n_nodes = tree.keep + 1
+        graphdef, self._state = nnx.split(_Pair(target, drafter.module))
+        cls = type(drafter)
+        self._prefill = jitted(_prefill, graphdef, cls, static_argnames=("rows", "k"), donate_argnames=_DONATE)
+        self._step = jitted(_step, graphdef, cls, static_argnames=("n", "depth", "k", "window"),
+                            donate_argnames=_DONATE)
+        self.pool = CachePool(self._make_caches)
+        self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.config.vocab_size
+
+    def cache_length(self, prompt_len: int, max_length: int) -> int:
+        """Slots needed: the drafter's prefill writes reach(bucket); a step at committed length
+        S <= max_length-2 reads the tree's N nodes beside the cache and writes the drafter's
+        reach(rows + 1) from S."""
+        bucket = self.shapes.bucket(prompt_len)
+        need = max(self.drafter.reach(bucket), max_length + max(self.n_nodes, self.drafter.reach(self.rows + 1)))
+        return self.shapes.cache_length(need)
+
+    def _make_caches(self, length: int) -> tuple:
+        cache = init_cache(self.target.config, 1, length, self.target.dtype)
+        if self.mesh is not None:
+            cache = shard_cache(cache, self.mesh)
+        return cache, self.drafter.init_cache(1, length, self.target.dtype)
+
+    # ------------------------------------------------------------------ decoding loops
+    def generate_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
+                       stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:
+        """Speculative decoding of one prompt. Yields (new token ids, accepted length k+1 of the
+        step; 0 for the first token, which comes from the prefill). Stops after EOS (included),
+        max_new_tokens or max_length."""
+        ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length)
+        stats = stats if stats is not None else Stats()
+        for (kept, accepted), in self._decode([ids], settings, [stats]):
+            yield kept, accepted
+
+    def _decode(self, prompts: list[np.ndarray], settings: GenerationSettings,
+                stats: list[Stats]) -> Iterator[list[tuple[list[int], int]]]:
+        """The step loop over B sequences: yields, per step, (kept ids, accepted length) per sequence."""
+        b, depth, k = len(prompts), self.rows, self.tree.topk
+        lens = np.array([p.size for p in prompts], np.int32)
+        padded = np.zeros((b, self.shapes.bucket(int(lens.max()))), np.int32)
+        for i, p in enumerate(prompts):
+            padded[i, :p.size] = p
+        budgets = [Budget(self.eos_ids, settings.max_new_tokens, settings.max_length - p.size) for p in prompts]
+        for s, p, budget in zip(stats, prompts, budgets):
+            s.prompt_tokens, s.token_ids = p.size, budget.out
+        fields = self.drafter.proposal_fields(depth, k)
+        trees, outputs = tree_layout(self.n_nodes, depth), step_layout(depth, fields)
+        params, key = settings.sampling_params(), jax.random.key(settings.seed)
+        length, (cache, draft_cache) = self.pool.take(self.cache_length(int(lens.max()), settings.max_length))
+        reach = self.drafter.reach(depth + 1)  # slots past cache_len the drafter writes in a step
+        start = time.perf_counter()
+        try:
+            packed, cache, draft_cache, key = self._prefill(self._state, jnp.asarray(padded), jnp.asarray(lens), cache,
+                                                            draft_cache, key, params, rows=depth, k=k)
+            out = prefill_layout(fields).unpack(np.asarray(packed))
+            # the ids fed to the drafter (prompt[1:] + first), of which the tree search reads the last ones
+            fed = [np.append(p[1:], out["first"][i])[-(depth + 1):] for i, p in enumerate(prompts)]
+            preceding, preceding_len = self._preceding(fed, depth)
+            for s in stats:
+                s.prefill_s = time.perf_counter() - start
+            yield self._take(budgets, stats, [[int(t)] for t in out["first"]], [0] * b)
+            cache_len, committed = jnp.asarray(lens), int(lens.max())  # committed: the longest row, for the window
+            while not all(budget.done for budget in budgets):
+                t0 = time.perf_counter()
+                tree = self.drafter.tree(out, preceding, preceding_len, self.trie, self.tree, self.tree_eos_id)
+                packed_tree = trees.pack({f.name: getattr(tree, f.name) for f in trees.fields})
+                t1 = time.perf_counter()
+                packed, cache, draft_cache, cache_len, key = self._step(
+                    self._state, jax.device_put(packed_tree), cache, draft_cache, cache_len, key, params,
+                    n=self.n_nodes, depth=depth, k=k, window=attention_window(committed + reach, length))
+                out = outputs.unpack(np.asarray(packed))
+                t2 = time.perf_counter()
+                count = out["count"]
+                committed += int(count.max())
+                fed = [np.append(out["path_tokens"][i, 1:c], out["bonus"][i]) for i, c in enumerate(count)]
+                preceding, preceding_len = self._preceding(fed, depth)
+                for s, budget, c in zip(stats, budgets, count):
+                    if not budget.done:
+                        s.tree_s += t1 - t0
+                        s.device_s += t2 - t1
+                        s.steps += 1
+                        s.accept_lengths.append(int(c))
+                yield self._take(budgets, stats, fed, count.tolist())
+        finally:
+            for s in stats:
+                s.total_s = time.perf_counter() - start
+            self.pool.keep(length, (cache, draft_cache))
+
+    @staticmethod
+    def _preceding(fed: list[np.ndarray], depth: int) -> tuple[np.ndarray, np.ndarray]:
+        out = np.zeros((len(fed), depth + 1), np.int64)
+        for i, ids in enumerate(fed):
+            out[i, :ids.size] = ids
+        return out, np.array([ids.size for ids in fed], np.int64)
+
+    @staticmethod
+    def _take(budgets, stats, new_ids, counts) -> list[tuple[list[int], int]]:
+        rows = []
+        for budget, s, ids, count in zip(budgets, stats, new_ids, counts):
+            rows.append((budget.take(ids), int(count)))
+            s.new_tokens = len(budget.out)
+        return rows
+
+    def generate_ar_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
+                          stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:
+        """Plain autoregressive decoding of the target with the same sampling; yields ([token], 1)
+        ([first], 0 for the prefill's token)."""
+        ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length)
+        stats = stats if stats is not None else Stats()
+        stats.prompt_tokens = ids.size
+        # the DART sizing, so that both decoders share one cache set (and its compiled shape)
+        steps = self.baseline.steps(ids, settings, self.eos_ids, cache_length=self.cache_length(ids.size,
+                                                                                                 settings.max_length),
+                                    stats=stats)
+        first = True
+        out = stats.token_ids = []
+        for kept in steps:
+            out.extend(kept)
+            stats.new_tokens = len(out)
+            yield kept, 0 if first else 1
+            first = False

@@ -1,0 +1,62 @@
+"""Request and shape settings of a generation, each checked once where it is made."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .sampling import SamplingParams, is_greedy
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+    """One generation's limits and sampling (temperature 0 = greedy; top_p 1 and top_k 0 disable
+    those filters). Invalid values raise ValueError on construction."""
+
+    max_new_tokens: int = 512
+    max_length: int = 2048  # prompt + generated tokens
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if int(self.max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+        if int(self.max_length) < 2:
+            raise ValueError(f"max_length must be >= 2 (a prompt token and a new one), got {self.max_length}.")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must lie in (0, 1] (1 disables it), got {self.top_p}.")
+        if int(self.top_k) < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature)
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams.make(self.temperature, self.top_p, self.top_k)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeSettings:
+    """Static shapes: prompts are padded to max(min_bucket, next power of two) and caches rounded
+    up to a multiple of cache_multiple, so that few lengths compile."""
+
+    min_bucket: int = 32
+    cache_multiple: int = 256
+
+    def __post_init__(self):
+        if int(self.min_bucket) < 1 or int(self.cache_multiple) < 1:
+            raise ValueError("min_bucket and cache_multiple must be >= 1.")
+
+    def bucket(self, length: int) -> int:
+        return prompt_bucket(length, self.min_bucket)
+
+    def cache_length(self, need: int) -> int:
+        return -(-need // self.cache_multiple) * self.cache_multiple
+
+
+def prompt_bucket(length: int, minimum: int = 32) -> int:
+    return max(minimum, 1 << max(length - 1, 0).bit_length())

@@ -1,0 +1,123 @@
+"""Modules from checkpoints and back: `load_qwen3`, `load_dart_head`, `save_dart_head`.
+
+`dart_jax.convert` reads and checks the files (names, shapes, configs) and hands over named
+arrays; this module builds the modules abstractly (`nnx.eval_shape`) and fills them parameter by
+parameter along the converter's tensor tables, so peak memory is the model plus one tensor.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from dart_jax.convert import dart_head as head_format
+from dart_jax.convert import qwen3 as qwen3_format
+from dart_jax.convert.dart_head import DartHeadConfig
+
+from .head import DartHead, head_rope
+from .layers import rope_inv_freq
+from .qwen3 import Qwen3, default_dtype
+from .sharding import DEFAULT_RULES, named_sharding
+
+
+def _variable(module: nnx.Module, path: tuple) -> nnx.Variable:
+    """The variable at an attribute path such as ("layers", 3, "mlp", "up_proj", "kernel")."""
+    obj = module
+    for part in path:
+        obj = obj[part] if isinstance(part, int) else getattr(obj, part)
+    return obj
+
+
+def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mesh | None = None,
+               rules=DEFAULT_RULES) -> Qwen3:
+    """A `Qwen3` with the weights of a HF Qwen3 checkpoint (local folder or hub id).
+
+    Parameters are stored in `dtype` (default: `default_dtype()`), which is also the compute dtype.
+    With a `mesh`, each parameter is placed with the NamedSharding its logical axes give under `rules`.
+    """
+    folder = qwen3_format.checkpoint_folder(path_or_id)
+    config = qwen3_format.load_qwen3_config(folder)
+    rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling_dict)  # a bad RoPE fails before any read
+    index = qwen3_format.check_checkpoint(folder, config)
+    table = qwen3_format.tensor_table(config)
+    dtype = jnp.dtype(dtype or default_dtype())
+    model = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
+
+    def place(arr: np.ndarray, var: nnx.Variable) -> jax.Array:
+        if mesh is None:
+            return jnp.asarray(arr)
+        return jax.device_put(arr, named_sharding(var.get_metadata()["logical_axes"], arr.shape, mesh, rules))
+
+    by_file: dict[Path, list[str]] = {}
+    for name in table:
+        by_file.setdefault(index[name][0], []).append(name)
+    with tqdm(total=len(table), desc=f"loading {folder.name}", unit="tensor", leave=False) as bar:
+        for f, names in by_file.items():
+            with safe_open(str(f), framework="numpy") as fh:
+                for name in names:
+                    path, _, transpose = table[name]
+                    arr = fh.get_tensor(name)
+                    if not np.issubdtype(arr.dtype, np.floating) and arr.dtype.name != "bfloat16":
+                        raise ValueError(f"tensor {name!r} in {f.name} has dtype {arr.dtype}; expected a float tensor.")
+                    arr = arr.astype(dtype, copy=False)
+                    var = _variable(model, path)
+                    var.set_value(place(np.ascontiguousarray(arr.T) if transpose else arr, var))
+                    bar.update()
+    return model
+
+
+def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None) -> DartHead:
+    """A DartHead for `target` (a Qwen3 module: its `.config` and shared `.embed_tokens`).
+
+    `dtype` sets both the parameter and the compute dtype; None takes the target's compute dtype
+    (`target.dtype`, else the dtype of its embedding).
+    """
+    _, config, tensors = head_format.read_head(path_or_id, target.config)
+    head_rope(config)
+    if dtype is None:
+        dtype = getattr(target, "dtype", None) or target.embed_tokens.embedding.get_value().dtype
+    head = nnx.eval_shape(lambda: DartHead(config, target.embed_tokens, dtype=dtype, param_dtype=dtype, rngs=None))
+    head.embed_tokens = target.embed_tokens
+    for name, (path, _, transpose) in head_format.tensor_table(config).items():
+        array = np.asarray(tensors[name])
+        if name == "d2t":
+            value = jnp.asarray(array.astype(np.int32))
+        elif name == "t2d":
+            value = jnp.asarray(array.astype(np.bool_))
+        else:
+            value = jnp.asarray((array.T if transpose else array), dtype=dtype)
+        _variable(head, path).set_value(value)
+    return head
+
+
+def head_tensors(config: DartHeadConfig, params) -> dict[str, np.ndarray]:
+    """The checkpoint tensors ([out, in] weights, as stored) of a head module or of its nnx.State."""
+    state = nnx.state(params) if isinstance(params, nnx.Module) else params
+    flat = {tuple(str(p) for p in path): var for path, var in nnx.to_flat_state(state)}
+    out = {}
+    for name, (path, _, transpose) in head_format.tensor_table(config).items():
+        if path not in flat:
+            raise ValueError(f"params has no {'.'.join(path)} (for {name}); pass the DartHead itself or nnx.state(head), "
+                             "which includes the Buffer variables d2t and t2d.")
+        array = np.asarray(_value(flat[path]))
+        out[name] = array.T if transpose else array
+    return out
+
+
+def _value(var) -> Any:
+    return var.get_value() if isinstance(var, nnx.Variable) else var
+
+
+def save_dart_head(folder: str | os.PathLike, config: DartHeadConfig, params, dtype: str = "float32") -> Path:
+    """Write `config.json` + `model.safetensors` in the reference layout (floats as `dtype`,
+    'float32' or 'bfloat16'; d2t int64; t2d bool). `params` is the DartHead or nnx.state(head)."""
+    if dtype not in head_format.SAVE_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(head_format.SAVE_DTYPES)}, got {dtype!r}.")
+    return head_format.write_dart_head(folder, config, head_tensors(config, params), dtype)

@@ -1,0 +1,226 @@
+"""The DART draft head (docs/spec.md §3): one Llama-style decoder layer that drafts d = m+1 rows at once.
+
+The head reads the target's three taps and the shifted token ids of the rows committed in this
+step, appends m `mask_rep` slots, and returns d logit rows over the draft vocabulary. Its
+parameters are named after the reference checkpoint (`fc`, `midlayer.…`, `norm`, `lm_head`,
+`d2t`, `t2d`) so that conversion is a name table (`dart_jax.convert.dart_head.tensor_table`).
+
+`draft_rows` is the head's one layer. Inference (`__call__`, `extend`) and training
+(`dart_jax.train.forward`) differ only in how they lay out the input rows, which rows are
+queried and what each query may see; both call it.
+
+RoPE follows the reference head, whose scaled kinds read their settings differently from the
+target (`DartHeadConfig.rope_arguments`). 'dynamic' (NTK) is computed the way the reference sets
+it up at construction (for a table of `max_position_embeddings + 20` positions); the reference
+rebuilds it when a sequence grows past that, which static shapes cannot follow, so positions
+beyond that length differ from the reference for 'dynamic' only.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dart_jax.convert.dart_head import ACTIVATIONS, DartHeadConfig
+
+from .layers import Linear, RMSNorm, apply_rope, attention, param, rope_cos_sin, rope_inv_freq
+
+_ACTIVATION_FNS = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+assert set(_ACTIVATION_FNS) == set(ACTIVATIONS)
+
+
+@functools.lru_cache(maxsize=16)
+def head_rope(config: DartHeadConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [head_dim//2] and cos/sin scale, as the reference head builds them."""
+    theta, scaling, options = config.rope_arguments()
+    return rope_inv_freq(config.head_dim, theta, scaling, **options)
+
+
+class Buffer(nnx.Variable):
+    """A non-trainable array saved with the head (d2t, t2d); trainers filter on nnx.Param."""
+
+
+# The embedding belongs to the target and stays frozen: optimise `nnx.state(head, TRAINABLE)`.
+TRAINABLE = nnx.All(nnx.Param, nnx.Not(nnx.PathContains("embed_tokens")))
+
+
+@flax.struct.dataclass
+class HeadCache:
+    """The head's KV cache; k, v [B, S_max, KVH, D]. Valid lengths are the caller's `cache_len`."""
+
+    k: jax.Array
+    v: jax.Array
+    axes = ("batch", "seq", "kv_heads", "head_dim")
+
+
+def init_head_cache(config: DartHeadConfig, batch: int, max_len: int, dtype=jnp.float32) -> HeadCache:
+    """A zero cache. A cached call of N rows writes N + draft_length slots from `cache_len`, so
+    `max_len` must be at least the longest committed length + N + draft_length."""
+    shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
+    return HeadCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+class _Attention(nnx.Module):
+    def __init__(self, config: DartHeadConfig, *, dtype, param_dtype, rngs):
+        h2, d = 2 * config.hidden_size, config.head_dim
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = Linear(h2, config.num_attention_heads * d, ("embed", "heads"), **kw)
+        self.k_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
+        self.v_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
+        self.o_proj = Linear(config.num_attention_heads * d, config.hidden_size, ("heads", "embed"), **kw)
+
+
+class _MLP(nnx.Module):
+    def __init__(self, config: DartHeadConfig, *, dtype, param_dtype, rngs):
+        h, i = config.hidden_size, config.intermediate_size
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Linear(h, i, ("embed", "mlp"), **kw)
+        self.up_proj = Linear(h, i, ("embed", "mlp"), **kw)
+        self.down_proj = Linear(i, h, ("mlp", "embed"), **kw)
+        self.act = config.hidden_act
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(_ACTIVATION_FNS[self.act](self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nnx.Module):
+    def __init__(self, config: DartHeadConfig, *, dtype, param_dtype, rngs):
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.mask_rep = param((2 * h,), (None,), param_dtype, rngs)
+        self.hidden_norm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.input_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.post_attention_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.self_attn = _Attention(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = _MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+class DartHead(nnx.Module):
+    """The draft head. `embed_tokens` is the target's embedding module (shared, frozen; only its
+    `.embedding` [V, H] is read)."""
+
+    def __init__(self, config: DartHeadConfig, embed_tokens, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs | None):
+        emb_shape = tuple(embed_tokens.embedding.get_value().shape)
+        if emb_shape != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"the target embedding is {emb_shape} but the head needs [vocab_size, hidden_size] = "
+                             f"{(config.vocab_size, config.hidden_size)}: this head was trained for another target.")
+        h = config.hidden_size
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = embed_tokens
+        self.fc = Linear(config.fc_in, h, (None, "embed"), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.midlayer = _MidLayer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
+        self.lm_head = Linear(h, config.draft_vocab_size, ("embed", "vocab"), dtype=dtype, param_dtype=param_dtype,
+                              rngs=rngs)
+        self.d2t = Buffer(jnp.zeros((config.draft_vocab_size,), jnp.int32), logical_axes=("vocab",))
+        self.t2d = Buffer(jnp.zeros((config.vocab_size,), jnp.bool_), logical_axes=("vocab",))
+
+    @property
+    def num_rows(self) -> int:
+        return self.config.num_rows
+
+    def to_target(self, draft_ids: jax.Array) -> jax.Array:
+        """Draft-vocabulary ids → target ids (docs/spec.md §3 step 7)."""
+        return draft_ids + self.d2t[...][draft_ids]
+
+    def inputs(self, taps: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Layer inputs of real rows: taps [B,n,3Ht] and the ids that follow them [B,n] →
+        x [B,n,2H] (normed embedding beside the normed fc output) and the residual g = fc(taps) [B,n,H]."""
+        layer = self.midlayer
+        g = self.fc(taps)                                                                  # [B,n,H]
+        emb = jnp.take(self.embed_tokens.embedding[...], ids, axis=0).astype(self.dtype)  # [B,n,H]
+        return jnp.concatenate([layer.input_layernorm(emb), layer.hidden_norm(g)], axis=-1), g
+
+    def mask_inputs(self) -> tuple[jax.Array, jax.Array]:
+        """(x, g) of a mask slot: `mask_rep` [2H] and its first half [H]."""
+        mask_rep = self.midlayer.mask_rep[...].astype(self.dtype)
+        return mask_rep, mask_rep[: self.config.hidden_size]
+
+    def draft_rows(self, x: jax.Array, g: jax.Array, positions: jax.Array, rows: jax.Array, visible: jax.Array,
+                   store=None) -> jax.Array:
+        """The head's layer: logits [B,Q,Vd] of the query rows.
+
+        x [B,N,2H] and g [B,N,H] are the N input rows at RoPE `positions` [B,N]; every row gives a
+        key and a value, the rows at indices `rows` [B,Q] also a query, which sees the keys where
+        `visible` [B,Q,S] (S = N, or the cache length with `store`). `store(k, v)` [B,N,KVH,D]
+        may put the new keys/values into a cache and return the keys/values to attend over.
+        """
+        cfg, attn, layer = self.config, self.midlayer.self_attn, self.midlayer
+        b, n, _ = x.shape
+        q_count = rows.shape[1]
+        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        with jax.named_scope("draft_attention"):
+            cos, sin = rope_cos_sin(positions, *head_rope(cfg))                          # [B,N,D]
+            keys = apply_rope(attn.k_proj(x).reshape(b, n, kvh, hd), cos, sin)           # [B,N,KVH,D]
+            values = attn.v_proj(x).reshape(b, n, kvh, hd)
+            if store is not None:
+                keys, values = store(keys, values)
+            at = rows[..., None]
+            xq = jnp.take_along_axis(x, at, axis=1)                                      # [B,Q,2H]
+            cos_q, sin_q = jnp.take_along_axis(cos, at, axis=1), jnp.take_along_axis(sin, at, axis=1)
+            q = apply_rope(attn.q_proj(xq).reshape(b, q_count, cfg.num_attention_heads, hd), cos_q, sin_q)
+            out = attention(q, keys, values, visible, 1.0 / math.sqrt(hd))               # [B,Q,Hq,D]
+            h = jnp.take_along_axis(g, at, axis=1) + attn.o_proj(out.reshape(b, q_count, -1))  # [B,Q,H]
+        with jax.named_scope("draft_mlp"):
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            # the reference's forward() ends with norm and its compute_logits() applies it again
+            return self.lm_head(self.norm(self.norm(h)))                                 # [B,Q,Vd]
+
+    def __call__(self, taps: jax.Array, ids: jax.Array) -> jax.Array:
+        """Draft logits [B, d, Vd] of n real rows (taps [B,n,3Ht], shifted ids [B,n]) at positions
+        0…n−1, without a cache."""
+        b, n = ids.shape
+        zero = jnp.zeros((b,), jnp.int32)
+        return self._draft(taps, ids, zero, jnp.full((b,), n, jnp.int32), None)
+
+    def extend(self, taps: jax.Array, ids: jax.Array, cache: HeadCache, cache_len: jax.Array, n_real: jax.Array):
+        """Draft with the head's cache → (logits [B,d,Vd], cache).
+
+        `taps` [B,N,3Ht], `ids` [B,N] where only rows < `n_real[b]` (>= 1) are real; the m mask
+        slots follow the real rows at positions `cache_len[b] + n_real[b]` …; the keys/values of
+        all N + m slots are written from `cache_len[b]` (garbage past the real + mask slots). The
+        caller then advances `cache_len += n_real`, which drops the mask slots (the reference's
+        cut-back, docs/spec.md §3).
+        """
+        return self._draft(taps, ids, cache_len.astype(jnp.int32), n_real.astype(jnp.int32), cache)
+
+    def _draft(self, taps, ids, start, n_real, cache):
+        cfg = self.config
+        b, n = ids.shape
+        m, d = cfg.draft_length, cfg.num_rows
+        t = n + m
+        with jax.named_scope("draft_inputs"):
+            x, g = self.inputs(taps, ids)                                              # [B,n,2H], [B,n,H]
+            slot = jnp.arange(t)[None, :]                                              # [1,T]
+            real = (slot < n_real[:, None])[..., None]                                 # [B,T,1]
+            src = jnp.broadcast_to(jnp.minimum(slot, n - 1), (b, t))[..., None]
+            mask_x, mask_g = self.mask_inputs()
+            x = jnp.where(real, jnp.take_along_axis(x, src, axis=1), mask_x)           # [B,T,2H]
+            g = jnp.where(real, jnp.take_along_axis(g, src, axis=1), mask_g)           # [B,T,H]
+            rows = n_real[:, None] - 1 + jnp.arange(d)[None, :]                        # [B,d] slots with queries
+        positions = start[:, None] + slot                                              # [B,T]
+        store, keys_len = None, t
+        held = {}
+        if cache is not None:
+            keys_len = cache.k.shape[1]
+            write = jax.vmap(lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (at, 0, 0)))
+
+            def store(k, v):
+                held["cache"] = HeadCache(k=write(cache.k, k, start), v=write(cache.v, v, start))
+                return held["cache"].k.astype(self.dtype), held["cache"].v.astype(self.dtype)
+
+        visible = jnp.arange(keys_len)[None, None, :] <= (start[:, None] + rows)[..., None]  # [B,d,S]
+        logits = self.draft_rows(x, g, positions, rows, visible, store)
+        return logits if cache is None else (logits, held["cache"])

@@ -1,0 +1,268 @@
+"""The Qwen3 target model in Flax NNX, numerically matching HF transformers' Qwen3.
+
+Three forwards, one per way the new tokens meet the KV cache, all built from the same layers:
+- `forward_hidden`: no cache; the T tokens attend among themselves (causal, or an explicit mask).
+  Training and parity checks use it.
+- `extend`: the T new keys/values are written at slots `cache_len[b] + j` and each new token
+  attends causally over the cache. Prefill and one-token decoding use it.
+- `verify`: the cache is only read; the new tokens attend to its valid slots and to each other
+  through a boolean mask (a draft tree), and their keys/values come back as a `KVCache` of T
+  slots, so that the caller writes only the ones it keeps (`write_cache`).
+The three DART taps (docs/spec.md §2) are the residual-stream inputs of layers 2, L//2 and L-3.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from dart_jax.convert.qwen3 import Qwen3Config
+
+from .layers import Linear, RMSNorm, apply_rope, attention, param, rope_cos_sin, rope_inv_freq
+
+CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
+
+
+def default_dtype():
+    """float32 on CPU (XLA's bf16 matmuls are slow there), bfloat16 on GPU and TPU."""
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_tables(config: Qwen3Config) -> tuple[np.ndarray, float]:
+    return rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling_dict)
+
+
+@struct.dataclass
+class KVCache:
+    """Keys and values of every layer, `[L, B, S, KVH, D]`; valid lengths live with the caller."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVCache:
+    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    dtype = dtype or default_dtype()
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def write_cache(cache: KVCache, cache_len: jax.Array, new: KVCache) -> KVCache:
+    """Write `new` ([L,B,T,KVH,D] keys/values) at slots `cache_len[b] + j`: one in-place scatter of
+    the T new slots per array. Writes past the cache are dropped rather than clamped, so an
+    overflow cannot corrupt valid slots."""
+    b, t = new.k.shape[1], new.k.shape[2]
+    rows = jnp.arange(b)[:, None]  # [B,1] against slots [B,T]
+    slots = jnp.asarray(cache_len, jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    return KVCache(k=cache.k.at[:, rows, slots].set(new.k.astype(cache.k.dtype), mode="drop"),
+                   v=cache.v.at[:, rows, slots].set(new.v.astype(cache.v.dtype), mode="drop"))
+
+
+class Embed(nnx.Module):
+    def __init__(self, vocab: int, dim: int, *, dtype, param_dtype, rngs: nnx.Rngs | None):
+        self.embedding = param((vocab, dim), ("vocab", "embed"), param_dtype, rngs)
+        self.dtype = dtype
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)  # [..., H]
+
+
+class Attention(nnx.Module):
+    def __init__(self, c: Qwen3Config, *, dtype, param_dtype, rngs):
+        h, nq, nkv, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = Linear(h, nq * d, ("embed", "heads"), **kw)
+        self.k_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
+        self.v_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
+        self.o_proj = Linear(nq * d, h, ("heads", "embed"), **kw)
+        self.q_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
+        self.k_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
+        self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
+
+    def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
+        """x [B,T,H] → q [B,T,Hq,D], k and v [B,T,Hkv,D] (per-head norm on q and k, then RoPE)."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+class MLP(nnx.Module):
+    def __init__(self, c: Qwen3Config, *, dtype, param_dtype, rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
+        self.up_proj = Linear(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, ("mlp", "embed"), **kw)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))  # [B,T,I] -> [B,T,H]
+
+
+# attend(layer index, q, k, v) → (attention output [B,T,Hq,D], what the forward keeps of the layer)
+Attend = Callable[[int, jax.Array, jax.Array, jax.Array], tuple[jax.Array, object]]
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, c: Qwen3Config, *, dtype, param_dtype, rngs):
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype)
+        self.self_attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype)
+        self.mlp = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x, cos, sin, attend: Callable):
+        b, t, _ = x.shape
+        with jax.named_scope("attention"):
+            q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin)
+            out, kept = attend(q, k, v)  # [B,T,Hq,D]
+            x = x + self.self_attn.o_proj(out.reshape(b, t, -1))
+        with jax.named_scope("mlp"):
+            x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, kept
+
+
+class Qwen3(nnx.Module):
+    """Qwen3 causal LM: `forward_hidden`, `extend` or `verify`, then `lm_logits` (see the module doc)."""
+
+    def __init__(self, config: Qwen3Config, *, dtype=None, param_dtype=None, rngs: nnx.Rngs):
+        dtype = jnp.dtype(dtype or default_dtype())
+        param_dtype = jnp.dtype(param_dtype or dtype)
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = Embed(config.vocab_size, config.hidden_size, **kw)
+        self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
+        self.lm_head = None if config.tie_word_embeddings else Linear(
+            config.hidden_size, config.vocab_size, ("embed", "vocab"), **kw)
+
+    def _run(self, ids: jax.Array, positions: jax.Array, attend: Attend, return_taps: bool):
+        """The layers over ids [B,T] at positions [B,T] → (hidden after the final norm, taps | None,
+        what `attend` kept of each layer)."""
+        b, t = ids.shape
+        positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
+        cos, sin = rope_cos_sin(positions, *_rope_tables(self.config))  # [B,T,D]
+        with jax.named_scope("embed"):
+            x = self.embed_tokens(ids)  # [B,T,H]
+        layer_inputs, kept = {}, []
+        for i, layer in enumerate(self.layers):
+            if return_taps and i in self.config.tap_layers:
+                layer_inputs[i] = x
+            with jax.named_scope(f"layer_{i}"):
+                x, k = layer(x, cos, sin, functools.partial(attend, i))
+            kept.append(k)
+        taps = None
+        if return_taps:
+            taps = jnp.concatenate([layer_inputs[i] for i in self.config.tap_layers], axis=-1)  # [B,T,3H]
+        with jax.named_scope("final_norm"):
+            x = self.norm(x)
+        return x, taps, kept
+
+    def forward_hidden(self, ids: jax.Array, *, positions: jax.Array | None = None, mask: jax.Array | None = None,
+                       return_taps: bool = False):
+        """ids [B,T] without a cache → (hidden [B,T,H] after the final norm, taps [B,T,3H] | None).
+        Token j attends to token i where `mask[b, j, i]` (default causal); positions default 0..T-1."""
+        b, t = ids.shape
+        if positions is None:
+            positions = jnp.arange(t, dtype=jnp.int32)[None, :]
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)) if mask is None else mask.astype(bool), (b, t, t))
+        scale = self.config.head_dim ** -0.5
+
+        def attend(i, q, k, v):
+            return attention(q, k, v, mask, scale), None
+
+        hidden, taps, _ = self._run(ids, positions, attend, return_taps)
+        return hidden, taps
+
+    def extend(self, ids: jax.Array, cache: KVCache, cache_len: jax.Array, *, return_taps: bool = False):
+        """Append ids [B,T] to the cache → (hidden [B,T,H], taps | None, cache).
+
+        New token j sits at position and slot `cache_len[b] + j` and attends causally over the
+        cache. Each layer writes its T slots and then reads its cache layer: that data dependency
+        lets XLA update a donated cache in place. The caller keeps `cache_len + T` within the
+        cache: writes beyond it are dropped."""
+        b, t = ids.shape
+        cache_len = jnp.broadcast_to(jnp.asarray(cache_len, jnp.int32), (b,))
+        slots = cache_len[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B,T]
+        rel = jnp.arange(cache.k.shape[2], dtype=jnp.int32)[None, :] - cache_len[:, None]  # [B,S] slot - first new
+        # causal: new token j sees every slot up to its own, an iota compare (no gather)
+        mask = rel[:, None, :] <= jnp.arange(t, dtype=jnp.int32)[None, :, None]  # [B,T,S]
+        rows = jnp.arange(b)[:, None]
+        scale = self.config.head_dim ** -0.5
+        held = {"cache": cache}
+
+        def attend(i, q, k, v):
+            c = held["cache"]
+            c = KVCache(k=c.k.at[i, rows, slots].set(k.astype(c.k.dtype), mode="drop"),
+                        v=c.v.at[i, rows, slots].set(v.astype(c.v.dtype), mode="drop"))
+            held["cache"] = c
+            return attention(q, c.k[i].astype(q.dtype), c.v[i].astype(q.dtype), mask, scale), None
+
+        hidden, taps, _ = self._run(ids, slots, attend, return_taps)
+        return hidden, taps, held["cache"]
+
+    def verify(self, ids: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache, cache_len: jax.Array,
+               *, return_taps: bool = False):
+        """ids [B,T] against a cache it leaves untouched → (hidden, taps | None, new KVCache [L,B,T,KVH,D]).
+
+        Token j (at `positions[b, j]`) attends to the cache slots `< cache_len[b]` and to new token
+        i where `mask[b, j, i]`. Its keys/values are read back as the cache would hold them. The
+        caller writes the ones it keeps with `write_cache`, after something that depends on this
+        forward's output, so that the write stays in place."""
+        b, t = ids.shape
+        cache_len = jnp.broadcast_to(jnp.asarray(cache_len, jnp.int32), (b,))
+        visible = jnp.arange(cache.k.shape[2], dtype=jnp.int32)[None, :] < cache_len[:, None]  # [B,S]
+        new_mask = jnp.broadcast_to(mask.astype(bool), (b, t, t))
+        scale = self.config.head_dim ** -0.5
+
+        def attend(i, q, k, v):
+            k = k.astype(cache.k.dtype).astype(q.dtype)
+            v = v.astype(cache.v.dtype).astype(q.dtype)
+            out = _attention_with_cache(q, k, v, cache.k[i].astype(q.dtype), cache.v[i].astype(q.dtype),
+                                        visible, new_mask, scale)
+            return out, (k, v)
+
+        hidden, taps, kept = self._run(ids, positions, attend, return_taps)
+        new = KVCache(k=jnp.stack([k for k, _ in kept]), v=jnp.stack([v for _, v in kept]))
+        return hidden, taps, new
+
+    def lm_logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., H] → float32 logits [..., V]."""
+        with jax.named_scope("lm_head"):
+            h = hidden.astype(self.dtype)
+            if self.lm_head is None:
+                w = self.embed_tokens.embedding[...].astype(self.dtype)
+                return jnp.einsum("...h,vh->...v", h, w, preferred_element_type=jnp.float32)  # [...,V]
+            w = self.lm_head.kernel[...].astype(self.dtype)
+            return jnp.einsum("...h,hv->...v", h, w, preferred_element_type=jnp.float32)  # [...,V]
+
+    def __call__(self, ids: jax.Array, *, positions=None, mask=None, return_taps: bool = False):
+        """Logits [B,T,V] of a forward without a cache, or (logits, taps) with `return_taps`."""
+        hidden, taps = self.forward_hidden(ids, positions=positions, mask=mask, return_taps=return_taps)
+        logits = self.lm_logits(hidden)
+        return (logits, taps) if return_taps else logits
+
+
+def _attention_with_cache(q, k_new, v_new, k_old, v_old, visible, new_mask, scale):
+    """Attention of T new tokens over two key blocks, the cache (slots where `visible` [B,S]) and
+    the new tokens themselves (`new_mask` [B,T,T]), with one softmax over both. Keeping the new
+    keys out of the cache means a verification never writes the cache per layer and never builds
+    a [B,T,S] mask by gathering."""
+    b, t, hq, d = q.shape
+    hkv = k_new.shape[2]
+    s = k_old.shape[1]
+    qg = q.reshape(b, t, hkv, hq // hkv, d)
+    scores = jnp.concatenate([jnp.einsum("btkgd,bskd->bkgts", qg, k_old, preferred_element_type=jnp.float32),
+                              jnp.einsum("btkgd,bskd->bkgts", qg, k_new, preferred_element_type=jnp.float32)],
+                             axis=-1) * scale  # [B,Hkv,G,T,S+T]
+    mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)), new_mask], axis=-1)[:, None, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jnp.where(mask, probs, 0.0).astype(v_new.dtype)
+    out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_old, preferred_element_type=jnp.float32)
+           + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_new, preferred_element_type=jnp.float32))
+    return out.astype(v_new.dtype).reshape(b, t, hq, d)
