@@ -1,6 +1,6 @@
 """N-gram trie (docs/spec.md §5) as flat CSR arrays, with Numba lookups and a memory-mapped file format.
 
-Layout (DESIGN.md): nodes in breadth-first order, node 0 = root.
+Layout (docs/spec.md §6.2): nodes in breadth-first order, node 0 = root.
   token       int32[N]    token of the edge into the node (0 for the root)
   freq        int32[N]    number of counted windows that start with the node's path
   child_start int64[N+1]  children of node i are child_start[i] .. child_start[i+1]-1, sorted by token

@@ -328,3 +328,35 @@ def test_sharding_rules_and_one_device_mesh(ckpts, full_runs):
     assert isinstance(cache.k.sharding, NamedSharding)
     prefill_logits, _, _ = cached_forward(model, ids[:, :PREFILL], cache, np.zeros(2, np.int32))
     np.testing.assert_allclose(np.asarray(prefill_logits), np.asarray(logits[:, :PREFILL]), atol=1e-4, rtol=0)
+
+
+def test_verify_then_write_cache_equals_extend(full_runs):
+    """A chain verified against the cache and written back with write_cache leaves the same cache
+    (and the same logits) as appending it with extend; the oracle is the plain forward."""
+    model, seq, full_logits, _, _ = full_runs["h64_gqa4_tied"]
+    cfg = model.config
+    graphdef, state = nnx.split(model)
+    prefix, t = np.array([20, 13], np.int32), 6
+
+    @jax.jit
+    def both(state, cache_a, cache_b, ids):
+        m = nnx.merge(graphdef, state)
+        chain = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (2, t, t))
+        positions = jnp.asarray(prefix)[:, None] + jnp.arange(t)[None, :]
+        h_v, _, new = m.verify(ids, positions, chain, cache_a, prefix)
+        written = write_cache(cache_a, prefix, new)
+        h_e, _, extended = m.extend(ids, cache_b, prefix)
+        return m.lm_logits(h_v), m.lm_logits(h_e), written, extended
+
+    cache = init_cache(cfg, 2, CACHE_SLOTS, jnp.float32)
+    _, _, cache = cached_forward(model, seq[:, :24], cache, np.zeros(2, np.int32))
+    ids = np.stack([seq[b, prefix[b]:prefix[b] + t] for b in range(2)])
+    copy = jax.tree.map(jnp.copy, cache)
+    logits_v, logits_e, written, extended = both(state, cache, copy, jnp.asarray(ids))
+    for b in range(2):
+        want = np.asarray(full_logits)[b, prefix[b]:prefix[b] + t]
+        np.testing.assert_allclose(np.asarray(logits_v[b]), want, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(np.asarray(logits_e[b]), want, atol=1e-4, rtol=0)
+        end = prefix[b] + t
+        np.testing.assert_allclose(np.asarray(written.k[:, b, :end]), np.asarray(extended.k[:, b, :end]), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(written.v[:, b, :end]), np.asarray(extended.v[:, b, :end]), atol=1e-5)
