@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from dart_jax.ngram.tree import DraftTree, build_tree, build_tree_batch
+from dart_jax.ngram.tree import DraftTree, TreeSettings, build_tree, build_tree_batch
 from dart_jax.ngram.trie import Trie
 
 MARGIN = 1e-3
@@ -376,6 +376,30 @@ def test_batch_equals_single_calls(corpora):
         single = build_tree(ids[b], probs[b], pre[b, : lens[b]], trie, eos_id=0, beam_width=4, keep=17)
         for name, x, y in zip(DraftTree._fields, batch, single):
             np.testing.assert_array_equal(x[b], y, err_msg=name)
+
+
+def test_tree_settings_search_one_and_many_sequences_like_the_oracle(corpora):
+    """TreeSettings.search (single kernel for one sequence, threads for several) gives each
+    sequence the tree of the plain-Python oracle."""
+    rng = np.random.default_rng(11)
+    cases = [draw_case(rng, corpora, d=3, k=5, beam_width=3, keep=9, order=3, n_pre=3) for _ in range(3)]
+    settings = TreeSettings(keep=9, beam_width=3, topk=5)
+    for group in (cases[:1], cases):
+        tree = settings.search(np.stack([c["ids"] for c in group]), np.stack([c["probs"] for c in group]),
+                               np.stack([c["preceding"] for c in group]), np.full(len(group), 3), group[0]["trie"],
+                               eos_id=0)
+        assert tree.tokens.shape == (len(group), 10)
+        for b, c in enumerate(group):
+            check_tree(DraftTree(*(np.asarray(f)[b] for f in tree)), c["kept"], c["preceding"][-1], keep=9, d=3)
+
+
+def test_tree_settings_are_checked():
+    with pytest.raises(ValueError, match="keep"):
+        TreeSettings(keep=0)
+    with pytest.raises(ValueError, match="draft_rows"):
+        TreeSettings(draft_rows=9).check_fits(rows=8, draft_vocab=100)
+    with pytest.raises(ValueError, match="topk"):
+        TreeSettings(topk=200).check_fits(rows=8, draft_vocab=100)
 
 
 @pytest.mark.parametrize(

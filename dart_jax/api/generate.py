@@ -12,6 +12,7 @@ outputs are identical (they must be).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -79,8 +80,9 @@ def _load(args):
 
 def run(args, out=None) -> dict:
     out = out or sys.stdout
-    try:  # checked before anything is loaded
-        GenerationSettings(args.max_new_tokens, args.max_length, args.temperature, args.top_p, args.top_k, args.seed)
+    try:  # checked once, before anything is loaded
+        settings = GenerationSettings(args.max_new_tokens, args.max_length, args.temperature, args.top_p, args.top_k,
+                                      args.seed)
     except ValueError as e:
         message = str(e)
         for name in ("max_new_tokens", "max_length", "temperature", "top_p", "top_k"):
@@ -89,19 +91,18 @@ def run(args, out=None) -> dict:
     model = _load(args)
     prompt = args.prompt or (DEMO_PROMPT if args.ckpt is None else DEFAULT_PROMPT)
     chat = not args.no_chat
-    sampling = dict(max_length=args.max_length, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                    seed=args.seed, chat=chat)
     prompt_ids = model.encode(prompt, chat)
     if len(prompt_ids) >= args.max_length:
         raise ValueError(f"the prompt has {len(prompt_ids)} tokens but --max-length is {args.max_length}.")
     if not args.no_warmup:
-        model.generate(prompt_ids, max_new_tokens=min(4, args.max_new_tokens), **sampling)
+        warm = dataclasses.replace(settings, max_new_tokens=min(4, args.max_new_tokens))
+        model.generate(prompt_ids, chat=chat, settings=warm)
         if args.compare_ar:
-            model.generate_ar(prompt_ids, max_new_tokens=2, **sampling)
+            model.generate_ar(prompt_ids, chat=chat, settings=dataclasses.replace(settings, max_new_tokens=2))
 
     stats = Stats()
     pieces = []
-    for piece, _ in model.stream(prompt_ids, max_new_tokens=args.max_new_tokens, stats=stats, **sampling):
+    for piece, _ in model.stream(prompt_ids, chat=chat, stats=stats, settings=settings):
         pieces.append(piece)
         if not args.json:
             out.write(piece)
@@ -110,7 +111,7 @@ def run(args, out=None) -> dict:
     report = {"prompt": prompt, "text": text, "token_ids": list(stats.token_ids),
               "accept_lengths": list(stats.accept_lengths), "stats": stats.as_dict()}
     if args.compare_ar:
-        ar = model.generate_ar(prompt_ids, max_new_tokens=args.max_new_tokens, **sampling)
+        ar = model.generate_ar(prompt_ids, chat=chat, settings=settings)
         report["ar"] = {"text": ar.text, "token_ids": ar.token_ids, "stats": ar.stats}
         ar_tps = ar.stats["tokens_per_s"]
         report["speedup"] = stats.tokens_per_s / ar_tps if ar_tps > 0 else None

@@ -233,24 +233,25 @@ class DartModel:
 
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                 chat: bool = True) -> GenerationResult:
-        """DART decoding; greedy when temperature is 0, else lossless sampling."""
-        settings = GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
+                 chat: bool = True, settings: GenerationSettings | None = None) -> GenerationResult:
+        """DART decoding; greedy when temperature is 0, else lossless sampling. A `settings`
+        object, when given, replaces the six keyword settings."""
+        settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
         return self._run(self.engine.generate_steps, prompt, chat, settings)
 
     def generate_ar(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                    chat: bool = True) -> GenerationResult:
+                    chat: bool = True, settings: GenerationSettings | None = None) -> GenerationResult:
         """Plain autoregressive decoding of the target (the baseline), same arguments."""
-        settings = GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
         return self._run(self.engine.generate_ar_steps, prompt, chat, settings)
 
     def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
-               stats: Stats | None = None) -> Iterator[tuple[str, int]]:
+               stats: Stats | None = None, settings: GenerationSettings | None = None) -> Iterator[tuple[str, int]]:
         """Yields (new text, accepted length of the step) once per step (0 for the prefill's token).
         Text is held back while it ends in an incomplete character."""
-        settings = GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
         ids = self.encode(prompt, chat)
         out: list[int] = []
         shown = ""

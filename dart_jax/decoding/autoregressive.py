@@ -94,22 +94,24 @@ class Budget:
 
 
 class CachePool:
-    """Caches reused across generations: the last set is kept when it is long enough (a shape
-    already compiled), else it is freed before a new set is made by `make(length)`."""
+    """Caches reused across generations: the last set is kept when it has the batch size and is
+    long enough (a shape already compiled), else it is freed before `make(batch, length)` makes a
+    new set (a tuple of cache pytrees)."""
 
-    def __init__(self, make: Callable[[int], tuple]):
+    def __init__(self, make: Callable[[int, int], tuple]):
         self._make, self._held = make, None
 
-    def take(self, length: int) -> tuple[int, tuple]:
+    def take(self, length: int, batch: int = 1) -> tuple[int, tuple]:
+        """(length of the set, the set) with at least `length` slots for `batch` sequences."""
         held, self._held = self._held, None
-        if held is not None and held[0] >= length:
-            return held
+        if held is not None and held[0] >= length and held[1] == batch:
+            return held[0], held[2]
         del held  # free the old buffers before allocating the new ones
-        return length, self._make(length)
+        return length, self._make(batch, length)
 
-    def keep(self, length: int, caches: tuple) -> None:
+    def keep(self, length: int, caches: tuple, batch: int = 1) -> None:
         if not any(leaf.is_deleted() for leaf in jax.tree.leaves(caches)):
-            self._held = (length, caches)
+            self._held = (length, batch, caches)
 
 
 class AutoregressiveDecoder:
@@ -119,7 +121,7 @@ class AutoregressiveDecoder:
     def __init__(self, target: Qwen3, shapes: ShapeSettings = ShapeSettings(), pool: CachePool | None = None):
         self.target, self.shapes = target, shapes
         graphdef, self.state = nnx.split(target)
-        self.pool = pool or CachePool(lambda length: (init_cache(target.config, 1, length, target.dtype),))
+        self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),))
         self.prefill = jitted(_prefill, graphdef, donate_argnames="cache")
         self.decode = jitted(_decode, graphdef, static_argnames="window", donate_argnames="cache")
 

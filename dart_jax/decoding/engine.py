@@ -41,10 +41,10 @@ from dart_jax.models.sharding import shard_cache
 from dart_jax.ngram import TreeSettings
 
 from .autoregressive import (AutoregressiveDecoder, Budget, CachePool, attention_window, jitted, last_logits,
-                             put_window, window_view)
+                             window_view)
 from .drafter import Drafter
 from .layout import prefill_layout, step_layout, tree_layout
-from .sampling import SamplingParams, greedy_accept, process_logits, sample_accept, sample_tokens
+from .sampling import greedy_accept, process_logits, sample_accept, sample_tokens
 from .settings import GenerationSettings, ShapeSettings
 
 
@@ -207,11 +207,11 @@ class Engine:
         need = max(self.drafter.reach(bucket), max_length + max(self.n_nodes, self.drafter.reach(self.rows + 1)))
         return self.shapes.cache_length(need)
 
-    def _make_caches(self, length: int) -> tuple:
-        cache = init_cache(self.target.config, 1, length, self.target.dtype)
+    def _make_caches(self, batch: int, length: int) -> tuple:
+        cache = init_cache(self.target.config, batch, length, self.target.dtype)
         if self.mesh is not None:
             cache = shard_cache(cache, self.mesh)
-        return cache, self.drafter.init_cache(1, length, self.target.dtype)
+        return cache, self.drafter.init_cache(batch, length, self.target.dtype)
 
     # ------------------------------------------------------------------ decoding loops
     def generate_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
@@ -238,7 +238,7 @@ class Engine:
         fields = self.drafter.proposal_fields(depth, k)
         trees, outputs = tree_layout(self.n_nodes, depth), step_layout(depth, fields)
         params, key = settings.sampling_params(), jax.random.key(settings.seed)
-        length, (cache, draft_cache) = self.pool.take(self.cache_length(int(lens.max()), settings.max_length))
+        length, (cache, draft_cache) = self.pool.take(self.cache_length(int(lens.max()), settings.max_length), b)
         reach = self.drafter.reach(depth + 1)  # slots past cache_len the drafter writes in a step
         start = time.perf_counter()
         try:
@@ -276,7 +276,7 @@ class Engine:
         finally:
             for s in stats:
                 s.total_s = time.perf_counter() - start
-            self.pool.keep(length, (cache, draft_cache))
+            self.pool.keep(length, (cache, draft_cache), b)
 
     @staticmethod
     def _preceding(fed: list[np.ndarray], depth: int) -> tuple[np.ndarray, np.ndarray]:

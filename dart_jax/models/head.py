@@ -211,16 +211,16 @@ class DartHead(nnx.Module):
             g = jnp.where(real, jnp.take_along_axis(g, src, axis=1), mask_g)           # [B,T,H]
             rows = n_real[:, None] - 1 + jnp.arange(d)[None, :]                        # [B,d] slots with queries
         positions = start[:, None] + slot                                              # [B,T]
-        store, keys_len = None, t
+        if cache is None:
+            visible = slot[:, None, :] <= rows[..., None]                              # [B,d,T]
+            return self.draft_rows(x, g, positions, rows, visible)
         held = {}
-        if cache is not None:
-            keys_len = cache.k.shape[1]
-            write = jax.vmap(lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (at, 0, 0)))
+        write = jax.vmap(lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (at, 0, 0)))
 
-            def store(k, v):
-                held["cache"] = HeadCache(k=write(cache.k, k, start), v=write(cache.v, v, start))
-                return held["cache"].k.astype(self.dtype), held["cache"].v.astype(self.dtype)
+        def store(k, v):
+            held["cache"] = HeadCache(k=write(cache.k, k, start), v=write(cache.v, v, start))
+            return held["cache"].k.astype(self.dtype), held["cache"].v.astype(self.dtype)
 
-        visible = jnp.arange(keys_len)[None, None, :] <= (start[:, None] + rows)[..., None]  # [B,d,S]
+        visible = jnp.arange(cache.k.shape[1])[None, None, :] <= (start[:, None] + rows)[..., None]  # [B,d,S]
         logits = self.draft_rows(x, g, positions, rows, visible, store)
-        return logits if cache is None else (logits, held["cache"])
+        return logits, held["cache"]
