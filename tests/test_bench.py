@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -249,3 +250,37 @@ def test_random_assets_with_a_known_shape(tmp_path):
     tok = AutoTokenizer.from_pretrained(paths["base"])
     assert tok.decode(tok("héllo, world")["input_ids"]) == "héllo, world"
     assert Trie.load(paths["ngram"]).order == 3
+
+
+def test_ngram_options_root_table_hot_contexts_and_conversion(capsys, tmp_path):
+    rng = np.random.default_rng(2)
+    seqs = [rng.integers(0, 50, size=int(n)).tolist() for n in rng.integers(5, 60, size=30)]
+    Trie.build(seqs, order=3).save(tmp_path / "t.trie")
+    out = run_json(capsys, "ngram", "--trie", str(tmp_path / "t.trie"), "--queries", "40", "--candidates", "5",
+                   "--reps", "1", "--hot-contexts", "4", "--root-table", "--convert", "--clock", "cpu")
+    check_documented(out)
+    row = out["rows"][0]
+    n = row["num_nodes"]
+    assert sum(row["nodes_per_depth"]) == n and row["nodes_per_depth"][0] == 1
+    # docs/spec.md §6: a 16-byte header, 24 bytes per node record, 12 per edge (every node but the root)
+    assert row["reference_file_bytes"] == 16 + 24 * n + 12 * (n - 1)
+    assert row["convert_identical"] is True and row["convert_mb_per_s"] > 0
+    assert row["root_table_bytes"] == 4 * (max(max(s) for s in seqs) + 1)  # int32 per id up to the largest
+    for key in ("kernel_query_us_hot", "kernel_query_us_root_table", "kernel_query_us_hot_root_table"):
+        assert row[key] > 0, key
+    assert out["config"]["clock"] == "cpu" and out["config"]["hot_contexts"] == 4
+
+
+def test_search_batched_on_a_phrase_corpus(capsys):
+    threads = numba.get_num_threads()
+    out = run_json(capsys, "search", "--keeps", "5", "--beams", "3", "--reps", "2", "--warmup", "1",
+                   "--corpus", "phrases", "--corpus-tokens", "3000", "--vocab", "300", "--samples", "2",
+                   "--batch", "3", "--threads", "1", "--ngram-weight", "0.3")
+    check_documented(out)
+    (row,) = out["rows"]
+    assert row["batch"] == 3 and row["ms_per_tree"] == pytest.approx(row["median_ms"] / 3)
+    assert row["nodes"] == 6
+    config = out["config"]
+    assert (config["batch"], config["threads"], config["ngram_weight"]) == (3, 1, 0.3)
+    assert config["trie_nodes"] > 1 and config["trie_build_s"] > 0
+    assert numba.get_num_threads() == threads  # the thread count is restored

@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("engine")
     base, head, trie = make_tiny_setup(folder, vocab_size=VOCAB, draft_length=3, shuffle_d2t=True,
-                                       num_hidden_layers=4, seed=1)
+                                       num_hidden_layers=4, seed=2)
     model = DartModel.from_pretrained(base, head, trie, min_bucket=64)
     hf = Qwen3ForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     return SimpleNamespace(base=base, head=head, trie_path=trie, model=model, hf=hf, folder=folder)
@@ -97,7 +97,9 @@ def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
 
     # spans of output indices produced by each step; the last index of a span is the bonus token
     starts = np.cumsum([1] + counts)[:-1]
-    inside = [j for s, c in zip(starts, counts) for j in range(s, s + c - 1) if full[j] not in full[:j]]
+    # (the last step's span may be cut by max_new_tokens)
+    inside = [j for s, c in zip(starts, counts) for j in range(s, min(s + c - 1, len(full)))
+              if full[j] not in full[:j]]
     assert inside, f"no token first appears inside an accepted run: {full} {counts}"
     j = inside[0]
     eos_engine = engine_for(tiny, trie, eos=(full[j],))
@@ -403,3 +405,21 @@ def test_generation_across_attention_windows(tiny):
     dart, _, _ = run(engine.generate_steps, prompt, max_new_tokens=520, max_length=1024)
     ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=520, max_length=1024)
     assert dart == ar == expected
+
+
+def test_batch_dimension_decodes_each_sequence_as_alone(tiny):
+    """The host loop already runs B sequences (batched decoding is switched on elsewhere): two
+    prompts of different lengths decoded together give each one's own greedy output, each within
+    its own budget (max_length leaves the longer prompt less room) and with its own stats."""
+    engine = engine_for(tiny)
+    prompts = [np.asarray(PROMPTS[0], np.int32), np.asarray(PROMPTS[1], np.int32)]
+    kw = dict(max_new_tokens=18, max_length=len(PROMPTS[1]) + 6)
+    alone = [run(engine.generate_ar_steps, p.tolist(), **kw)[0] for p in prompts]
+    assert [len(a) for a in alone] == [18, 6] or any(a and a[-1] == EOS for a in alone)
+    stats = [Stats(), Stats()]
+    out = [[], []]
+    for rows in engine._decode(prompts, GenerationSettings(**kw), stats):
+        for i, (kept, _) in enumerate(rows):
+            out[i].extend(kept)
+    assert out == alone
+    assert [s.token_ids for s in stats] == alone and all(s.steps >= 1 for s in stats)

@@ -5,8 +5,10 @@ Modes
            tokens/s, speedup, mean accepted length τ, accepted-length histogram.
   phases   where a DART step spends its time (verify+draft device time, top-k transfer,
            tree search, host overhead), as per-step medians and shares.
-  search   the n-gram tree search alone, over tree sizes (keep) and beam widths.
-  ngram    n-gram trie load time, bytes per node and query latency.
+  search   the n-gram tree search alone, over tree sizes (keep) and beam widths, one tree per
+           call or batched.
+  ngram    n-gram trie build and load time, bytes per node, query latency, and conversion
+           from the reference format.
   shapes   the target's verify step for tree budgets 1, 8, 16, 32, 60 against a 1-token decode
            step, on a Qwen3 shape with random weights (no checkpoint needed).
 
@@ -24,15 +26,19 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from dart_jax.bench.util import meta, parse_int_list
+from dart_jax.bench.e2e import ModelSet, Workload, run_e2e, run_phases
+from dart_jax.bench.host import CORPORA, run_ngram, run_search
+from dart_jax.bench.shapes import run_shapes
+from dart_jax.bench.util import CLOCKS, meta, parse_int_list
 
 # the columns each mode's table shows, in order (the JSON rows hold these and possibly more)
 TABLE_COLUMNS = {
     "e2e": ["id", "category", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau"],
     "phases": ["phase", "median_ms", "share"],
-    "search": ["keep", "beam", "median_ms", "min_ms", "max_ms", "nodes"],
-    "ngram": ["num_nodes", "order", "load_ms", "query_us", "kernel_query_us", "bytes_per_node_file",
-              "bytes_per_node_memory", "hit_rate"],
+    "search": ["keep", "beam", "median_ms", "min_ms", "max_ms", "nodes", "batch", "ms_per_tree"],
+    "ngram": ["num_nodes", "order", "load_ms", "query_us", "kernel_query_us", "kernel_query_us_hot",
+              "kernel_query_us_root_table", "kernel_query_us_hot_root_table", "bytes_per_node_file",
+              "bytes_per_node_memory", "hit_rate", "convert_mb_per_s"],
     "shapes": ["kind", "budget", "tokens", "median_ms", "min_ms", "ratio_to_decode"],
 }
 
@@ -47,10 +53,19 @@ def _common(p: argparse.ArgumentParser, *, reps: int, warmup: int) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def _clock_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                   help="time with the wall clock (default) or with this process's CPU time, steadier on a machine "
+                        "shared with other work (the host modes run single-threaded Numba code)")
+
+
 def _trie_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trie", help="a trie in dart_jax's format (`python -m dart_jax.ngram build`); "
                                   "default: a synthetic trie built from random Zipf-distributed text")
     p.add_argument("--reference-trie", help="a .trie file of the reference release instead")
+    p.add_argument("--corpus", choices=list(CORPORA), default="zipf",
+                   help="the synthetic corpus: Zipf-distributed ids cut into sequences of 256 (default), or "
+                        "text-shaped sequences of about 600 tokens that repeat a bank of phrases and end in EOS")
     p.add_argument("--corpus-tokens", type=int, default=200_000, help="size of the synthetic corpus (default 200000)")
     p.add_argument("--vocab", type=int, default=151_936, help="vocabulary of the synthetic data (default: Qwen3's 151936)")
     p.add_argument("--order", type=int, default=3, help="order of the synthetic trie (default 3)")
@@ -101,24 +116,43 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, reps=1, warmup=1)
 
     p = sub.add_parser("search", help="tree search alone vs tree size and beam",
-                       description="Time dart_jax.ngram.build_tree on random draft candidates (Zipf-distributed ids, "
-                                   "softmax of random sorted logits) for every (keep, beam) pair.")
+                       description="Time dart_jax.ngram.build_tree (build_tree_batch with --batch) on random draft "
+                                   "candidates (Zipf-distributed ids, softmax of random sorted logits) for every "
+                                   "(keep, beam) pair.")
     p.add_argument("--keeps", default="8,16,32,60", help="tree sizes, comma-separated (default 8,16,32,60)")
     p.add_argument("--beams", default="5,10,20", help="beam widths, comma-separated (default 5,10,20)")
     p.add_argument("--draft-length", type=int, default=8, help="draft rows d (default 8)")
     p.add_argument("--topk", type=int, default=25, help="candidates per row (default 25)")
     p.add_argument("--samples", type=int, default=16, help="distinct random inputs cycled through (default 16)")
     p.add_argument("--no-ngram", action="store_true", help="search on the logits alone (no trie)")
+    p.add_argument("--ngram-weight", type=float, default=0.5, help="weight of the n-gram term (default 0.5)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="time build_tree_batch on this many inputs per call (rows add batch and ms_per_tree); "
+                        "default 1: build_tree")
+    p.add_argument("--threads", type=int, help="Numba threads for --batch (default: Numba's)")
     _trie_options(p)
+    _clock_option(p)
     _common(p, reps=30, warmup=3)
 
     p = sub.add_parser("ngram", help="trie load time, bytes/node, query latency",
                        description="Measure an n-gram trie: build and save time (synthetic), load time, bytes per "
                                    "node (file and arrays), per-query latency through Trie.probability and through "
-                                   "the Numba kernel called from compiled code.")
+                                   "the Numba kernel called from compiled code; optionally the kernel through the "
+                                   "root table and over repeated contexts, and the conversion from the reference "
+                                   "format.")
     _trie_options(p)
     p.add_argument("--queries", type=int, default=2000, help="queries per measurement (default 2000)")
     p.add_argument("--candidates", type=int, default=25, help="candidate tokens per query (default 25)")
+    p.add_argument("--hot-contexts", type=int, metavar="N",
+                   help="also time the kernel with the queries cycling over N contexts, as a decoding step "
+                        "queries a few related contexts (kernel_query_us_hot)")
+    p.add_argument("--root-table", action="store_true",
+                   help="also time the kernel with the root table (token → depth-1 node) that the tree search "
+                        "uses, and the table's size and build time")
+    p.add_argument("--convert", action="store_true",
+                   help="also time the conversion from the reference format (Trie.from_reference) of the trie "
+                        "written in that format, or of --reference-trie")
+    _clock_option(p)
     _common(p, reps=5, warmup=1)
 
     p = sub.add_parser("shapes", help="verify step vs decode step on a Qwen3 shape (random weights)",
@@ -144,33 +178,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the mode chosen in parsed `args` and return its result dict (without `meta`)."""
     show = not args.no_progress
     common = dict(reps=args.reps, warmup=args.warmup, seed=args.seed, show_progress=show)
-    if args.mode == "search":
-        from dart_jax.bench.host import run_search
-
-        return run_search(keeps=parse_int_list(args.keeps, name="--keeps"),
-                          beams=parse_int_list(args.beams, name="--beams"), draft_length=args.draft_length,
-                          topk=args.topk, vocab=args.vocab, trie_path=args.trie, reference_trie=args.reference_trie,
-                          corpus_tokens=args.corpus_tokens, order=args.order, no_ngram=args.no_ngram,
-                          samples=args.samples, **common)
-    if args.mode == "ngram":
-        from dart_jax.bench.host import run_ngram
-
-        return run_ngram(trie_path=args.trie, reference_trie=args.reference_trie, corpus_tokens=args.corpus_tokens,
-                         vocab=args.vocab, order=args.order, queries=args.queries, candidates=args.candidates, **common)
+    if args.mode in ("search", "ngram"):
+        trie = dict(trie_path=args.trie, reference_trie=args.reference_trie, corpus=args.corpus,
+                    corpus_tokens=args.corpus_tokens, vocab=args.vocab, order=args.order, clock=args.clock)
+        if args.mode == "search":
+            return run_search(keeps=parse_int_list(args.keeps, name="--keeps"),
+                              beams=parse_int_list(args.beams, name="--beams"), draft_length=args.draft_length,
+                              topk=args.topk, no_ngram=args.no_ngram, ngram_weight=args.ngram_weight,
+                              samples=args.samples, batch=args.batch, threads=args.threads, **trie, **common)
+        return run_ngram(queries=args.queries, candidates=args.candidates, hot_contexts=args.hot_contexts,
+                         root_table=args.root_table, convert=args.convert, **trie, **common)
     if args.mode == "shapes":
-        from dart_jax.bench.shapes import run_shapes
-
         return run_shapes(model=args.model, config_path=args.config_path, tiny=args.tiny, layers=args.layers,
                           vocab=args.vocab, budgets=parse_int_list(args.budgets, name="--budgets"),
                           context=args.context, batch=args.batch, dtype=args.dtype, **common)
-    from dart_jax.bench.e2e import run_e2e, run_phases
-
-    model = dict(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram, random=args.random,
-                 random_layers=args.random_layers, random_hidden=args.random_hidden,
-                 random_shape=args.random_shape, prompts=args.prompts,
-                 categories=args.categories, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                 max_length=args.max_length, temperature=args.temperature, keep=args.keep, chat=not args.no_chat)
-    return (run_e2e if args.mode == "e2e" else run_phases)(**model, **common)
+    models = ModelSet(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram,
+                      random=args.random, random_layers=args.random_layers, random_hidden=args.random_hidden,
+                      random_shape=args.random_shape, keep=args.keep)
+    work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
+                    max_new_tokens=args.max_new_tokens, max_length=args.max_length, temperature=args.temperature,
+                    chat=not args.no_chat)
+    return (run_e2e if args.mode == "e2e" else run_phases)(models, work, **common)
 
 
 def _fmt(value: Any) -> str:

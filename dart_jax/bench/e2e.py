@@ -2,11 +2,13 @@
 
 The model set is, in this order of preference: the checkpoints given on the command line, the
 offline demo model shipped in dart_jax/demo/, or a tiny random set built in a temporary folder
-(`bench_assets`). Random weights give meaningful timings only; τ needs a trained head.
+(`bench.tiny.build_random_assets`). Random weights give meaningful timings only; τ needs a
+trained head.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tempfile
 import time
@@ -15,12 +17,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.api.model import DartModel
 from dart_jax.bench.shapes import KNOWN_SHAPES
+from dart_jax.bench.tiny import build_random_assets
+from dart_jax.bench.util import check_reps, median, progress, summary_ms
 from dart_jax.decoding.engine import Stats
 from dart_jax.decoding.settings import GenerationSettings
-from dart_jax.bench.util import block, median, progress, summary_ms
 
 PHASES = ("verify_draft_device", "topk_transfer", "tree_search", "host_overhead")
 
@@ -77,97 +83,119 @@ def _demo_assets() -> dict[str, Path] | None:
     return parts if ready else None
 
 
-@contextlib.contextmanager
-def open_model(*, base, dart, ngram, small_ngram, random, random_layers, random_hidden, random_shape, keep,
-               seed) -> Iterator:
-    """Yield (DartModel, description of the model set); a random set lives as long as the block."""
-    from dart_jax.api.model import DartModel
+@dataclasses.dataclass(frozen=True)
+class ModelSet:
+    """Which model set to measure (the command line's model options); see `open_model`."""
 
-    opts = {} if keep is None else {"keep": keep}
-    if random_shape:
-        if random_shape not in KNOWN_SHAPES:
-            raise ValueError(f"unknown --random-shape {random_shape!r}; known: {', '.join(KNOWN_SHAPES)}")
+    base: str | None = None
+    dart: str | None = None
+    ngram: str | None = None
+    small_ngram: bool = False
+    random: bool = False
+    random_layers: int = 4
+    random_hidden: int = 64
+    random_shape: str | None = None
+    keep: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What to generate: the prompts and the generation settings shared by both decoders."""
+
+    prompts: str | None = None
+    categories: str | None = None
+    limit: int | None = None
+    max_new_tokens: int = 64
+    max_length: int = 2048
+    temperature: float = 0.0
+    chat: bool = True
+
+    def settings(self, seed: int) -> GenerationSettings:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        return GenerationSettings(max_new_tokens=self.max_new_tokens, max_length=self.max_length,
+                                  temperature=self.temperature, seed=seed)
+
+    def items(self) -> list[dict[str, str]]:
+        return load_prompts(self.prompts, categories=self.categories, limit=self.limit)
+
+    def config(self, seed: int) -> dict[str, Any]:
+        """The run's settings as recorded in the JSON `config`."""
+        return {"prompts": str(self.prompts or default_prompts_path()), "max_new_tokens": self.max_new_tokens,
+                "max_length": self.max_length, "temperature": self.temperature, "seed": seed, "chat": self.chat}
+
+
+@contextlib.contextmanager
+def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[str, Any]]]:
+    """Yield (DartModel, description of the model set); a random set lives as long as the block."""
+    m = models
+    opts = {} if m.keep is None else {"keep": m.keep}
+    random = m.random
+    if m.random_shape:
+        if m.random_shape not in KNOWN_SHAPES:
+            raise ValueError(f"unknown --random-shape {m.random_shape!r}; known: {', '.join(KNOWN_SHAPES)}")
         random = True
-    if dart and random:
+    if m.dart and random:
         raise ValueError("pass either --dart (and --base/--ngram) or --random/--random-shape, not both")
-    if not dart and (base or ngram):
+    if not m.dart and (m.base or m.ngram):
         raise ValueError("--base/--ngram need --dart (the DART head checkpoint)")
-    if dart:
-        yield (DartModel.from_pretrained(base, dart, ngram, small_ngram=small_ngram, **opts),
-               {"kind": "given", "base": base, "dart": dart, "ngram": ngram})
+    if m.dart:
+        yield (DartModel.from_pretrained(m.base, m.dart, m.ngram, small_ngram=m.small_ngram, **opts),
+               {"kind": "given", "base": m.base, "dart": m.dart, "ngram": m.ngram})
         return
     demo = None if random else _demo_assets()
     if demo:
         yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **opts),
                {"kind": "demo", **{k: str(v) for k, v in demo.items()}})
         return
-    from dart_jax.bench.assets import build_random_assets
-
     with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:
-        shape = KNOWN_SHAPES[random_shape] if random_shape else None
-        paths = build_random_assets(tmp, layers=random_layers, hidden=random_hidden, shape=shape, seed=seed)
+        shape = KNOWN_SHAPES[m.random_shape] if m.random_shape else None
+        paths = build_random_assets(tmp, layers=m.random_layers, hidden=m.random_hidden, shape=shape, seed=seed)
         config = json.loads((paths["base"] / "config.json").read_text())
         yield (DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], **opts),
-               {"kind": "random", "shape": random_shape or "small", "layers": random_layers,
+               {"kind": "random", "shape": m.random_shape or "small", "layers": m.random_layers,
                 "hidden": config["hidden_size"], "vocab": config["vocab_size"]})
 
 
-def _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat):
-    if max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    return dict(max_new_tokens=max_new_tokens, max_length=max_length, temperature=temperature, seed=seed, chat=chat)
-
-
-def _timed(fn, prompt, kwargs):
-    t0 = time.perf_counter()
-    result = fn(prompt, **kwargs)
-    return result, time.perf_counter() - t0
-
-
-def run_e2e(*, base=None, dart=None, ngram=None, small_ngram=False, random=False, random_layers=4, random_hidden=64,
-            random_shape=None,
-            prompts=None, categories=None, limit=None, max_new_tokens=64, max_length=2048, temperature=0.0, keep=None,
-            chat=True, reps=1, warmup=1, seed=0, show_progress=True) -> dict[str, Any]:
+def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1, seed: int = 0,
+            show_progress: bool = True) -> dict[str, Any]:
     """Tokens/s of DART and of autoregressive decoding per prompt (wall clock, prefill included),
     their ratio, τ and the accepted-length histogram; medians over `reps` after `warmup` runs."""
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}")
-    items = load_prompts(prompts, categories=categories, limit=limit)
-    kwargs = _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat)
+    check_reps(reps, warmup)
+    items, settings = work.items(), work.settings(seed)
+    kwargs = {**dataclasses.asdict(settings), "chat": work.chat}
     rows, hist = [], Counter()
-    with open_model(base=base, dart=dart, ngram=ngram, small_ngram=small_ngram, random=random,
-                    random_layers=random_layers, random_hidden=random_hidden, random_shape=random_shape, keep=keep,
-                    seed=seed) as (model, source):
-        keep = model.engine.tree.keep
+    with open_model(models, seed) as (model, source):
         bar = progress(len(items) * 2 * (reps + warmup), "e2e", show_progress)
         for item in items:
-            timings = {"dart": [], "ar": []}
+            rates = {"dart": [], "ar": []}
             results = {}
             for name, fn in (("dart", model.generate), ("ar", model.generate_ar)):
                 for _ in range(warmup):
                     fn(item["prompt"], **kwargs)
                     bar.update()
                 for _ in range(reps):
-                    results[name], seconds = _timed(fn, item["prompt"], kwargs)
-                    timings[name].append(len(results[name].token_ids) / seconds)
+                    t0 = time.perf_counter()
+                    results[name] = fn(item["prompt"], **kwargs)
+                    rates[name].append(len(results[name].token_ids) / (time.perf_counter() - t0))
                     bar.update()
             dart_res, ar_res = results["dart"], results["ar"]
             hist.update(dart_res.accept_lengths)
-            dart_rate, ar_rate = median(timings["dart"]), median(timings["ar"])
+            dart_rate, ar_rate = median(rates["dart"]), median(rates["ar"])
             rows.append({"id": item["id"], "category": item["category"], "prompt_tokens": len(dart_res.prompt_ids),
                          "new_tokens": len(dart_res.token_ids), "steps": len(dart_res.accept_lengths),
                          "dart_tok_s": dart_rate, "ar_tok_s": ar_rate, "speedup": dart_rate / ar_rate,
                          "tau": float(np.mean(dart_res.accept_lengths)) if dart_res.accept_lengths else float("nan"),
                          "same_output": dart_res.token_ids == ar_res.token_ids})
         bar.close()
+        keep = model.engine.tree.keep
     per_category = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
-        sel = [r for r in rows if r["category"] == cat]
-        per_category[cat] = _aggregate(sel)
+        per_category[cat] = _aggregate([r for r in rows if r["category"] == cat])
     summary = {**_aggregate(rows), "per_category": per_category,
                "accept_hist": {str(k): int(v) for k, v in sorted(hist.items())}}
-    config = {"model": source, "prompts": str(prompts or default_prompts_path()), "num_prompts": len(items),
-              **{k: v for k, v in kwargs.items()}, "keep": keep, "reps": reps, "warmup": warmup}
+    config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "reps": reps,
+              "warmup": warmup}
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
 
 
@@ -183,24 +211,19 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _transfer_ms(n_values: int, reps: int) -> float:
     """Median time to copy `n_values` int32 from the device to the host (what a step's top-k
     candidates and scores cost to fetch), measured on fresh, already computed arrays."""
-    import jax
-    import jax.numpy as jnp
-
     fresh = jax.jit(lambda x, i: x + i)
     src = jnp.zeros((1, n_values), jnp.int32)
     times = []
     for i in range(max(reps, 5)):
-        x = block(fresh(src, i))
+        x = jax.block_until_ready(fresh(src, i))
         t0 = time.perf_counter()
         np.asarray(x)
         times.append(time.perf_counter() - t0)
     return summary_ms(times)["median_ms"]
 
 
-def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=False, random_layers=4, random_hidden=64,
-            random_shape=None,
-               prompts=None, categories=None, limit=None, max_new_tokens=64, max_length=2048, temperature=0.0,
-               keep=None, chat=True, reps=1, warmup=1, seed=0, show_progress=True) -> dict[str, Any]:
+def run_phases(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1, seed: int = 0,
+               show_progress: bool = True) -> dict[str, Any]:
     """Per-step phase times of DART generations, as medians and shares of the step time.
 
     The engine accounts each step's tree search and device call (dispatch, verify, compaction,
@@ -208,28 +231,23 @@ def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=Fa
     apart on an array of the same size and taken out of the device time. Host overhead is the rest
     of the step's wall time (packing, bookkeeping, the Python loop).
     """
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}")
-    items = load_prompts(prompts, categories=categories, limit=limit)
-    kwargs = _generation_kwargs(max_new_tokens, max_length, temperature, seed, chat)
-    chat_flag = kwargs.pop("chat")
+    check_reps(reps, warmup)
+    items, settings = work.items(), work.settings(seed)
     per_step = {p: [] for p in PHASES}
     step_ms, prefill_ms = [], []
-    with open_model(base=base, dart=dart, ngram=ngram, small_ngram=small_ngram, random=random,
-                    random_layers=random_layers, random_hidden=random_hidden, random_shape=random_shape, keep=keep,
-                    seed=seed) as (model, source):
+    with open_model(models, seed) as (model, source):
         engine = model.engine
         topk_ms = _transfer_ms(2 * engine.rows * engine.tree.topk, reps=20)
         bar = progress(len(items) * (reps + warmup), "phases", show_progress)
         for item in items:
-            ids = model.encode(item["prompt"], chat_flag)
+            ids = model.encode(item["prompt"], work.chat)
             for _ in range(warmup):
-                for _ in engine.generate_steps(ids, GenerationSettings(**kwargs)):
+                for _ in engine.generate_steps(ids, settings):
                     pass
                 bar.update()
             for _ in range(reps):
                 stats = Stats()
-                steps = engine.generate_steps(ids, GenerationSettings(**kwargs), stats=stats)
+                steps = engine.generate_steps(ids, settings, stats=stats)
                 next(steps)  # the prefill's token
                 prefill_ms.append(stats.prefill_s * 1e3)
                 while True:
@@ -247,6 +265,7 @@ def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=Fa
                     step_ms.append(wall)
                 bar.update()
         bar.close()
+        keep = engine.tree.keep
     if not step_ms:
         raise ValueError("no decoding step ran (every generation stopped at its first token); "
                          "raise --max-new-tokens or use other prompts")
@@ -255,6 +274,6 @@ def run_phases(*, base=None, dart=None, ngram=None, small_ngram=False, random=Fa
     rows.append({"phase": "step_total", "median_ms": median(step_ms), "share": 1.0})
     summary = {"steps": len(step_ms), "step_ms": median(step_ms), "prefill_ms": median(prefill_ms),
                "topk_transfer_ms": topk_ms, "shares": {r["phase"]: r["share"] for r in rows[:-1]}}
-    config = {"model": source, "prompts": str(prompts or default_prompts_path()), "num_prompts": len(items),
-              **kwargs, "chat": chat_flag, "keep": engine.tree.keep, "reps": reps, "warmup": warmup}
+    config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "reps": reps,
+              "warmup": warmup}
     return {"mode": "phases", "config": config, "rows": rows, "summary": summary}

@@ -92,8 +92,6 @@ def param_count(f: dict[str, Any]) -> int:
 
 def _check_memory(fields: dict[str, Any], itemsize: int, cache_bytes: int) -> None:
     """Refuse shapes that cannot fit before allocating them, with the flags that make them fit."""
-    import jax
-
     need = param_count(fields) * itemsize + cache_bytes
     device = jax.devices()[0]
     limit = None

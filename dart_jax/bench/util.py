@@ -10,35 +10,38 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
+
+# what --clock picks: wall time, or this process's CPU time (steadier on a machine shared with
+# other work, but it counts every thread, so only for single-threaded host code)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def block(x: Any) -> Any:
-    """Wait for every device array in `x` (a no-op for host values)."""
-    import jax
-
-    return jax.block_until_ready(x)
+def check_reps(reps: int, warmup: int) -> None:
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"--reps must be >= 1 and --warmup >= 0, got {reps} and {warmup}")
 
 
-def time_calls(fn: Callable[[], Any], *, reps: int, warmup: int, tick: Callable[[], Any] | None = None) -> list[float]:
+def time_calls(fn: Callable[[], Any], *, reps: int, warmup: int, tick: Callable[[], Any] | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Seconds per call of `fn` over `reps` timed calls after `warmup` untimed ones.
 
     Device work is waited for with `jax.block_until_ready`, so asynchronous dispatch cannot
-    hide it. `tick` is called after every call (a progress bar's update).
+    hide it. `tick` is called after every call (a progress bar's update); `clock` is one of
+    CLOCKS' values.
     """
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}; pass --reps 1 or more")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    check_reps(reps, warmup)
     for _ in range(warmup):
-        block(fn())
+        jax.block_until_ready(fn())
         if tick:
             tick()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        block(fn())
-        times.append(time.perf_counter() - t0)
+        t0 = clock()
+        jax.block_until_ready(fn())
+        times.append(clock() - t0)
         if tick:
             tick()
     return times
@@ -80,8 +83,6 @@ def _cpu_name() -> str:
 
 def hardware() -> dict[str, Any]:
     """What the numbers were measured on: JAX backend, devices, host CPU."""
-    import jax
-
     devices = jax.devices()
     return {
         "backend": jax.default_backend(),
@@ -105,17 +106,18 @@ def meta(argv: Sequence[str] | None) -> dict[str, Any]:
     }
 
 
+def zipf_probs(vocab: int, exponent: float = 1.1) -> np.ndarray:
+    """P(id) ∝ (id + 1)^-exponent over [0, vocab): a few frequent tokens and a long tail, the
+    skewed law of text, so that a trie built on such ids has text's fan-out."""
+    p = np.arange(1, vocab + 1, dtype=np.float64) ** -exponent
+    return p / p.sum()
+
+
 def zipf_tokens(rng: np.random.Generator, n: int, vocab: int, exponent: float = 1.1) -> np.ndarray:
-    """`n` token ids in [0, vocab) with a Zipf-like law, so that an n-gram trie built on them has
-    the skewed fan-out of real text (a few frequent tokens, a long tail)."""
-    ranks = np.arange(1, vocab + 1, dtype=np.float64)
-    p = ranks ** -exponent
-    p /= p.sum()
-    return rng.choice(vocab, size=n, p=p).astype(np.int64)
+    """`n` token ids in [0, vocab) drawn from `zipf_probs`."""
+    return rng.choice(vocab, size=n, p=zipf_probs(vocab, exponent)).astype(np.int64)
 
 
 def progress(total: int, desc: str, enabled: bool):
     """A tqdm bar on stderr (stdout stays clean for --json)."""
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, disable=not enabled, file=sys.stderr, leave=False)
