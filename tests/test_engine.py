@@ -418,8 +418,77 @@ def test_batch_dimension_decodes_each_sequence_as_alone(tiny):
     assert [len(a) for a in alone] == [18, 6] or any(a and a[-1] == EOS for a in alone)
     stats = [Stats(), Stats()]
     out = [[], []]
-    for rows in engine._decode(prompts, GenerationSettings(**kw), stats):
+    for rows in engine.decode_batch(prompts, [GenerationSettings(**kw)] * 2, stats):
         for i, (kept, _) in enumerate(rows):
             out[i].extend(kept)
     assert out == alone
     assert [s.token_ids for s in stats] == alone and all(s.steps >= 1 for s in stats)
+
+
+def test_batch_with_own_settings_and_stops_equals_each_alone(tiny):
+    """Prompts of very different lengths decoded together, each with its own max_new_tokens, one
+    stopping on EOS in the middle of the batch: each sequence is its own autoregressive greedy
+    output (the oracle runs each prompt alone)."""
+    long_prompt = [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 41)]
+    prompts = [PROMPTS[2], PROMPTS[0], long_prompt, PROMPTS[1]]
+    full, _, _ = run(engine_for(tiny).generate_ar_steps, PROMPTS[2], max_new_tokens=30)
+    eos = full[len(full) // 2]
+    engine = engine_for(tiny, cheating_trie(tiny), eos=(eos,))
+    settings = [GenerationSettings(max_new_tokens=n) for n in (30, 4, 17, 25)]
+    alone = [run(engine.generate_ar_steps, p, max_new_tokens=s.max_new_tokens)[0] for p, s in zip(prompts, settings)]
+    assert alone[0][-1] == eos and len(alone[0]) < 30, "the first sequence should stop on EOS"
+    assert len(alone[1]) == 4
+    stats = [Stats() for _ in prompts]
+    out = [[] for _ in prompts]
+    for rows in engine.decode_batch([np.asarray(p, np.int32) for p in prompts], settings, stats):
+        for o, (kept, _) in zip(out, rows):
+            o.extend(kept)
+    assert out == alone
+    assert [s.token_ids for s in stats] == alone
+
+
+def test_sampling_keeps_the_target_distribution_beside_other_sequences(tiny):
+    """The chi-square check of the single-sequence case, with each sampled sequence decoded in a
+    batch beside other sampled sequences (other seeds) and a greedy one (which stays greedy)."""
+    prompt, temperature, top_p, top_k = PROMPTS[0], 1.3, 0.95, 3
+    exact = exact_first_tokens(tiny, prompt, 3, temperature, top_p, top_k)
+    engine = engine_for(tiny, cheating_trie(tiny))
+    greedy, _, _ = run(engine.generate_ar_steps, PROMPTS[1], max_new_tokens=3)
+    per_batch, batches = 7, 35
+    counter = collections.Counter()
+    for batch in range(batches):
+        settings = [GenerationSettings(max_new_tokens=3, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       seed=batch * per_batch + i) for i in range(per_batch)]
+        settings.append(GenerationSettings(max_new_tokens=3))
+        prompts = [np.asarray(prompt, np.int32)] * per_batch + [np.asarray(PROMPTS[1], np.int32)]
+        out = [[] for _ in prompts]
+        for rows in engine.decode_batch(prompts, settings, [Stats() for _ in prompts]):
+            for o, (kept, _) in zip(out, rows):
+                o.extend(kept)
+        assert out[-1] == greedy
+        counter.update(tuple(o) for o in out[:-1])
+    n = per_batch * batches
+    assert set(counter) <= set(exact), set(counter) - set(exact)
+    stat, df = chi_square(counter, exact, n)
+    assert stat < chi_square_critical(df), (stat, df)
+
+
+def test_generate_a_list_of_prompts(tiny):
+    model = tiny.model
+    messages = [{"role": "user", "content": "hi there"}]
+    prompts = ["hello", PROMPTS[1], messages, "a much longer question about many things at once?"]
+    results = model.generate(prompts, max_new_tokens=9, batch_size=3)
+    assert isinstance(results, list) and len(results) == len(prompts)
+    for prompt, result in zip(prompts, results):
+        alone = model.generate_ar(prompt, max_new_tokens=9)
+        assert result.prompt_ids == alone.prompt_ids and result.token_ids == alone.token_ids
+        assert result.finish_reason == ("eos" if alone.token_ids[-1] == EOS else "length")
+    assert results[2].prompt_ids == model.encode("hi there")  # a messages list is chat-formatted
+    single = model.generate(PROMPTS[1], max_new_tokens=9)  # one prompt keeps its return type
+    assert not isinstance(single, list) and single.token_ids == results[1].token_ids
+    with pytest.raises(ValueError, match="prompt 1 of the batch"):
+        model.generate(["fine", [VOCAB + 5]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="empty"):
+        model.generate([], max_new_tokens=2)
+    with pytest.raises(ValueError, match="settings for"):
+        model.generate(["a", "b"], settings=[GenerationSettings()])

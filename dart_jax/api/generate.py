@@ -3,6 +3,7 @@
     python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --small-ngram --prompt "Write a haiku"
     python -m dart_jax.generate                       # the embedded demo model, offline
     python -m dart_jax.generate --compare-ar --json   # DART vs plain decoding, machine-readable
+    python -m dart_jax.generate --prompts in.jsonl --output out.jsonl --batch-size 8   # many prompts
 
 Streams the text, then prints the mean accepted length τ and tokens/s (after a short warm-up
 that compiles the shapes, so compilation is not timed). --compare-ar runs the same prompt through
@@ -14,8 +15,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import re
 import sys
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from dart_jax.decoding.engine import Stats
 from dart_jax.decoding.settings import GenerationSettings
@@ -53,6 +58,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
     ap.add_argument("--no-warmup", action="store_true", help="time the first run, compilation included")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ap.add_argument("--prompts", metavar="FILE.jsonl",
+                    help="decode many prompts in batches: one JSON object a line with 'prompt' (text or token ids) "
+                         "or 'messages', an optional 'id', and optional per-line max_new_tokens, max_length, "
+                         "temperature, top_p, top_k, seed (the command's options are the defaults)")
+    ap.add_argument("--output", metavar="OUT.jsonl", help="with --prompts: where the results go, one line per prompt "
+                                                          "in input order (default: standard output)")
+    ap.add_argument("--batch-size", type=int, default=8, help="with --prompts: sequences decoded together")
     return ap.parse_args(argv)
 
 
@@ -78,16 +90,87 @@ def _load(args):
     return DartModel.from_pretrained(base, head, ngram, small_ngram=args.small_ngram, dtype=args.dtype, **opts)
 
 
-def run(args, out=None) -> dict:
-    out = out or sys.stdout
-    try:  # checked once, before anything is loaded
-        settings = GenerationSettings(args.max_new_tokens, args.max_length, args.temperature, args.top_p, args.top_k,
-                                      args.seed)
+_SETTING_NAMES = ("max_new_tokens", "max_length", "temperature", "top_p", "top_k", "seed")
+
+
+def _settings(args) -> GenerationSettings:
+    """The command's generation settings, checked once before anything is loaded; errors name the flags."""
+    try:
+        return GenerationSettings(*(getattr(args, name) for name in _SETTING_NAMES))
     except ValueError as e:
         message = str(e)
-        for name in ("max_new_tokens", "max_length", "temperature", "top_p", "top_k"):
+        for name in _SETTING_NAMES:
             message = message.replace(name, "--" + name.replace("_", "-"))
         raise ValueError(message) from None
+
+
+def read_requests(path: str | Path, defaults: GenerationSettings) -> list[dict]:
+    """The lines of a --prompts file as {'id', 'prompt', 'settings'}; a bad line is an error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--prompts file {path} not found; pass a JSONL file with one "
+                                "{\"prompt\": ...} or {\"messages\": [...]} object per line.")
+    requests = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+                raise ValueError("expected an object with exactly one of 'prompt' and 'messages'")
+            prompt = item.get("prompt", item.get("messages"))
+            if not prompt or not isinstance(prompt, (str, list)):
+                raise ValueError("'prompt' must be non-empty text or token ids, 'messages' a non-empty list")
+            unknown = sorted(set(item) - {"prompt", "messages", "id", *_SETTING_NAMES})
+            if unknown:
+                raise ValueError(f"unknown field(s) {unknown}; known: prompt, messages, id, {', '.join(_SETTING_NAMES)}")
+            settings = dataclasses.replace(defaults, **{k: item[k] for k in _SETTING_NAMES if k in item})
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}:{n}: {e}") from None
+        requests.append({"id": item.get("id", n), "prompt": prompt, "settings": settings})
+    if not requests:
+        raise ValueError(f"{path} holds no prompts.")
+    return requests
+
+
+def run_batch(args) -> list[dict]:
+    """--prompts: decode every line, in batches of --batch-size, and write one result line per prompt."""
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
+    requests = read_requests(args.prompts, _settings(args))
+    model = _load(args)
+    chat = not args.no_chat
+    lines = []
+    with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
+        for start in range(0, len(requests), args.batch_size):
+            part = requests[start:start + args.batch_size]
+            try:
+                results = model.generate([r["prompt"] for r in part], chat=chat, settings=[r["settings"] for r in part],
+                                         batch_size=len(part))
+            except ValueError as e:  # name the line, not the index within the batch
+                index = re.search(r"prompt (\d+) of the batch", str(e))
+                if index is None:
+                    raise
+                raise ValueError(f"{args.prompts}, prompt {start + int(index.group(1)) + 1}: {e}") from None
+            for request, result in zip(part, results):
+                lines.append({"id": request["id"], "text": result.text, "token_ids": result.token_ids,
+                              "finish_reason": result.finish_reason, "accept_lengths": result.accept_lengths,
+                              "tau": result.stats["tau"], "new_tokens": result.stats["new_tokens"]})
+            bar.update(len(part))
+    text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+    if args.output:
+        out = Path(args.output)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    else:
+        sys.stdout.write(text)
+    return lines
+
+
+def run(args, out=None) -> dict:
+    out = out or sys.stdout
+    settings = _settings(args)
     model = _load(args)
     prompt = args.prompt or (DEMO_PROMPT if args.ckpt is None else DEFAULT_PROMPT)
     chat = not args.no_chat
@@ -136,7 +219,7 @@ def run(args, out=None) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        run(args)
+        run_batch(args) if args.prompts else run(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

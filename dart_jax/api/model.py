@@ -7,7 +7,9 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
 
 from transformers import AutoTokenizer
 
@@ -15,7 +17,7 @@ from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head
 from dart_jax.convert.hub import resolve
 from dart_jax.convert.qwen3 import load_qwen3_config
 from dart_jax.decoding.drafter import DartDrafter
-from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding.engine import Engine, Stats, check_prompt
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.models.checkpoints import load_dart_head, load_qwen3
 from dart_jax.ngram import TreeSettings, Trie
@@ -67,6 +69,22 @@ class GenerationResult:
     accept_lengths: list[int]  # per speculative step, k+1 (the bonus token counted)
     stats: dict[str, Any]
     prompt_ids: list[int]
+    finish_reason: str = "length"  # "eos" when generation stopped on an EOS id, else "length"
+
+
+def is_batch(prompt) -> bool:
+    """Whether `prompt` is a list of prompts: not a string, not a sequence of token ids, not a
+    `messages` list of {role, content} dicts."""
+    if isinstance(prompt, str):
+        return False
+    items = list(prompt)
+    if not items:
+        raise ValueError("the prompt is empty: pass a string, token ids, a messages list, or a non-empty list of those.")
+    return not (all(isinstance(t, (int, np.integer)) for t in items) or all(isinstance(t, Mapping) for t in items))
+
+
+def _finish_reason(token_ids: Sequence[int], eos_ids: frozenset[int]) -> str:
+    return "eos" if token_ids and token_ids[-1] in eos_ids else "length"
 
 
 def published_base(dart: str | os.PathLike) -> str:
@@ -205,17 +223,24 @@ class DartModel:
                    mesh=mesh, **groups)
 
     # ------------------------------------------------------------------ prompts and text
-    def encode(self, prompt: str | Sequence[int], chat: bool = True) -> list[int]:
-        """Token ids of a prompt: strings are chat-formatted when `chat`; id sequences are used as is."""
-        if not isinstance(prompt, str):
-            return [int(t) for t in prompt]
-        if chat:
+    def encode(self, prompt: str | Sequence[int] | Sequence[Mapping], chat: bool = True) -> list[int]:
+        """Token ids of a prompt: a string is chat-formatted when `chat` (as the user turn, after the
+        system prompt if one is set); a `messages` list of {role, content} dicts always goes through
+        the chat template; token ids are used as is."""
+        items = None if isinstance(prompt, str) else list(prompt)
+        if items is not None and not (items and all(isinstance(m, Mapping) for m in items)):
+            return [int(t) for t in items]
+        if items is not None or chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ValueError("the tokenizer has no chat template; pass chat=False (--no-chat) to use the raw prompt.")
             system = self.chat_settings.system_prompt
-            messages = ([{"role": "system", "content": system}] if system else [])
-            messages.append({"role": "user", "content": prompt})
-            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+            if items is None:
+                items = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            bad = [i for i, m in enumerate(items)
+                   if not (isinstance(m.get("role"), str) and isinstance(m.get("content"), str))]
+            if bad:
+                raise ValueError(f"message {bad[0]} needs string fields 'role' and 'content', got {dict(items[bad[0]])!r}.")
+            prompt = self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True,
                                                         enable_thinking=self.chat_settings.enable_thinking)
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
@@ -223,21 +248,60 @@ class DartModel:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # ------------------------------------------------------------------ generation
+    def _result(self, ids: list[int], out: list[int], stats: Stats) -> GenerationResult:
+        return GenerationResult(out, self.decode(out), list(stats.accept_lengths), stats.as_dict(), ids,
+                                _finish_reason(out, self.engine.eos_ids))
+
     def _run(self, steps_fn, prompt, chat: bool, settings: GenerationSettings) -> GenerationResult:
         ids = self.encode(prompt, chat)
         stats = Stats()
         out = []
         for kept, _ in steps_fn(ids, settings, stats=stats):
             out.extend(kept)
-        return GenerationResult(out, self.decode(out), list(stats.accept_lengths), stats.as_dict(), ids)
+        return self._result(ids, out, stats)
 
-    def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                 chat: bool = True, settings: GenerationSettings | None = None) -> GenerationResult:
-        """DART decoding; greedy when temperature is 0, else lossless sampling. A `settings`
-        object, when given, replaces the six keyword settings."""
+    def generate(self, prompt, *, max_new_tokens: int = 512, max_length: int = 2048, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
+                 settings: GenerationSettings | Sequence[GenerationSettings] | None = None,
+                 batch_size: int = 8) -> GenerationResult | list[GenerationResult]:
+        """DART decoding; greedy when temperature is 0, else lossless sampling.
+
+        `prompt` is a string, token ids or a messages list; a list of those is decoded in batches
+        of up to `batch_size` sequences and gives a list of results in input order. A `settings`
+        object (or one per prompt of a batch), when given, replaces the six keyword settings.
+        """
+        if is_batch(prompt):
+            return self._generate_batch(list(prompt), chat, settings, batch_size,
+                                        GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed))
         settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
         return self._run(self.engine.generate_steps, prompt, chat, settings)
+
+    def _generate_batch(self, prompts: list, chat: bool, settings, batch_size: int,
+                        default: GenerationSettings) -> list[GenerationResult]:
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+        if settings is None:
+            settings = [default] * len(prompts)
+        elif isinstance(settings, GenerationSettings):
+            settings = [settings] * len(prompts)
+        elif len(settings) != len(prompts):
+            raise ValueError(f"{len(settings)} settings for {len(prompts)} prompts: pass one per prompt, or one for all.")
+        ids = []
+        for i, (prompt, s) in enumerate(zip(prompts, settings)):
+            try:
+                ids.append(check_prompt(self.encode(prompt, chat), self.engine.vocab_size, s.max_length))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"prompt {i} of the batch: {e}") from None
+        results = []
+        for start in range(0, len(ids), batch_size):
+            part = slice(start, start + batch_size)
+            stats = [Stats() for _ in ids[part]]
+            outs: list[list[int]] = [[] for _ in ids[part]]
+            for rows in self.engine.decode_batch(ids[part], settings[part], stats):
+                for out, (kept, _) in zip(outs, rows):
+                    out.extend(kept)
+            results += [self._result(p.tolist(), out, st) for p, out, st in zip(ids[part], outs, stats)]
+        return results
 
     def generate_ar(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,

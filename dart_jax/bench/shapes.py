@@ -20,7 +20,7 @@ from dart_jax.bench.util import progress, summary_ms, time_calls
 from dart_jax.convert.qwen3 import Qwen3Config
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_window
 from dart_jax.decoding.engine import verify_tree
-from dart_jax.decoding.sampling import SamplingParams
+from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.models.qwen3 import Qwen3, init_cache
 
 _QWEN3_COMMON = {"vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
@@ -138,12 +138,12 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     rng = np.random.default_rng(seed)
     cache_len = jnp.full((batch,), context, jnp.int32)
     holder = {"cache": init_cache(config, batch, max_len, jdtype)}
-    params, key = SamplingParams.make(0.0), jax.random.key(seed)
+    params, keys = GenerationSettings.sampling_rows([GenerationSettings(seed=seed)] * batch)
     window = attention_window(context + 1, max_len)
 
     def decode_call():
         token = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch,)), jnp.int32)
-        out, holder["cache"], _, _ = decoder.decode(decoder.state, token, holder["cache"], cache_len, key, params,
+        out, holder["cache"], _, _ = decoder.decode(decoder.state, token, holder["cache"], cache_len, keys, params,
                                                     window=window)
         return out
 

@@ -18,7 +18,7 @@ from flax import nnx
 
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
 
-from .sampling import SamplingParams, sample_tokens
+from .sampling import SamplingParams, sample_tokens, split_rows
 from .settings import GenerationSettings, ShapeSettings
 
 _MIN_WINDOW = 256  # smallest attention window: few compiled variants, little waste
@@ -59,20 +59,21 @@ def last_logits(target: Qwen3, hidden: jax.Array, length: jax.Array) -> jax.Arra
     return target.lm_logits(last)
 
 
-def _prefill(graphdef, state, ids, prompt_len, cache: KVCache, key, params: SamplingParams):
+def _prefill(graphdef, state, ids, prompt_len, cache: KVCache, keys, params: SamplingParams):
+    """ids [B,T] (padded prompts), per-sequence keys [B] and params [B] → first tokens [B]."""
     target = nnx.merge(graphdef, state)
     hidden, _, cache = target.extend(ids, cache, jnp.zeros((ids.shape[0],), jnp.int32))
-    key, sub = jax.random.split(key)
-    return sample_tokens(sub, last_logits(target, hidden, prompt_len), params), cache, key
+    keys, now = split_rows(keys)
+    return sample_tokens(now, last_logits(target, hidden, prompt_len), params), cache, keys
 
 
-def _decode(graphdef, state, token, cache: KVCache, cache_len, key, params: SamplingParams, *, window: int):
-    """One token; attention reads (and the new key/value goes to) the first `window` slots."""
+def _decode(graphdef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, *, window: int):
+    """One token per sequence; attention reads (and the new key/value goes to) the first `window` slots."""
     target = nnx.merge(graphdef, state)
     hidden, _, cache_w = target.extend(token[:, None], window_view(cache, window), cache_len)
     cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
-    key, sub = jax.random.split(key)
-    return sample_tokens(sub, target.lm_logits(hidden[:, 0]), params), cache, cache_len + 1, key
+    keys, now = split_rows(keys)
+    return sample_tokens(now, target.lm_logits(hidden[:, 0]), params), cache, cache_len + 1, keys
 
 
 class Budget:
@@ -132,7 +133,7 @@ class AutoregressiveDecoder:
         n = prompt_ids.size
         padded = np.zeros((1, self.shapes.bucket(n)), np.int32)
         padded[0, :n] = prompt_ids
-        params, key = settings.sampling_params(), jax.random.key(settings.seed)
+        params, key = GenerationSettings.sampling_rows([settings])
         budget = Budget(eos_ids, settings.max_new_tokens, settings.max_length - n)
         length, caches = self.pool.take(cache_length)
         cache, rest = caches[0], caches[1:]

@@ -44,7 +44,7 @@ from .autoregressive import (AutoregressiveDecoder, Budget, CachePool, attention
                              window_view)
 from .drafter import Drafter
 from .layout import prefill_layout, step_layout, tree_layout
-from .sampling import greedy_accept, process_logits, sample_accept, sample_tokens
+from .sampling import accept_trees, sample_tokens, split_rows
 from .settings import GenerationSettings, ShapeSettings
 
 
@@ -96,25 +96,26 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
     return target.lm_logits(hidden), taps, tree_kv
 
 
-def _prefill(graphdef, drafter_cls, state, ids, prompt_len, cache: KVCache, draft_cache, key, params, *,
+def _prefill(graphdef, drafter_cls, state, ids, prompt_len, cache: KVCache, draft_cache, keys, params, *,
              rows: int, k: int):
-    """ids int32[B,T] (prompt padded to the bucket), prompt_len int32[B] → packed `prefill_layout`."""
+    """ids int32[B,T] (prompts padded to the bucket), prompt_len int32[B], per-sequence PRNG keys
+    and sampling params [B] → packed `prefill_layout`."""
     pair = nnx.merge(graphdef, state)
     b, t = ids.shape
     with jax.named_scope("prefill_target"):
         hidden, taps, cache = pair.target.extend(ids, cache, jnp.zeros((b,), jnp.int32), return_taps=True)
-        key, sub = jax.random.split(key)
-        first = sample_tokens(sub, last_logits(pair.target, hidden, prompt_len), params)  # [B]
+        keys, now = split_rows(keys)
+        first = sample_tokens(now, last_logits(pair.target, hidden, prompt_len), params)  # [B]
     with jax.named_scope("prefill_draft"):
         # position i carries the token that follows it: prompt[1:] and then the sampled token
         shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
         shifted = jnp.where(jnp.arange(t)[None, :] == (prompt_len - 1)[:, None], first[:, None], shifted)
         proposal, draft_cache = drafter_cls.prefill(pair.drafter, taps, shifted, draft_cache, prompt_len, rows=rows, k=k)
     packed = prefill_layout(drafter_cls.proposal_fields(rows, k)).pack({"first": first, **proposal})
-    return packed, cache, draft_cache, key
+    return packed, cache, draft_cache, keys
 
 
-def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache_len, key, params, *,
+def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache_len, keys, params, *,
           n: int, depth: int, k: int, window: int):
     """One speculative step: tree int32[B,·] packed by `tree_layout(n, depth)` → packed
     `step_layout`. Attention reads only the first `window` cache slots, which must hold every slot
@@ -127,14 +128,8 @@ def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache
         # the tree's keys/values stay out of the cache: only the accepted path is written below
         logits, taps, tree_kv = verify_tree(pair.target, tree, window_view(cache, window), cache_len)
     with jax.named_scope("accept"):
-        key, sub = jax.random.split(key)
-
-        def sampled(logits):
-            probs = process_logits(logits, params)
-            return jax.vmap(sample_accept)(jax.random.split(sub, b), probs, tokens, parents, retrieve)
-
-        path, count, bonus = jax.lax.cond(params.greedy, lambda x: jax.vmap(greedy_accept)(x, tokens, retrieve),
-                                          sampled, logits)
+        keys, now = split_rows(keys)
+        path, count, bonus = accept_trees(now, logits, params, tokens, parents, retrieve)
     with jax.named_scope("commit"):
         at = path[None, :, :, None, None]  # [1,B,D+1,1,1] over [L,B,N,KVH,D]
         accepted = KVCache(k=jnp.take_along_axis(tree_kv.k, at, axis=2), v=jnp.take_along_axis(tree_kv.v, at, axis=2))
@@ -150,7 +145,7 @@ def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache
         draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
     layout = step_layout(depth, drafter_cls.proposal_fields(depth, k))
     packed = layout.pack({"count": count, "path_tokens": path_tokens, "bonus": bonus, **proposal})
-    return packed, cache, draft_cache, cache_len + count, key
+    return packed, cache, draft_cache, cache_len + count, keys
 
 
 _DONATE = ("cache", "draft_cache")
@@ -221,24 +216,28 @@ class Engine:
         max_new_tokens or max_length."""
         ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length)
         stats = stats if stats is not None else Stats()
-        for (kept, accepted), in self._decode([ids], settings, [stats]):
+        for (kept, accepted), in self.decode_batch([ids], [settings], [stats]):
             yield kept, accepted
 
-    def _decode(self, prompts: list[np.ndarray], settings: GenerationSettings,
-                stats: list[Stats]) -> Iterator[list[tuple[list[int], int]]]:
-        """The step loop over B sequences: yields, per step, (kept ids, accepted length) per sequence."""
+    def decode_batch(self, prompts: list[np.ndarray], settings: list[GenerationSettings],
+                     stats: list[Stats]) -> Iterator[list[tuple[list[int], int]]]:
+        """Speculative decoding of B prompts together, each with its own settings (limits,
+        sampling, seed) and stats: yields, per step, (kept ids, accepted length) per sequence
+        ([] once a sequence is done) until every sequence is done. Prompts must have passed
+        `check_prompt`."""
         b, depth, k = len(prompts), self.rows, self.tree.topk
         lens = np.array([p.size for p in prompts], np.int32)
         padded = np.zeros((b, self.shapes.bucket(int(lens.max()))), np.int32)
         for i, p in enumerate(prompts):
             padded[i, :p.size] = p
-        budgets = [Budget(self.eos_ids, settings.max_new_tokens, settings.max_length - p.size) for p in prompts]
+        budgets = [Budget(self.eos_ids, s.max_new_tokens, s.max_length - p.size) for s, p in zip(settings, prompts)]
         for s, p, budget in zip(stats, prompts, budgets):
             s.prompt_tokens, s.token_ids = p.size, budget.out
         fields = self.drafter.proposal_fields(depth, k)
         trees, outputs = tree_layout(self.n_nodes, depth), step_layout(depth, fields)
-        params, key = settings.sampling_params(), jax.random.key(settings.seed)
-        length, (cache, draft_cache) = self.pool.take(self.cache_length(int(lens.max()), settings.max_length), b)
+        params, key = GenerationSettings.sampling_rows(settings)
+        max_length = max(s.max_length for s in settings)
+        length, (cache, draft_cache) = self.pool.take(self.cache_length(int(lens.max()), max_length), b)
         reach = self.drafter.reach(depth + 1)  # slots past cache_len the drafter writes in a step
         start = time.perf_counter()
         try:

@@ -2,8 +2,9 @@
 
 The logits pipeline follows the reference's `prepare_logits_processor`: temperature, then top-p,
 then top-k (in that order, which differs from transformers' default), then softmax. The three
-settings, and the choice between greedy decoding and sampling, are traced arrays, so switching
-between them never recompiles (a `lax.cond` runs only the chosen branch).
+settings, and the choice between greedy decoding and sampling, are traced arrays — scalars, or
+one value per sequence [B] — so switching between them never recompiles. When every sequence of
+a batch is greedy a `lax.cond` skips the sampling work.
 
 Acceptance works on one tree at a time (vmap over the batch):
 - greedy: for every root-to-leaf row of `retrieve`, count the successive tokens that equal the
@@ -19,60 +20,90 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 GREEDY_TEMPERATURE = 1e-5  # at or below this the reference decodes greedily
 
 
 class SamplingParams(NamedTuple):
-    """Traced sampling settings. top_p = 1 and top_k = 0 disable those filters."""
+    """Traced sampling settings, scalars or one per sequence [B]. top_p = 1 and top_k = 0 disable
+    those filters."""
 
-    greedy: jax.Array  # bool scalar: argmax decoding, the other fields unused
-    temperature: jax.Array  # float32 scalar
-    top_p: jax.Array  # float32 scalar
-    top_k: jax.Array  # int32 scalar
+    greedy: jax.Array  # bool: argmax decoding, the other fields unused
+    temperature: jax.Array  # float32
+    top_p: jax.Array  # float32
+    top_k: jax.Array  # int32
 
     @classmethod
     def make(cls, temperature: float, top_p: float = 1.0, top_k: int = 0) -> "SamplingParams":
-        return cls(jnp.bool_(is_greedy(temperature)), jnp.float32(max(temperature, GREEDY_TEMPERATURE)),
-                   jnp.float32(top_p), jnp.int32(top_k))
+        return cls.rows([(temperature, top_p, top_k)], scalar=True)
+
+    @classmethod
+    def rows(cls, settings, *, scalar: bool = False) -> "SamplingParams":
+        """Per-sequence params [B] from (temperature, top_p, top_k) triples (a scalar set for one
+        triple with `scalar`)."""
+        t = np.array([float(x[0]) for x in settings], np.float32)
+        out = cls(jnp.asarray(t <= GREEDY_TEMPERATURE), jnp.asarray(np.maximum(t, GREEDY_TEMPERATURE)),
+                  jnp.asarray(np.array([float(x[1]) for x in settings], np.float32)),
+                  jnp.asarray(np.array([int(x[2]) for x in settings], np.int32)))
+        return cls(*(f[0] for f in out)) if scalar else out
 
 
 def is_greedy(temperature: float) -> bool:
     return temperature <= GREEDY_TEMPERATURE
 
 
+def per_row(x: jax.Array, ndim: int) -> jax.Array:
+    """A scalar or per-sequence [B] value shaped to broadcast against an array of `ndim` axes."""
+    x = jnp.asarray(x)
+    return x.reshape(x.shape + (1,) * (ndim - x.ndim))
+
+
 def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """Probabilities [..., V] (float32) after temperature → top-p → top-k → softmax.
+    """Probabilities [..., V] (float32) after temperature → top-p → top-k → softmax; per-sequence
+    params apply along the leading axis of `logits` [B, ..., V].
 
     top-p removes the tokens whose ascending cumulative probability is <= 1 - top_p (the most
     likely token always survives); top-k then removes the tokens whose filtered logit is below the
     k-th largest (ties kept), as transformers' warpers do.
     """
-    x = logits.astype(jnp.float32) / params.temperature
+    nd = logits.ndim
+    top_p, top_k = per_row(params.top_p, nd), per_row(params.top_k, nd)
+    x = logits.astype(jnp.float32) / per_row(params.temperature, nd)
     vocab = x.shape[-1]
     order = jnp.argsort(x, axis=-1)  # ascending
     asc = jnp.take_along_axis(x, order, axis=-1)
     cum = jnp.cumsum(jax.nn.softmax(asc, axis=-1), axis=-1)
-    drop_sorted = (cum <= 1.0 - params.top_p) & (params.top_p < 1.0)
+    drop_sorted = (cum <= 1.0 - top_p) & (top_p < 1.0)
     drop_sorted = drop_sorted.at[..., -1].set(False)
     drop = jnp.zeros_like(drop_sorted)
     drop = jnp.put_along_axis(drop, order, drop_sorted, axis=-1, inplace=False)
     x = jnp.where(drop, -jnp.inf, x)
     # The k-th largest surviving logit: the ascending order is unchanged by the top-p mask.
     asc_filtered = jnp.where(drop_sorted, -jnp.inf, asc)
-    k = jnp.clip(params.top_k, 1, vocab)
-    kth = jnp.take(asc_filtered, vocab - k, axis=-1)[..., None]
-    x = jnp.where((params.top_k > 0) & (x < kth), -jnp.inf, x)
+    at = jnp.broadcast_to(vocab - jnp.clip(top_k, 1, vocab), asc.shape[:-1] + (1,))
+    kth = jnp.take_along_axis(asc_filtered, at, axis=-1)
+    x = jnp.where((top_k > 0) & (x < kth), -jnp.inf, x)
     return jax.nn.softmax(x, axis=-1)
 
 
-def sample_tokens(key: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """One token per row of `logits` [..., V]: the argmax when `params.greedy`, else a draw."""
+def split_rows(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-sequence keys [B] → (the next keys, keys to use now), each [B]."""
+    pairs = jax.vmap(jax.random.split)(keys)
+    return pairs[:, 0], pairs[:, 1]
 
-    def draw(logits):
-        return jax.random.categorical(key, jnp.log(process_logits(logits, params)), axis=-1).astype(jnp.int32)
 
-    return jax.lax.cond(params.greedy, lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32), draw, logits)
+def sample_tokens(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """One token per sequence of `logits` [B, V] with per-sequence keys [B] and params [B]: the
+    argmax for greedy sequences, else a draw."""
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def mixed(logits):
+        probs = process_logits(logits, params)
+        drawn = jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(keys, probs).astype(jnp.int32)
+        return jnp.where(params.greedy, greedy, drawn)
+
+    return jax.lax.cond(jnp.all(params.greedy), lambda logits: greedy, mixed, logits)
 
 
 class Acceptance(NamedTuple):
@@ -152,3 +183,16 @@ def sample_accept(key: jax.Array, probs: jax.Array, tokens: jax.Array, parents: 
     rest = jnp.where(rejected, 0.0, probs[node])
     bonus = jax.random.categorical(bonus_key, jnp.log(rest / jnp.maximum(rest.sum(), 1e-30)))
     return Acceptance(path, count, bonus.astype(jnp.int32))
+
+
+def accept_trees(keys: jax.Array, logits: jax.Array, params: SamplingParams, tokens: jax.Array,
+                 parents: jax.Array, retrieve: jax.Array) -> Acceptance:
+    """Acceptance of B trees (logits [B,N,V]) with per-sequence keys and params: greedy
+    sequences by `greedy_accept`, the others by `sample_accept`."""
+    greedy = jax.vmap(greedy_accept)(logits, tokens, retrieve)
+
+    def mixed(logits):
+        sampled = jax.vmap(sample_accept)(keys, process_logits(logits, params), tokens, parents, retrieve)
+        return Acceptance(*(jnp.where(per_row(params.greedy, g.ndim), g, s) for g, s in zip(greedy, sampled)))
+
+    return jax.lax.cond(jnp.all(params.greedy), lambda logits: greedy, mixed, logits)

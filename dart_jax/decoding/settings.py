@@ -4,6 +4,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from .sampling import SamplingParams, is_greedy
 
 
@@ -20,6 +24,14 @@ class GenerationSettings:
     seed: int = 0
 
     def __post_init__(self):
+        for name in ("max_new_tokens", "max_length", "top_k", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"{name} must be a number, got {value!r}.")
         if int(self.max_new_tokens) < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if int(self.max_length) < 2:
@@ -35,8 +47,11 @@ class GenerationSettings:
     def greedy(self) -> bool:
         return is_greedy(self.temperature)
 
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams.make(self.temperature, self.top_p, self.top_k)
+    @staticmethod
+    def sampling_rows(settings: "list[GenerationSettings]") -> tuple[SamplingParams, jax.Array]:
+        """Per-sequence sampling params [B] and PRNG keys [B] of a batch of requests."""
+        params = SamplingParams.rows([(s.temperature, s.top_p, s.top_k) for s in settings])
+        return params, jnp.stack([jax.random.key(s.seed) for s in settings])
 
 
 @dataclasses.dataclass(frozen=True)
