@@ -16,6 +16,7 @@ import torch
 
 from dart_jax.api.model import DartModel, load_trie, published_base
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
+from dart_jax.decoding.batcher import Batcher
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.engine import Engine, Stats
 from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
@@ -492,3 +493,65 @@ def test_generate_a_list_of_prompts(tiny):
         model.generate([], max_new_tokens=2)
     with pytest.raises(ValueError, match="settings for"):
         model.generate(["a", "b"], settings=[GenerationSettings()])
+
+
+def test_continuous_batching_requests_join_and_leave(tiny):
+    """A pool of 2 slots and 5 requests of different lengths and limits, one stopping on EOS,
+    one submitted while others run: each request gets its own greedy output (the oracle decodes
+    it alone), a finished request frees its slot at once, and no step compiles anything new once
+    the pool's shapes have been seen."""
+    long_prompt = [int(t) for t in np.random.default_rng(6).integers(3, VOCAB, 33)]
+    full, _, _ = run(engine_for(tiny).generate_ar_steps, PROMPTS[2], max_new_tokens=30)
+    engine = engine_for(tiny, cheating_trie(tiny), eos=(full[len(full) // 2],))
+    jobs = [(PROMPTS[2], 30), (PROMPTS[0], 3), (long_prompt, 14), (PROMPTS[1], 9), (PROMPTS[0], 20)]
+    alone = [run(engine.generate_ar_steps, p, max_new_tokens=n)[0] for p, n in jobs]
+    assert len(alone[0]) < 30, "the first request should stop on EOS"
+
+    def serve(late_after: int):
+        pool = Batcher(engine, 2, 2048)
+        try:
+            handles = [pool.submit(p, GenerationSettings(max_new_tokens=n)) for p, n in jobs[:-1]]
+            steps = 0
+            while pool.active:
+                moved = pool.step()
+                assert len(moved) <= 2 and sum(r is not None for r in pool.busy) <= 2
+                for request, _, _ in moved:
+                    if request.done:
+                        assert request not in pool.busy  # its slot is free at once
+                steps += 1
+                if steps == late_after:
+                    handles.append(pool.submit(jobs[-1][0], GenerationSettings(max_new_tokens=jobs[-1][1])))
+        finally:
+            pool.close()
+        return handles
+
+    handles = serve(late_after=4)
+    assert [h.token_ids for h in handles] == alone
+    assert all(h.done and h.stats.new_tokens == len(h.token_ids) for h in handles)
+    assert handles[0].finish_reason == "eos" and handles[1].finish_reason == "length"
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        again = serve(late_after=2)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert [h.token_ids for h in again] == alone
+    assert compiles == []
+
+
+def test_pool_that_does_not_fit_is_a_clear_error(tiny):
+    with pytest.raises(ValueError, match=r"GiB of caches.*fewer slots"):
+        Batcher(engine_for(tiny), 1 << 20, 2048)
+    pool = Batcher(engine_for(tiny), 1, 64)
+    try:
+        with pytest.raises(ValueError, match="exceeds the pool's 64"):
+            pool.submit(PROMPTS[0], GenerationSettings(max_length=128))
+        with pytest.raises(ValueError, match="vocabulary"):
+            pool.submit([VOCAB + 1], GenerationSettings(max_length=64))
+    finally:
+        pool.close()

@@ -16,13 +16,12 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from dart_jax.decoding.engine import Stats
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 
 from .model import DartModel
@@ -64,7 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "temperature, top_p, top_k, seed (the command's options are the defaults)")
     ap.add_argument("--output", metavar="OUT.jsonl", help="with --prompts: where the results go, one line per prompt "
                                                           "in input order (default: standard output)")
-    ap.add_argument("--batch-size", type=int, default=8, help="with --prompts: sequences decoded together")
+    ap.add_argument("--batch-size", type=int, default=8,
+                    help="with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
+                         "power of two; a finished sequence's slot takes the next prompt at once)")
     return ap.parse_args(argv)
 
 
@@ -127,7 +128,7 @@ def read_requests(path: str | Path, defaults: GenerationSettings) -> list[dict]:
             settings = dataclasses.replace(defaults, **{k: item[k] for k in _SETTING_NAMES if k in item})
         except (ValueError, TypeError) as e:
             raise ValueError(f"{path}:{n}: {e}") from None
-        requests.append({"id": item.get("id", n), "prompt": prompt, "settings": settings})
+        requests.append({"id": item.get("id", n), "line": n, "prompt": prompt, "settings": settings})
     if not requests:
         raise ValueError(f"{path} holds no prompts.")
     return requests
@@ -140,23 +141,32 @@ def run_batch(args) -> list[dict]:
     requests = read_requests(args.prompts, _settings(args))
     model = _load(args)
     chat = not args.no_chat
-    lines = []
-    with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
-        for start in range(0, len(requests), args.batch_size):
-            part = requests[start:start + args.batch_size]
+    ids = []
+    for request in requests:
+        try:
+            ids.append(model.encode(request["prompt"], chat))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{args.prompts}: prompt {request['line']}: {e}") from None
+    slots = min(1 << (args.batch_size - 1).bit_length(), 1 << (len(ids) - 1).bit_length())
+    pool = model.batcher(slots, max(r["settings"].max_length for r in requests))
+    try:
+        handles = []
+        for request, prompt_ids in zip(requests, ids):
             try:
-                results = model.generate([r["prompt"] for r in part], chat=chat, settings=[r["settings"] for r in part],
-                                         batch_size=len(part))
-            except ValueError as e:  # name the line, not the index within the batch
-                index = re.search(r"prompt (\d+) of the batch", str(e))
-                if index is None:
-                    raise
-                raise ValueError(f"{args.prompts}, prompt {start + int(index.group(1)) + 1}: {e}") from None
-            for request, result in zip(part, results):
-                lines.append({"id": request["id"], "text": result.text, "token_ids": result.token_ids,
-                              "finish_reason": result.finish_reason, "accept_lengths": result.accept_lengths,
-                              "tau": result.stats["tau"], "new_tokens": result.stats["new_tokens"]})
-            bar.update(len(part))
+                handles.append(pool.submit(prompt_ids, request["settings"]))
+            except ValueError as e:
+                raise ValueError(f"{args.prompts}: prompt {request['line']}: {e}") from None
+        with tqdm(total=len(handles), desc="generate", unit="prompt", file=sys.stderr) as bar:
+            while pool.active:
+                bar.update(sum(request.done for request, _, _ in pool.step()))
+    finally:
+        pool.close()
+    lines = []
+    for request, handle in zip(requests, handles):
+        text = model.decode(handle.token_ids)
+        lines.append({"id": request["id"], "text": text, "token_ids": list(handle.token_ids),
+                      "finish_reason": handle.finish_reason, "accept_lengths": list(handle.stats.accept_lengths),
+                      "tau": handle.stats.mean_accept_length, "new_tokens": handle.stats.new_tokens})
     text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
     if args.output:
         out = Path(args.output)

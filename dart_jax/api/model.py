@@ -17,7 +17,9 @@ from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head
 from dart_jax.convert.hub import resolve
 from dart_jax.convert.qwen3 import load_qwen3_config
 from dart_jax.decoding.drafter import DartDrafter
-from dart_jax.decoding.engine import Engine, Stats, check_prompt
+from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.engine import Engine
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.models.checkpoints import load_dart_head, load_qwen3
 from dart_jax.ngram import TreeSettings, Trie
@@ -276,6 +278,14 @@ class DartModel:
         settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
         return self._run(self.engine.generate_steps, prompt, chat, settings)
 
+    def batcher(self, slots: int = 8, max_length: int = 2048) -> Batcher:
+        """A pool of `slots` sequences over this model (continuous batching): `submit(ids, settings)`
+        queues a request and returns its handle (`.token_ids`, `.done`, `.finish_reason`, `.stats`),
+        `step()` admits waiting requests or advances the running ones and returns what moved,
+        `run()` steps until all are done; `close()` hands the caches back. Token ids come from
+        `encode`."""
+        return Batcher(self.engine, slots, max_length)
+
     def _generate_batch(self, prompts: list, chat: bool, settings, batch_size: int,
                         default: GenerationSettings) -> list[GenerationResult]:
         if int(batch_size) < 1:
@@ -287,20 +297,25 @@ class DartModel:
         elif len(settings) != len(prompts):
             raise ValueError(f"{len(settings)} settings for {len(prompts)} prompts: pass one per prompt, or one for all.")
         ids = []
-        for i, (prompt, s) in enumerate(zip(prompts, settings)):
+        for i, prompt in enumerate(prompts):
             try:
-                ids.append(check_prompt(self.encode(prompt, chat), self.engine.vocab_size, s.max_length))
+                ids.append(self.encode(prompt, chat))
             except (ValueError, TypeError) as e:
                 raise ValueError(f"prompt {i} of the batch: {e}") from None
-        results = []
-        for start in range(0, len(ids), batch_size):
-            part = slice(start, start + batch_size)
-            stats = [Stats() for _ in ids[part]]
-            outs: list[list[int]] = [[] for _ in ids[part]]
-            for rows in self.engine.decode_batch(ids[part], settings[part], stats):
-                for out, (kept, _) in zip(outs, rows):
-                    out.extend(kept)
-            results += [self._result(p.tolist(), out, st) for p, out, st in zip(ids[part], outs, stats)]
+        # a power of two: few pool shapes to compile; no more slots than prompts
+        slots = min(1 << (int(batch_size) - 1).bit_length(), 1 << (len(ids) - 1).bit_length())
+        batcher = self.batcher(slots, max(s.max_length for s in settings))
+        try:
+            requests = []
+            for i, (prompt_ids, s) in enumerate(zip(ids, settings)):
+                try:
+                    requests.append(batcher.submit(prompt_ids, s))
+                except ValueError as e:
+                    raise ValueError(f"prompt {i} of the batch: {e}") from None
+            batcher.run()
+        finally:
+            batcher.close()
+        results = [self._result(list(p), list(r.token_ids), r.stats) for p, r in zip(ids, requests)]
         return results
 
     def generate_ar(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,

@@ -25,7 +25,7 @@ from dart_jax.api.model import DartModel
 from dart_jax.bench.shapes import KNOWN_SHAPES
 from dart_jax.bench.tiny import build_random_assets
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
-from dart_jax.decoding.engine import Stats
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 
 PHASES = ("verify_draft_device", "topk_transfer", "tree_search", "host_overhead")

@@ -19,6 +19,7 @@ from flax import nnx
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
 
 from .sampling import SamplingParams, sample_tokens, split_rows
+from .requests import Budget
 from .settings import GenerationSettings, ShapeSettings
 
 _MIN_WINDOW = 256  # smallest attention window: few compiled variants, little waste
@@ -74,24 +75,6 @@ def _decode(graphdef, state, token, cache: KVCache, cache_len, keys, params: Sam
     cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
     keys, now = split_rows(keys)
     return sample_tokens(now, target.lm_logits(hidden[:, 0]), params), cache, cache_len + 1, keys
-
-
-class Budget:
-    """One sequence's output: appends tokens until EOS, max_new_tokens or max_length."""
-
-    def __init__(self, eos_ids: frozenset[int], max_new_tokens: int, room: int):
-        self.eos_ids, self.limit, self.out, self.done = eos_ids, min(max_new_tokens, room), [], False
-
-    def take(self, ids) -> list[int]:
-        """Append what still counts of `ids`; returns that part."""
-        kept = []
-        for t in ids:
-            if self.done:
-                break
-            kept.append(int(t))
-            self.done = int(t) in self.eos_ids or len(self.out) + len(kept) >= self.limit
-        self.out.extend(kept)
-        return kept
 
 
 class CachePool:

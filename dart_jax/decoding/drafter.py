@@ -62,9 +62,11 @@ class Drafter(abc.ABC):
 
     @staticmethod
     @abc.abstractmethod
-    def prefill(module, taps, next_ids, cache, n_real, *, rows: int, k: int):
+    def prefill(module, taps, next_ids, cache, start, n_real, *, rows: int, k: int):
         """First draft after the prompt: taps [B,T,3H] of the (padded) prompt, next_ids [B,T]
-        (the token that follows each position), n_real [B] real positions → (proposal, cache)."""
+        (the token that follows each position), n_real [B] real positions, written from `start`
+        [B] (0, or the cache length for a row that is not being prefilled: such writes must be
+        dropped) → (proposal, cache)."""
 
     @staticmethod
     @abc.abstractmethod
@@ -115,9 +117,8 @@ class DartDrafter(Drafter):
         return (Field("cand_ids", (rows, k)), Field("cand_probs", (rows, k), "float32"))
 
     @staticmethod
-    def prefill(module, taps, next_ids, cache, n_real, *, rows: int, k: int):
-        zero = jnp.zeros(next_ids.shape[:1], jnp.int32)
-        return DartDrafter.extend(module, taps, next_ids, cache, zero, n_real, rows=rows, k=k)
+    def prefill(module, taps, next_ids, cache, start, n_real, *, rows: int, k: int):
+        return DartDrafter.extend(module, taps, next_ids, cache, start, n_real, rows=rows, k=k)
 
     @staticmethod
     def extend(module, taps, next_ids, cache, cache_len, n_real, *, rows: int, k: int):

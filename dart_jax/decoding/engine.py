@@ -27,57 +27,23 @@ whatever it appends, e.g. DART's m mask slots) from `cache_len`, and advancing b
 """
 from __future__ import annotations
 
-import dataclasses
-import time
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, write_cache
 from dart_jax.models.sharding import shard_cache
 from dart_jax.ngram import TreeSettings
 
-from .autoregressive import (AutoregressiveDecoder, Budget, CachePool, attention_window, jitted, last_logits,
-                             window_view)
+from .autoregressive import AutoregressiveDecoder, CachePool, jitted, last_logits, window_view
+from .batcher import Batcher
 from .drafter import Drafter
 from .layout import prefill_layout, step_layout, tree_layout
+from .requests import Stats, check_prompt
 from .sampling import accept_trees, sample_tokens, split_rows
 from .settings import GenerationSettings, ShapeSettings
-
-
-@dataclasses.dataclass
-class Stats:
-    """Per-generation figures of one sequence; times in seconds."""
-
-    new_tokens: int = 0
-    steps: int = 0
-    prompt_tokens: int = 0
-    total_s: float = 0.0
-    prefill_s: float = 0.0  # prompt through target (+ drafter), incl. the first transfer
-    device_s: float = 0.0  # per-step verify + draft on the device, incl. both transfers
-    tree_s: float = 0.0  # tree construction on the CPU
-    accept_lengths: list[int] = dataclasses.field(default_factory=list)
-    token_ids: list[int] = dataclasses.field(default_factory=list)  # the generated ids so far
-
-    @property
-    def host_s(self) -> float:
-        return max(self.total_s - self.prefill_s - self.device_s - self.tree_s, 0.0)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
-
-    @property
-    def mean_accept_length(self) -> float:
-        return float(np.mean(self.accept_lengths)) if self.accept_lengths else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"new_tokens": self.new_tokens, "steps": self.steps, "prompt_tokens": self.prompt_tokens,
-                "tokens_per_s": self.tokens_per_s, "tau": self.mean_accept_length, "total_s": self.total_s,
-                "prefill_s": self.prefill_s, "device_s": self.device_s, "tree_s": self.tree_s, "host_s": self.host_s}
 
 
 class _Pair(nnx.Module):
@@ -96,21 +62,26 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
     return target.lm_logits(hidden), taps, tree_kv
 
 
-def _prefill(graphdef, drafter_cls, state, ids, prompt_len, cache: KVCache, draft_cache, keys, params, *,
+def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCache, draft_cache, keys, params, *,
              rows: int, k: int):
-    """ids int32[B,T] (prompts padded to the bucket), prompt_len int32[B], per-sequence PRNG keys
-    and sampling params [B] → packed `prefill_layout`."""
+    """Prompts into the rows whose `start` [B] is 0: ids int32[B,T] (padded to the bucket),
+    prompt_len int32[B], per-sequence PRNG keys and sampling params [B] → packed `prefill_layout`.
+    A row whose `start` is the cache length is left alone: its writes fall past the cache and are
+    dropped, its key is kept, and its outputs are junk the host ignores."""
     pair = nnx.merge(graphdef, state)
     b, t = ids.shape
+    admit = start < cache.k.shape[2]
     with jax.named_scope("prefill_target"):
-        hidden, taps, cache = pair.target.extend(ids, cache, jnp.zeros((b,), jnp.int32), return_taps=True)
-        keys, now = split_rows(keys)
+        hidden, taps, cache = pair.target.extend(ids, cache, start, return_taps=True)
+        after, now = split_rows(keys)
+        keys = jnp.where(admit, after, keys)
         first = sample_tokens(now, last_logits(pair.target, hidden, prompt_len), params)  # [B]
     with jax.named_scope("prefill_draft"):
         # position i carries the token that follows it: prompt[1:] and then the sampled token
         shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
         shifted = jnp.where(jnp.arange(t)[None, :] == (prompt_len - 1)[:, None], first[:, None], shifted)
-        proposal, draft_cache = drafter_cls.prefill(pair.drafter, taps, shifted, draft_cache, prompt_len, rows=rows, k=k)
+        proposal, draft_cache = drafter_cls.prefill(pair.drafter, taps, shifted, draft_cache, start, prompt_len,
+                                                    rows=rows, k=k)
     packed = prefill_layout(drafter_cls.proposal_fields(rows, k)).pack({"first": first, **proposal})
     return packed, cache, draft_cache, keys
 
@@ -149,22 +120,6 @@ def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache
 
 
 _DONATE = ("cache", "draft_cache")
-
-
-def check_prompt(prompt_ids: Sequence[int], vocab: int, max_length: int) -> np.ndarray:
-    """A prompt as int32 ids, or a ValueError naming what is wrong with it."""
-    ids = np.asarray(prompt_ids)
-    if ids.ndim != 1 or ids.size == 0:
-        raise ValueError(f"the prompt must be a non-empty sequence of token ids, got shape {ids.shape}.")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"prompt token ids must be integers, got dtype {ids.dtype}.")
-    if ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"prompt token ids must lie in [0, {vocab}) (the target's vocabulary); "
-                         f"found range [{ids.min()}, {ids.max()}].")
-    if ids.size >= int(max_length):
-        raise ValueError(f"the prompt has {ids.size} tokens but max_length is {max_length}: max_length counts the "
-                         "prompt plus the generated tokens, so raise max_length or shorten the prompt.")
-    return ids.astype(np.int32)
 
 
 class Engine:
@@ -214,83 +169,26 @@ class Engine:
         """Speculative decoding of one prompt. Yields (new token ids, accepted length k+1 of the
         step; 0 for the first token, which comes from the prefill). Stops after EOS (included),
         max_new_tokens or max_length."""
-        ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length)
         stats = stats if stats is not None else Stats()
-        for (kept, accepted), in self.decode_batch([ids], [settings], [stats]):
+        for (kept, accepted), in self.decode_batch([prompt_ids], [settings], [stats]):
             yield kept, accepted
 
-    def decode_batch(self, prompts: list[np.ndarray], settings: list[GenerationSettings],
+    def decode_batch(self, prompts: list, settings: list[GenerationSettings],
                      stats: list[Stats]) -> Iterator[list[tuple[list[int], int]]]:
-        """Speculative decoding of B prompts together, each with its own settings (limits,
-        sampling, seed) and stats: yields, per step, (kept ids, accepted length) per sequence
-        ([] once a sequence is done) until every sequence is done. Prompts must have passed
-        `check_prompt`."""
-        b, depth, k = len(prompts), self.rows, self.tree.topk
-        lens = np.array([p.size for p in prompts], np.int32)
-        padded = np.zeros((b, self.shapes.bucket(int(lens.max()))), np.int32)
-        for i, p in enumerate(prompts):
-            padded[i, :p.size] = p
-        budgets = [Budget(self.eos_ids, s.max_new_tokens, s.max_length - p.size) for s, p in zip(settings, prompts)]
-        for s, p, budget in zip(stats, prompts, budgets):
-            s.prompt_tokens, s.token_ids = p.size, budget.out
-        fields = self.drafter.proposal_fields(depth, k)
-        trees, outputs = tree_layout(self.n_nodes, depth), step_layout(depth, fields)
-        params, key = GenerationSettings.sampling_rows(settings)
-        max_length = max(s.max_length for s in settings)
-        length, (cache, draft_cache) = self.pool.take(self.cache_length(int(lens.max()), max_length), b)
-        reach = self.drafter.reach(depth + 1)  # slots past cache_len the drafter writes in a step
-        start = time.perf_counter()
+        """Speculative decoding of B prompts together in a pool of B slots, each with its own
+        settings (limits, sampling, seed) and stats: yields, per call of the pool, (new ids,
+        accepted length) per sequence (([], 0) for one that did not move) until all are done."""
+        batcher = Batcher(self, len(prompts), max(s.max_length for s in settings))
         try:
-            packed, cache, draft_cache, key = self._prefill(self._state, jnp.asarray(padded), jnp.asarray(lens), cache,
-                                                            draft_cache, key, params, rows=depth, k=k)
-            out = prefill_layout(fields).unpack(np.asarray(packed))
-            # the ids fed to the drafter (prompt[1:] + first), of which the tree search reads the last ones
-            fed = [np.append(p[1:], out["first"][i])[-(depth + 1):] for i, p in enumerate(prompts)]
-            preceding, preceding_len = self._preceding(fed, depth)
-            for s in stats:
-                s.prefill_s = time.perf_counter() - start
-            yield self._take(budgets, stats, [[int(t)] for t in out["first"]], [0] * b)
-            cache_len, committed = jnp.asarray(lens), int(lens.max())  # committed: the longest row, for the window
-            while not all(budget.done for budget in budgets):
-                t0 = time.perf_counter()
-                tree = self.drafter.tree(out, preceding, preceding_len, self.trie, self.tree, self.tree_eos_id)
-                packed_tree = trees.pack({f.name: getattr(tree, f.name) for f in trees.fields})
-                t1 = time.perf_counter()
-                packed, cache, draft_cache, cache_len, key = self._step(
-                    self._state, jax.device_put(packed_tree), cache, draft_cache, cache_len, key, params,
-                    n=self.n_nodes, depth=depth, k=k, window=attention_window(committed + reach, length))
-                out = outputs.unpack(np.asarray(packed))
-                t2 = time.perf_counter()
-                count = out["count"]
-                committed += int(count.max())
-                fed = [np.append(out["path_tokens"][i, 1:c], out["bonus"][i]) for i, c in enumerate(count)]
-                preceding, preceding_len = self._preceding(fed, depth)
-                for s, budget, c in zip(stats, budgets, count):
-                    if not budget.done:
-                        s.tree_s += t1 - t0
-                        s.device_s += t2 - t1
-                        s.steps += 1
-                        s.accept_lengths.append(int(c))
-                yield self._take(budgets, stats, fed, count.tolist())
+            for prompt, s, st in zip(prompts, settings, stats):
+                batcher.submit(prompt, s, st)
+            while batcher.active:
+                rows: list[tuple[list[int], int]] = [([], 0)] * len(prompts)
+                for request, kept, accepted in batcher.step():
+                    rows[request.index] = (kept, accepted)
+                yield rows
         finally:
-            for s in stats:
-                s.total_s = time.perf_counter() - start
-            self.pool.keep(length, (cache, draft_cache), b)
-
-    @staticmethod
-    def _preceding(fed: list[np.ndarray], depth: int) -> tuple[np.ndarray, np.ndarray]:
-        out = np.zeros((len(fed), depth + 1), np.int64)
-        for i, ids in enumerate(fed):
-            out[i, :ids.size] = ids
-        return out, np.array([ids.size for ids in fed], np.int64)
-
-    @staticmethod
-    def _take(budgets, stats, new_ids, counts) -> list[tuple[list[int], int]]:
-        rows = []
-        for budget, s, ids, count in zip(budgets, stats, new_ids, counts):
-            rows.append((budget.take(ids), int(count)))
-            s.new_tokens = len(budget.out)
-        return rows
+            batcher.close()
 
     def generate_ar_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
                           stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:

@@ -215,10 +215,14 @@ class DartHead(nnx.Module):
             visible = slot[:, None, :] <= rows[..., None]                              # [B,d,T]
             return self.draft_rows(x, g, positions, rows, visible)
         held = {}
-        write = jax.vmap(lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (at, 0, 0)))
+        batch = jnp.arange(b)[:, None]
+        # slots past the cache are dropped, not clamped: a write aimed beyond it (a slot that is not
+        # being prefilled, see decoding.batcher) leaves the cache as it is
+        slots = start[:, None] + slot                                                  # [B,T]
 
         def store(k, v):
-            held["cache"] = HeadCache(k=write(cache.k, k, start), v=write(cache.v, v, start))
+            held["cache"] = HeadCache(k=cache.k.at[batch, slots].set(k.astype(cache.k.dtype), mode="drop"),
+                                      v=cache.v.at[batch, slots].set(v.astype(cache.v.dtype), mode="drop"))
             return held["cache"].k.astype(self.dtype), held["cache"].v.astype(self.dtype)
 
         visible = jnp.arange(cache.k.shape[1])[None, None, :] <= (start[:, None] + rows)[..., None]  # [B,d,S]

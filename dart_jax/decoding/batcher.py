@@ -1,0 +1,257 @@
+"""Continuous batching: a fixed pool of sequence slots on the device that requests join and leave.
+
+`Batcher(engine, slots, max_length)` holds the caches of `slots` sequences and, per slot, its
+committed length, PRNG key, sampling settings and the drafter's last proposal. `submit` queues a
+request (token ids and its own `GenerationSettings`); each `step` either prefills waiting requests
+into the free slots (one jitted call; the other slots are left untouched) or runs one speculative
+step for every busy slot (one jitted call, one tree search over the busy slots, one transfer each
+way). A request that finishes frees its slot at once. The pool size and every shape are static, so
+requests come and go without compiling anything after warm-up.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .autoregressive import attention_window
+from .layout import prefill_layout, step_layout, tree_layout
+from .requests import Budget, Stats, check_prompt
+from .sampling import SamplingParams
+from .settings import GenerationSettings
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """A submitted generation; `token_ids` grows as it runs, `done` when it stopped."""
+
+    prompt_ids: np.ndarray
+    settings: GenerationSettings
+    stats: Stats
+    budget: Budget
+    index: int  # submission order
+    slot: int | None = None
+    _started: float = 0.0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.budget.out
+
+    @property
+    def done(self) -> bool:
+        return self.budget.done
+
+    @property
+    def finish_reason(self) -> str | None:
+        """'eos' or 'length' once done, else None."""
+        if not self.done:
+            return None
+        return "eos" if self.token_ids and self.token_ids[-1] in self.budget.eos_ids else "length"
+
+
+def device_memory_bytes() -> int | None:
+    """What the default device can hold: its allocator's limit, or the host's memory on a CPU."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    if device.platform == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+class Batcher:
+    """A pool of `slots` sequences of at most `max_length` tokens each over `engine`."""
+
+    def __init__(self, engine, slots: int, max_length: int = 2048):
+        """`engine`: a `dart_jax.decoding.engine.Engine` (its jitted calls, drafter, trie and caches)."""
+        if int(slots) < 1:
+            raise ValueError(f"the pool needs at least one slot, got {slots}.")
+        if int(max_length) < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}.")
+        self.engine, self.slots, self.max_length = engine, int(slots), int(max_length)
+        self.length = engine.cache_length(self.max_length - 1, self.max_length)
+        self._check_memory()
+        self.depth, self.k = engine.rows, engine.tree.topk
+        self.fields = engine.drafter.proposal_fields(self.depth, self.k)
+        self.trees, self.outputs = tree_layout(engine.n_nodes, self.depth), step_layout(self.depth, self.fields)
+        _, (self.cache, self.draft_cache) = engine.pool.take(self.length, self.slots)
+        b = self.slots
+        self.cache_len = jnp.zeros((b,), jnp.int32)
+        self.keys = jnp.stack([jax.random.key(0)] * b)
+        self.settings: list[GenerationSettings | None] = [None] * b
+        self.params, self._stale_params = self._params(), False
+        self.busy: list[Request | None] = [None] * b
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.proposal = {f.name: np.zeros((b, *f.shape), np.float32 if f.dtype == "float32" else np.int32)
+                         for f in self.fields}
+        self.preceding = np.zeros((b, self.depth + 1), np.int64)
+        self.preceding_len = np.ones(b, np.int64)
+        self.committed = np.zeros(b, np.int64)
+        self._submitted = 0
+        self._empty = self._empty_trees()
+
+    def _check_memory(self) -> None:
+        shapes = jax.eval_shape(lambda: self.engine._make_caches(self.slots, self.length))
+        need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
+        have = device_memory_bytes()
+        if have and need > 0.8 * have:
+            raise ValueError(f"a pool of {self.slots} slots of {self.length} cache positions needs "
+                             f"{need / 2**30:.2f} GiB of caches but the device has {have / 2**30:.2f} GiB; "
+                             "use fewer slots (batch size) or a smaller max_length.")
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, prompt_ids, settings: GenerationSettings = GenerationSettings(),
+               stats: Stats | None = None) -> Request:
+        """Queue a request; it joins the pool at a step when a slot is free."""
+        if settings.max_length > self.max_length:
+            raise ValueError(f"the request's max_length {settings.max_length} exceeds the pool's {self.max_length}; "
+                             "open the pool with a larger max_length.")
+        ids = check_prompt(prompt_ids, self.engine.vocab_size, settings.max_length)
+        stats = stats if stats is not None else Stats()
+        budget = Budget(self.engine.eos_ids, settings.max_new_tokens, settings.max_length - ids.size)
+        stats.prompt_tokens, stats.token_ids = ids.size, budget.out
+        request = Request(ids, settings, stats, budget, self._submitted)
+        self._submitted += 1
+        self.waiting.append(request)
+        return request
+
+    @property
+    def active(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self.waiting) or any(r is not None for r in self.busy)
+
+    def step(self) -> list[tuple[Request, list[int], int]]:
+        """Admit waiting requests into free slots, or else advance every busy slot by one step.
+        Returns (request, new token ids, accepted length; 0 for a prefill's first token) for each
+        request that moved."""
+        free = [i for i, r in enumerate(self.busy) if r is None]
+        if self.waiting and free:
+            return self._admit(free)
+        if any(r is not None for r in self.busy):
+            return self._advance()
+        return []
+
+    def run(self) -> list[Request]:
+        """Step until every submitted request is done; returns them in submission order."""
+        seen: dict[int, Request] = {r.index: r for r in self.waiting}
+        seen.update({r.index: r for r in self.busy if r is not None})
+        while self.active:
+            for request, _, _ in self.step():
+                seen[request.index] = request
+        return [seen[i] for i in sorted(seen)]
+
+    def close(self) -> None:
+        """Give the caches back to the engine for the next pool (unfinished requests stay unfinished)."""
+        now = time.perf_counter()
+        for request in self.busy:
+            if request is not None:
+                request.stats.total_s = now - request._started
+        self.engine.pool.keep(self.length, (self.cache, self.draft_cache), self.slots)
+        self.busy = [None] * self.slots
+        self.waiting.clear()
+
+    # ------------------------------------------------------------------ device calls
+    def _params(self) -> SamplingParams:
+        # an empty slot decodes greedily: when every busy slot is greedy the sampling work is skipped
+        return SamplingParams.rows([(s.temperature, s.top_p, s.top_k) if s else (0.0, 1.0, 0)
+                                    for s in self.settings])
+
+    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
+        engine, b = self.engine, self.slots
+        joining = [(slot, self.waiting.popleft()) for slot in free[:len(self.waiting)]]
+        start_time = time.perf_counter()
+        bucket = engine.shapes.bucket(max(r.prompt_ids.size for _, r in joining))
+        ids = np.zeros((b, bucket), np.int32)
+        prompt_len = np.ones(b, np.int32)
+        start = np.full(b, self.length, np.int32)  # rows left alone write past the cache
+        fresh = list(self.keys)
+        for slot, request in joining:
+            ids[slot, :request.prompt_ids.size] = request.prompt_ids
+            prompt_len[slot], start[slot] = request.prompt_ids.size, 0
+            self.settings[slot], request.slot, self.busy[slot] = request.settings, slot, request
+            fresh[slot] = jax.random.key(request.settings.seed)
+            request._started = start_time
+        self.params, self._stale_params, keys = self._params(), False, jnp.stack(fresh)
+        packed, self.cache, self.draft_cache, self.keys = engine._prefill(
+            engine._state, jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.cache,
+            self.draft_cache, keys, self.params, rows=self.depth, k=self.k)
+        joined = np.zeros(b, bool)
+        joined[[slot for slot, _ in joining]] = True
+        self.cache_len = jnp.where(jnp.asarray(joined), jnp.asarray(prompt_len), self.cache_len)
+        out = prefill_layout(self.fields).unpack(np.asarray(packed))
+        elapsed = time.perf_counter() - start_time
+        events = []
+        for slot, request in joining:
+            for f in self.fields:
+                self.proposal[f.name][slot] = out[f.name][slot]
+            first = int(out["first"][slot])
+            # the ids fed to the drafter (prompt[1:] + first), of which the tree search reads the last ones
+            self._set_preceding(slot, np.append(request.prompt_ids[1:], first)[-(self.depth + 1):])
+            self.committed[slot] = request.prompt_ids.size
+            request.stats.prefill_s = elapsed
+            events.append(self._take(request, [first], 0))
+        return events
+
+    def _advance(self) -> list[tuple[Request, list[int], int]]:
+        engine = self.engine
+        if self._stale_params:
+            self.params, self._stale_params = self._params(), False
+        rows = [i for i, r in enumerate(self.busy) if r is not None]
+        t0 = time.perf_counter()
+        found = engine.drafter.tree({name: a[rows] for name, a in self.proposal.items()}, self.preceding[rows],
+                                    self.preceding_len[rows], engine.trie, engine.tree, engine.tree_eos_id)
+        trees = {name: array.copy() for name, array in self._empty.items()}
+        for name in trees:
+            trees[name][rows] = getattr(found, name)
+        packed_tree = self.trees.pack(trees)
+        t1 = time.perf_counter()
+        reach = engine.drafter.reach(self.depth + 1)
+        window = attention_window(int(self.committed[rows].max()) + reach, self.length)
+        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine._step(
+            engine._state, jax.device_put(packed_tree), self.cache, self.draft_cache, self.cache_len, self.keys,
+            self.params, n=engine.n_nodes, depth=self.depth, k=self.k, window=window)
+        out = self.outputs.unpack(np.asarray(packed))
+        t2 = time.perf_counter()
+        events = []
+        for slot in rows:
+            request, count = self.busy[slot], int(out["count"][slot])
+            for f in self.fields:
+                self.proposal[f.name][slot] = out[f.name][slot]
+            fed = np.append(out["path_tokens"][slot, 1:count], out["bonus"][slot])
+            self._set_preceding(slot, fed)
+            self.committed[slot] += count
+            s = request.stats
+            s.tree_s += t1 - t0
+            s.device_s += t2 - t1
+            s.steps += 1
+            s.accept_lengths.append(count)
+            events.append(self._take(request, fed.tolist(), count))
+        return events
+
+    def _take(self, request: Request, ids: list[int], accepted: int) -> tuple[Request, list[int], int]:
+        kept = request.budget.take(ids)
+        request.stats.new_tokens = len(request.token_ids)
+        if request.done:
+            request.stats.total_s = time.perf_counter() - request._started
+            self.busy[request.slot] = None
+            if self.settings[request.slot].temperature > 0:  # a free slot should not keep the batch sampling
+                self._stale_params = True
+            self.settings[request.slot] = None
+        return request, kept, accepted
+
+    def _set_preceding(self, slot: int, ids: np.ndarray) -> None:
+        self.preceding[slot, :ids.size] = ids
+        self.preceding_len[slot] = ids.size
+
+    def _empty_trees(self) -> dict[str, np.ndarray]:
+        """The tree of a free slot: its root alone (no search, nothing to accept but the bonus)."""
+        b, n, depth = self.slots, self.engine.n_nodes, self.depth
+        return {"tokens": np.zeros((b, n), np.int32), "positions": np.zeros((b, n), np.int32),
+                "parents": np.full((b, n), -1, np.int32), "mask": np.broadcast_to(np.eye(n, dtype=bool), (b, n, n)).copy(),
+                "retrieve": np.full((b, n - 1, depth + 1), -1, np.int32)}

@@ -1,0 +1,73 @@
+"""Host-side bookkeeping of a request: its prompt's checks, its output budget, its figures."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def check_prompt(prompt_ids: Sequence[int], vocab: int, max_length: int) -> np.ndarray:
+    """A prompt as int32 ids, or a ValueError naming what is wrong with it."""
+    ids = np.asarray(prompt_ids)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError(f"the prompt must be a non-empty sequence of token ids, got shape {ids.shape}.")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"prompt token ids must be integers, got dtype {ids.dtype}.")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab}) (the target's vocabulary); "
+                         f"found range [{ids.min()}, {ids.max()}].")
+    if ids.size >= int(max_length):
+        raise ValueError(f"the prompt has {ids.size} tokens but max_length is {max_length}: max_length counts the "
+                         "prompt plus the generated tokens, so raise max_length or shorten the prompt.")
+    return ids.astype(np.int32)
+
+
+class Budget:
+    """One sequence's output: appends tokens until EOS, max_new_tokens or max_length."""
+
+    def __init__(self, eos_ids: frozenset[int], max_new_tokens: int, room: int):
+        self.eos_ids, self.limit, self.out, self.done = eos_ids, min(max_new_tokens, room), [], False
+
+    def take(self, ids) -> list[int]:
+        """Append what still counts of `ids`; returns that part."""
+        kept = []
+        for t in ids:
+            if self.done:
+                break
+            kept.append(int(t))
+            self.done = int(t) in self.eos_ids or len(self.out) + len(kept) >= self.limit
+        self.out.extend(kept)
+        return kept
+
+
+@dataclasses.dataclass
+class Stats:
+    """Per-generation figures of one sequence; times in seconds."""
+
+    new_tokens: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    total_s: float = 0.0
+    prefill_s: float = 0.0  # prompt through target (+ drafter), incl. the first transfer
+    device_s: float = 0.0  # per-step verify + draft on the device, incl. both transfers
+    tree_s: float = 0.0  # tree construction on the CPU
+    accept_lengths: list[int] = dataclasses.field(default_factory=list)
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # the generated ids so far
+
+    @property
+    def host_s(self) -> float:
+        return max(self.total_s - self.prefill_s - self.device_s - self.tree_s, 0.0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        return float(np.mean(self.accept_lengths)) if self.accept_lengths else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"new_tokens": self.new_tokens, "steps": self.steps, "prompt_tokens": self.prompt_tokens,
+                "tokens_per_s": self.tokens_per_s, "tau": self.mean_accept_length, "total_s": self.total_s,
+                "prefill_s": self.prefill_s, "device_s": self.device_s, "tree_s": self.tree_s, "host_s": self.host_s}
