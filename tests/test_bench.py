@@ -284,3 +284,15 @@ def test_search_batched_on_a_phrase_corpus(capsys):
     assert (config["batch"], config["threads"], config["ngram_weight"]) == (3, 1, 0.3)
     assert config["trie_nodes"] > 1 and config["trie_build_s"] > 0
     assert numba.get_num_threads() == threads  # the thread count is restored
+
+
+def test_batch_mode_random_model_and_plot(capsys, tmp_path, prompt_file):
+    out = run_json(capsys, "batch", *MODEL, "--prompts", str(prompt_file), "--batches", "1,2",
+                   "--plot", str(tmp_path / "b.png"))
+    check_documented(out)
+    assert [r["batch"] for r in out["rows"]] == [1, 2]
+    for r in out["rows"]:
+        assert r["same_output"] is True  # greedy DART in the pool = batched autoregressive decoding
+        assert 1 <= r["new_tokens"] <= 6 * r["batch"]
+        assert r["speedup"] == pytest.approx(r["dart_tok_s"] / r["ar_tok_s"])
+    assert (tmp_path / "b.png").read_bytes()[:8] == PNG_MAGIC

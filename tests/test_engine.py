@@ -555,3 +555,11 @@ def test_pool_that_does_not_fit_is_a_clear_error(tiny):
             pool.submit([VOCAB + 1], GenerationSettings(max_length=64))
     finally:
         pool.close()
+
+
+def test_batched_autoregressive_decoding_equals_each_alone(tiny):
+    engine = engine_for(tiny)
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    settings = [GenerationSettings(max_new_tokens=n) for n in (12, 3, 20)]
+    alone = [run(engine.generate_ar_steps, p, max_new_tokens=s.max_new_tokens)[0] for p, s in zip(prompts, settings)]
+    assert engine.baseline.generate_batch(prompts, settings, engine.eos_ids) == alone

@@ -3,6 +3,8 @@
 Modes
   e2e      DART against plain autoregressive decoding on the same model and prompts:
            tokens/s, speedup, mean accepted length τ, accepted-length histogram.
+  batch    DART (continuous batching) against batched autoregressive decoding at batch
+           sizes 1, 2, 4, 8, 16: tokens/s and speedup at each.
   phases   where a DART step spends its time (verify+draft device time, top-k transfer,
            tree search, host overhead), as per-step medians and shares.
   search   the n-gram tree search alone, over tree sizes (keep) and beam widths, one tree per
@@ -26,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from dart_jax.bench.e2e import ModelSet, Workload, run_e2e, run_phases
+from dart_jax.bench.e2e import ModelSet, Workload, run_batch, run_e2e, run_phases
 from dart_jax.bench.host import CORPORA, run_ngram, run_search
 from dart_jax.bench.shapes import run_shapes
 from dart_jax.bench.util import CLOCKS, meta, parse_int_list
@@ -35,6 +37,7 @@ from dart_jax.bench.util import CLOCKS, meta, parse_int_list
 TABLE_COLUMNS = {
     "e2e": ["id", "category", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau"],
     "phases": ["phase", "median_ms", "share"],
+    "batch": ["batch", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau"],
     "search": ["keep", "beam", "median_ms", "min_ms", "max_ms", "nodes", "batch", "ms_per_tree"],
     "ngram": ["num_nodes", "order", "load_ms", "query_us", "kernel_query_us", "kernel_query_us_hot",
               "kernel_query_us_root_table", "kernel_query_us_hot_root_table", "bytes_per_node_file",
@@ -113,6 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(verify+draft device time, top-k transfer, tree search, host overhead); "
                                    "report per-step medians and each phase's share of the step.")
     _model_options(p)
+    _common(p, reps=1, warmup=1)
+
+    p = sub.add_parser("batch", help="DART vs batched autoregressive decoding at several batch sizes",
+                       description="For each batch size B, decode B prompts (cycling through the prompt file) with "
+                                   "DART in a continuous-batching pool of B slots and with batched autoregressive "
+                                   "decoding of the same target; report tokens/s (all new tokens over the batch's "
+                                   "wall time), the speedup and τ at each B.")
+    _model_options(p)
+    p.add_argument("--batches", default="1,2,4,8,16", help="batch sizes, comma-separated (default 1,2,4,8,16)")
     _common(p, reps=1, warmup=1)
 
     p = sub.add_parser("search", help="tree search alone vs tree size and beam",
@@ -198,6 +210,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
                     max_new_tokens=args.max_new_tokens, max_length=args.max_length, temperature=args.temperature,
                     chat=not args.no_chat)
+    if args.mode == "batch":
+        return run_batch(models, work, batches=parse_int_list(args.batches, name="--batches"), **common)
     return (run_e2e if args.mode == "e2e" else run_phases)(models, work, **common)
 
 
@@ -258,6 +272,20 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         a.set_title("speedup over autoregressive (median)")
         b.bar(names, [cats[n]["tau"] for n in names], color="tab:orange")
         b.set_title("mean accepted length τ")
+    elif mode == "batch":
+        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+        sizes = [r["batch"] for r in rows]
+        a.plot(sizes, [r["dart_tok_s"] for r in rows], marker="o", label="DART")
+        a.plot(sizes, [r["ar_tok_s"] for r in rows], marker="o", label="autoregressive")
+        a.set_xscale("log", base=2)
+        a.set_xlabel("batch size")
+        a.set_ylabel("tokens/s")
+        a.legend()
+        b.plot(sizes, [r["speedup"] for r in rows], marker="o", color="tab:green")
+        b.axhline(1.0, color="grey", lw=0.8)
+        b.set_xscale("log", base=2)
+        b.set_xlabel("batch size")
+        b.set_title("speedup over autoregressive")
     elif mode == "phases":
         fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
         rows = [r for r in rows if r["phase"] != "step_total"]

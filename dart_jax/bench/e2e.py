@@ -199,6 +199,58 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
 
 
+def run_batch(models: ModelSet, work: Workload, *, batches=(1, 2, 4, 8, 16), reps: int = 1, warmup: int = 1,
+              seed: int = 0, show_progress: bool = True) -> dict[str, Any]:
+    """Tokens/s of DART (a continuous-batching pool of B slots) and of batched autoregressive
+    decoding (one token step for all B sequences) on the same B prompts, for each batch size B:
+    all new tokens over the wall time of the whole batch, medians over `reps` after `warmup` runs."""
+    check_reps(reps, warmup)
+    items, settings = work.items(), work.settings(seed)
+    if min(batches) < 1:
+        raise ValueError(f"--batches must be >= 1, got {list(batches)}")
+    rows = []
+    with open_model(models, seed) as (model, source):
+        ids = [model.encode(item["prompt"], work.chat) for item in items]
+        engine = model.engine
+        bar = progress(len(batches) * 2 * (reps + warmup), "batch", show_progress)
+        for b in batches:
+            prompts = [ids[i % len(ids)] for i in range(b)]
+            rates, outputs, taus = {"dart": [], "ar": []}, {}, []
+
+            def dart():
+                pool = model.batcher(b, settings.max_length)
+                try:
+                    handles = [pool.submit(p, settings) for p in prompts]
+                    pool.run()
+                finally:
+                    pool.close()
+                taus.append(float(np.mean([t for h in handles for t in h.stats.accept_lengths] or [float("nan")])))
+                return [list(h.token_ids) for h in handles]
+
+            def ar():
+                return engine.baseline.generate_batch(prompts, [settings] * b, engine.eos_ids)
+
+            for name, fn in (("dart", dart), ("ar", ar)):
+                for _ in range(warmup):
+                    fn()
+                    bar.update()
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    outputs[name] = fn()
+                    rates[name].append(sum(len(o) for o in outputs[name]) / (time.perf_counter() - t0))
+                    bar.update()
+            dart_rate, ar_rate = median(rates["dart"]), median(rates["ar"])
+            rows.append({"batch": b, "new_tokens": sum(len(o) for o in outputs["dart"]), "dart_tok_s": dart_rate,
+                         "ar_tok_s": ar_rate, "speedup": dart_rate / ar_rate, "tau": taus[-1],
+                         "same_output": outputs["dart"] == outputs["ar"]})
+        bar.close()
+    summary = {"speedup": {str(r["batch"]): r["speedup"] for r in rows},
+               "all_same_output": all(r["same_output"] for r in rows)}
+    config = {"model": source, "num_prompts": len(items), **work.config(seed), "batches": list(batches),
+              "keep": model.engine.tree.keep, "reps": reps, "warmup": warmup}
+    return {"mode": "batch", "config": config, "rows": rows, "summary": summary}
+
+
 def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     steps = sum(r["steps"] for r in rows)
     # τ over all steps of the set: tokens produced by speculative steps / steps

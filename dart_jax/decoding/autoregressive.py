@@ -145,6 +145,35 @@ class AutoregressiveDecoder:
                 stats.total_s = time.perf_counter() - start
             self.pool.keep(length, (cache, *rest))
 
+    def generate_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids) -> list[list[int]]:
+        """Plain decoding of B prompts together, one jitted token step for all of them, until every
+        sequence is done (each within its own budget; a finished one idles): the batched baseline."""
+        prompts = [np.asarray(p, np.int32) for p in prompts]
+        b, lens = len(prompts), np.array([p.size for p in prompts], np.int32)
+        padded = np.zeros((b, self.shapes.bucket(int(lens.max()))), np.int32)
+        for i, p in enumerate(prompts):
+            padded[i, :p.size] = p
+        eos = frozenset(int(e) for e in eos_ids)
+        budgets = [Budget(eos, s.max_new_tokens, s.max_length - p.size) for s, p in zip(settings, prompts)]
+        params, keys = GenerationSettings.sampling_rows(settings)
+        max_length = max(s.max_length for s in settings)
+        length, caches = self.pool.take(self.shapes.cache_length(max(padded.shape[1], max_length) + 1), b)
+        cache, rest = caches[0], caches[1:]
+        try:
+            token, cache, keys = self.prefill(self.state, jnp.asarray(padded), jnp.asarray(lens), cache, keys, params)
+            cache_len, committed = jnp.asarray(lens), int(lens.max())
+            while True:
+                for budget, t in zip(budgets, np.asarray(token)):
+                    budget.take([t])
+                if all(budget.done for budget in budgets):
+                    break
+                token, cache, cache_len, keys = self.decode(self.state, token, cache, cache_len, keys, params,
+                                                            window=attention_window(committed + 1, length))
+                committed += 1
+        finally:
+            self.pool.keep(length, (cache, *rest), b)
+        return [budget.out for budget in budgets]
+
     def generate(self, prompt_ids, settings: GenerationSettings, eos_ids) -> list[int]:
         """The new ids after `prompt_ids` (a final EOS included when generation stopped on it)."""
         ids = np.asarray(prompt_ids, np.int32)
