@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.models.qwen3 import init_cache
+
 from .autoregressive import attention_window
 from .layout import prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats, check_prompt
@@ -97,7 +99,9 @@ class Batcher:
         self._empty = self._empty_trees()
 
     def _check_memory(self) -> None:
-        shapes = jax.eval_shape(lambda: self.engine._make_caches(self.slots, self.length))
+        engine = self.engine
+        shapes = jax.eval_shape(lambda: (init_cache(engine.target.config, self.slots, self.length, engine.target.dtype),
+                                         engine.drafter.init_cache(self.slots, self.length, engine.target.dtype)))
         need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
         have = device_memory_bytes()
         if have and need > 0.8 * have:
