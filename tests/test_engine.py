@@ -4,6 +4,7 @@ reference's tree rejection sampling (docs/spec.md §4)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import struct
 from types import SimpleNamespace
 
@@ -65,6 +66,22 @@ def run(steps_fn, prompt, **kwargs):
     return ids, counts[1:], stats
 
 
+@contextlib.contextmanager
+def compilations():
+    """The XLA compilations that happen inside the block (a list that fills as they happen)."""
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiles
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
 def cheating_trie(tiny, n=40):
     """A trie of the target's own greedy continuations: the search then proposes the right tokens."""
     return Trie.build([p + hf_generate(tiny, p, n, eos=None) for p in PROMPTS], order=3)
@@ -120,14 +137,7 @@ def test_no_compilation_after_warmup(tiny):
     run(engine.generate_steps, PROMPTS[0], max_new_tokens=12)
     run(engine.generate_steps, PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=1)
     run(engine.generate_ar_steps, PROMPTS[0], max_new_tokens=4)
-    compiles = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compilations() as compiles:
         seen_counts = set()
         for prompt in PROMPTS[1:]:
             for eng in (engine, other):
@@ -135,8 +145,6 @@ def test_no_compilation_after_warmup(tiny):
                 seen_counts.update(counts)
             run(engine.generate_steps, prompt, max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=3)
             run(engine.generate_ar_steps, prompt, max_new_tokens=5)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert len(seen_counts) > 1
     assert compiles == []
 
@@ -323,21 +331,12 @@ def test_bad_inputs_raise_before_compiling(tiny, tmp_path):
         (dict(prompt=[3, VOCAB + 5]), "vocabulary"),
         (dict(prompt=[]), "non-empty"),
     ]
-    compiles = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compilations() as compiles:
         for kwargs, word in cases:
             prompt = kwargs.pop("prompt", [3, 4, 5])
             for fn in (model.generate, model.generate_ar):
                 with pytest.raises(ValueError, match=word):
                     fn(prompt, chat=False, **kwargs)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
 
     other_base = make_tiny_qwen3(tmp_path / "wide", vocab_size=VOCAB, hidden_size=32, num_attention_heads=2,
@@ -529,17 +528,8 @@ def test_continuous_batching_requests_join_and_leave(tiny):
     assert [h.token_ids for h in handles] == alone
     assert all(h.done and h.stats.new_tokens == len(h.token_ids) for h in handles)
     assert handles[0].finish_reason == "eos" and handles[1].finish_reason == "length"
-    compiles = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compilations() as compiles:
         again = serve(late_after=2)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert [h.token_ids for h in again] == alone
     assert compiles == []
 
