@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from dart_jax.decoding.batcher import pool_slots
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 
@@ -147,8 +148,7 @@ def run_batch(args) -> list[dict]:
             ids.append(model.encode(request["prompt"], chat))
         except (ValueError, TypeError) as e:
             raise ValueError(f"{args.prompts}: prompt {request['line']}: {e}") from None
-    slots = min(1 << (args.batch_size - 1).bit_length(), 1 << (len(ids) - 1).bit_length())
-    pool = model.batcher(slots, max(r["settings"].max_length for r in requests))
+    pool = model.batcher(pool_slots(args.batch_size, len(ids)), max(r["settings"].max_length for r in requests))
     try:
         handles = []
         for request, prompt_ids in zip(requests, ids):

@@ -17,7 +17,7 @@ from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head
 from dart_jax.convert.hub import resolve
 from dart_jax.convert.qwen3 import load_qwen3_config
 from dart_jax.decoding.drafter import DartDrafter
-from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.batcher import Batcher, pool_slots
 from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
@@ -288,8 +288,7 @@ class DartModel:
 
     def _generate_batch(self, prompts: list, chat: bool, settings, batch_size: int,
                         default: GenerationSettings) -> list[GenerationResult]:
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+        slots = pool_slots(batch_size, len(prompts))
         if settings is None:
             settings = [default] * len(prompts)
         elif isinstance(settings, GenerationSettings):
@@ -302,8 +301,6 @@ class DartModel:
                 ids.append(self.encode(prompt, chat))
             except (ValueError, TypeError) as e:
                 raise ValueError(f"prompt {i} of the batch: {e}") from None
-        # a power of two: few pool shapes to compile; no more slots than prompts
-        slots = min(1 << (int(batch_size) - 1).bit_length(), 1 << (len(ids) - 1).bit_length())
         batcher = self.batcher(slots, max(s.max_length for s in settings))
         try:
             requests = []

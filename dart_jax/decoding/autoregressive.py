@@ -19,7 +19,7 @@ from flax import nnx
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
 
 from .sampling import SamplingParams, sample_tokens, split_rows
-from .requests import Budget
+from .requests import Budget, Stats
 from .settings import GenerationSettings, ShapeSettings
 
 _MIN_WINDOW = 256  # smallest attention window: few compiled variants, little waste
@@ -109,45 +109,13 @@ class AutoregressiveDecoder:
         self.prefill = jitted(_prefill, graphdef, donate_argnames="cache")
         self.decode = jitted(_decode, graphdef, static_argnames="window", donate_argnames="cache")
 
-    def steps(self, prompt_ids: np.ndarray, settings: GenerationSettings, eos_ids: frozenset[int], *,
-              cache_length: int, stats=None) -> Iterator[list[int]]:
-        """Yields the new token(s) of each step ([first], then one per step) until the budget ends.
-        `stats` (optional) gets prefill_s, device_s, steps, accept_lengths and total_s."""
-        n = prompt_ids.size
-        padded = np.zeros((1, self.shapes.bucket(n)), np.int32)
-        padded[0, :n] = prompt_ids
-        params, key = GenerationSettings.sampling_rows([settings])
-        budget = Budget(eos_ids, settings.max_new_tokens, settings.max_length - n)
-        length, caches = self.pool.take(cache_length)
-        cache, rest = caches[0], caches[1:]
-        start = time.perf_counter()
-        try:
-            token, cache, key = self.prefill(self.state, jnp.asarray(padded), jnp.full((1,), n, jnp.int32), cache, key,
-                                             params)
-            first = int(np.asarray(token)[0])
-            if stats is not None:
-                stats.prefill_s = time.perf_counter() - start
-            yield budget.take([first])
-            cache_len, committed = jnp.full((1,), n, jnp.int32), n
-            while not budget.done:
-                t0 = time.perf_counter()
-                token, cache, cache_len, key = self.decode(self.state, token, cache, cache_len, key, params,
-                                                           window=attention_window(committed + 1, length))
-                committed += 1
-                nxt = int(np.asarray(token)[0])
-                if stats is not None:
-                    stats.device_s += time.perf_counter() - t0
-                    stats.steps += 1
-                    stats.accept_lengths.append(1)
-                yield budget.take([nxt])
-        finally:
-            if stats is not None:
-                stats.total_s = time.perf_counter() - start
-            self.pool.keep(length, (cache, *rest))
-
-    def generate_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids) -> list[list[int]]:
-        """Plain decoding of B prompts together, one jitted token step for all of them, until every
-        sequence is done (each within its own budget; a finished one idles): the batched baseline."""
+    def decode_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids, *,
+                     cache_length: int | None = None, stats: list | None = None) -> Iterator[list[list[int]]]:
+        """B prompts together, one jitted token step for all of them, each within its own budget (a
+        finished sequence idles): yields the new ids of every sequence at each step ([first] from the
+        prefill, then one token; [] once done) until all are done. `cache_length` defaults to what
+        the longest request needs; `stats` (one `Stats` per sequence) get prefill_s, device_s,
+        steps, accept_lengths and total_s."""
         prompts = [np.asarray(p, np.int32) for p in prompts]
         b, lens = len(prompts), np.array([p.size for p in prompts], np.int32)
         padded = np.zeros((b, self.shapes.bucket(int(lens.max()))), np.int32)
@@ -155,28 +123,46 @@ class AutoregressiveDecoder:
             padded[i, :p.size] = p
         eos = frozenset(int(e) for e in eos_ids)
         budgets = [Budget(eos, s.max_new_tokens, s.max_length - p.size) for s, p in zip(settings, prompts)]
+        stats = stats if stats is not None else [Stats() for _ in prompts]
         params, keys = GenerationSettings.sampling_rows(settings)
-        max_length = max(s.max_length for s in settings)
-        length, caches = self.pool.take(self.shapes.cache_length(max(padded.shape[1], max_length) + 1), b)
+        if cache_length is None:
+            cache_length = self.shapes.cache_length(max(padded.shape[1], max(s.max_length for s in settings)) + 1)
+        length, caches = self.pool.take(cache_length, b)
         cache, rest = caches[0], caches[1:]
+        start = time.perf_counter()
         try:
             token, cache, keys = self.prefill(self.state, jnp.asarray(padded), jnp.asarray(lens), cache, keys, params)
+            first = np.asarray(token)
+            for s in stats:
+                s.prefill_s = time.perf_counter() - start
+            yield [budget.take([t]) for budget, t in zip(budgets, first)]
             cache_len, committed = jnp.asarray(lens), int(lens.max())
-            while True:
-                for budget, t in zip(budgets, np.asarray(token)):
-                    budget.take([t])
-                if all(budget.done for budget in budgets):
-                    break
+            while not all(budget.done for budget in budgets):
+                t0 = time.perf_counter()
                 token, cache, cache_len, keys = self.decode(self.state, token, cache, cache_len, keys, params,
                                                             window=attention_window(committed + 1, length))
                 committed += 1
+                host = np.asarray(token)
+                for s, budget in zip(stats, budgets):
+                    if not budget.done:
+                        s.device_s += time.perf_counter() - t0
+                        s.steps += 1
+                        s.accept_lengths.append(1)
+                yield [budget.take([t]) for budget, t in zip(budgets, host)]
         finally:
+            for s in stats:
+                s.total_s = time.perf_counter() - start
             self.pool.keep(length, (cache, *rest), b)
-        return [budget.out for budget in budgets]
+
+    def generate_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids) -> list[list[int]]:
+        """The new ids of each prompt (a final EOS included when generation stopped on it), decoded
+        together: the batched baseline."""
+        outs: list[list[int]] = [[] for _ in prompts]
+        for rows in self.decode_batch(prompts, settings, eos_ids):
+            for out, kept in zip(outs, rows):
+                out.extend(kept)
+        return outs
 
     def generate(self, prompt_ids, settings: GenerationSettings, eos_ids) -> list[int]:
         """The new ids after `prompt_ids` (a final EOS included when generation stopped on it)."""
-        ids = np.asarray(prompt_ids, np.int32)
-        need = self.shapes.cache_length(max(self.shapes.bucket(ids.size), settings.max_length) + 1)
-        return [t for kept in self.steps(ids, settings, frozenset(int(e) for e in eos_ids), cache_length=need)
-                for t in kept]
+        return self.generate_batch([prompt_ids], [settings], eos_ids)[0]

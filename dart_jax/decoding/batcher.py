@@ -19,8 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.models.qwen3 import init_cache
-
 from .autoregressive import attention_window
 from .layout import prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats, check_prompt
@@ -54,6 +52,14 @@ class Request:
         if not self.done:
             return None
         return "eos" if self.token_ids and self.token_ids[-1] in self.budget.eos_ids else "length"
+
+
+def pool_slots(batch_size: int, requests: int) -> int:
+    """Slots for `requests` requests in batches of at most `batch_size`: a power of two (few pool
+    shapes to compile), and no more than the requests need."""
+    if int(batch_size) < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}.")
+    return min(1 << (int(batch_size) - 1).bit_length(), 1 << (max(requests, 1) - 1).bit_length())
 
 
 def device_memory_bytes() -> int | None:
@@ -99,9 +105,7 @@ class Batcher:
         self._empty = self._empty_trees()
 
     def _check_memory(self) -> None:
-        engine = self.engine
-        shapes = jax.eval_shape(lambda: (init_cache(engine.target.config, self.slots, self.length, engine.target.dtype),
-                                         engine.drafter.init_cache(self.slots, self.length, engine.target.dtype)))
+        shapes = jax.eval_shape(lambda: self.engine.new_caches(self.slots, self.length))
         need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
         have = device_memory_bytes()
         if have and need > 0.8 * have:
@@ -141,14 +145,10 @@ class Batcher:
             return self._advance()
         return []
 
-    def run(self) -> list[Request]:
-        """Step until every submitted request is done; returns them in submission order."""
-        seen: dict[int, Request] = {r.index: r for r in self.waiting}
-        seen.update({r.index: r for r in self.busy if r is not None})
+    def run(self) -> None:
+        """Step until every submitted request is done."""
         while self.active:
-            for request, _, _ in self.step():
-                seen[request.index] = request
-        return [seen[i] for i in sorted(seen)]
+            self.step()
 
     def close(self) -> None:
         """Give the caches back to the engine for the next pool (unfinished requests stay unfinished)."""
@@ -210,9 +210,12 @@ class Batcher:
         t0 = time.perf_counter()
         found = engine.drafter.tree({name: a[rows] for name, a in self.proposal.items()}, self.preceding[rows],
                                     self.preceding_len[rows], engine.trie, engine.tree, engine.tree_eos_id)
-        trees = {name: array.copy() for name, array in self._empty.items()}
-        for name in trees:
-            trees[name][rows] = getattr(found, name)
+        if len(rows) == self.slots:
+            trees = {name: getattr(found, name) for name in self._empty}
+        else:  # free slots get a root-only tree
+            trees = {name: array.copy() for name, array in self._empty.items()}
+            for name in trees:
+                trees[name][rows] = getattr(found, name)
         packed_tree = self.trees.pack(trees)
         t1 = time.perf_counter()
         reach = engine.drafter.reach(self.depth + 1)

@@ -18,6 +18,7 @@ from flax import nnx
 from dart_jax.models.head import DartHead, HeadCache, init_head_cache
 from dart_jax.ngram import DraftTree, TreeSettings
 
+from .autoregressive import put_window
 from .layout import Field
 
 
@@ -107,10 +108,7 @@ class DartDrafter(Drafter):
 
     @staticmethod
     def cache_put(cache: HeadCache, part: HeadCache) -> HeadCache:
-        def put(full, p):
-            return jax.lax.dynamic_update_slice(full, p, (0,) * full.ndim)
-
-        return HeadCache(k=put(cache.k, part.k), v=put(cache.v, part.v))
+        return HeadCache(k=put_window(cache.k, part.k), v=put_window(cache.v, part.v))
 
     @staticmethod
     def proposal_fields(rows: int, k: int) -> tuple[Field, ...]:

@@ -157,11 +157,16 @@ class Engine:
         need = max(self.drafter.reach(bucket), max_length + max(self.n_nodes, self.drafter.reach(self.rows + 1)))
         return self.shapes.cache_length(need)
 
+    def new_caches(self, batch: int, length: int) -> tuple:
+        """Zero caches (target, drafter) of `length` slots for `batch` sequences, not yet placed."""
+        return (init_cache(self.target.config, batch, length, self.target.dtype),
+                self.drafter.init_cache(batch, length, self.target.dtype))
+
     def _make_caches(self, batch: int, length: int) -> tuple:
-        cache = init_cache(self.target.config, batch, length, self.target.dtype)
+        cache, draft_cache = self.new_caches(batch, length)
         if self.mesh is not None:
             cache = shard_cache(cache, self.mesh)
-        return cache, self.drafter.init_cache(batch, length, self.target.dtype)
+        return cache, draft_cache
 
     # ------------------------------------------------------------------ decoding loops
     def generate_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
@@ -198,13 +203,10 @@ class Engine:
         stats = stats if stats is not None else Stats()
         stats.prompt_tokens = ids.size
         # the DART sizing, so that both decoders share one cache set (and its compiled shape)
-        steps = self.baseline.steps(ids, settings, self.eos_ids, cache_length=self.cache_length(ids.size,
-                                                                                                 settings.max_length),
-                                    stats=stats)
-        first = True
-        out = stats.token_ids = []
-        for kept in steps:
-            out.extend(kept)
-            stats.new_tokens = len(out)
-            yield kept, 0 if first else 1
-            first = False
+        rows = self.baseline.decode_batch([ids], [settings], self.eos_ids,
+                                          cache_length=self.cache_length(ids.size, settings.max_length), stats=[stats])
+        stats.token_ids = []
+        for step, (kept,) in enumerate(rows):
+            stats.token_ids.extend(kept)
+            stats.new_tokens = len(stats.token_ids)
+            yield kept, min(step, 1)
