@@ -5,6 +5,7 @@ Layers, each importing only the ones below it (tests/test_layers.py keeps it so)
   dart_jax.models                        the Qwen3 target, the draft head, sharding, module loading
   dart_jax.decoding                      engine, drafters, autoregressive decoding, sampling
   dart_jax.api, dart_jax.bench           DartModel and the CLIs; benchmarks
+  dart_jax.serve                         the HTTP API and chat UI (python -m dart_jax.serve)
   dart_jax.train                         training draft heads
 """
 from __future__ import annotations

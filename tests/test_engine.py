@@ -534,6 +534,33 @@ def test_continuous_batching_requests_join_and_leave(tiny):
     assert compiles == []
 
 
+def test_cancelled_requests_free_their_slots_for_the_next(tiny):
+    """A pool of 2 slots, 4 requests: one is cancelled while it runs, one while it waits. The
+    cancelled ones stop at once ('cancelled', their tokens so far a prefix of their own greedy
+    output); the others take the freed slot and still get exactly their own greedy output."""
+    engine = engine_for(tiny)
+    jobs = [(PROMPTS[0], 40), (PROMPTS[1], 12), (PROMPTS[2], 10), (PROMPTS[0], 8)]
+    alone = [run(engine.generate_ar_steps, p, max_new_tokens=n)[0] for p, n in jobs]
+    pool = Batcher(engine, 2, 2048)
+    try:
+        handles = [pool.submit(p, GenerationSettings(max_new_tokens=n)) for p, n in jobs]
+        pool.step()  # admits the first two
+        pool.step()
+        assert pool.cancel(handles[0]) and pool.cancel(handles[3])
+        assert handles[0].slot is not None and pool.busy[handles[0].slot] is None  # its slot is free now
+        assert handles[3] not in pool.waiting
+        assert not pool.cancel(handles[0])  # already ended
+        while pool.active:
+            pool.step()
+    finally:
+        pool.close()
+    assert handles[0].finish_reason == handles[3].finish_reason == "cancelled"
+    assert 0 < len(handles[0].token_ids) < len(alone[0]) and alone[0][:len(handles[0].token_ids)] == handles[0].token_ids
+    assert handles[3].token_ids == []
+    assert [h.token_ids for h in handles[1:3]] == alone[1:3]
+    assert handles[2].slot == handles[0].slot  # the waiting request took the cancelled one's slot
+
+
 def test_pool_that_does_not_fit_is_a_clear_error(tiny):
     with pytest.raises(ValueError, match=r"GiB of caches.*fewer slots"):
         Batcher(engine_for(tiny), 1 << 20, 2048)

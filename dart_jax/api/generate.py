@@ -32,29 +32,36 @@ DEMO_PROMPT = "What is speculative decoding?"
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
+def add_model_options(ap: argparse.ArgumentParser) -> None:
+    """The options that choose and shape the model (shared by `generate` and `serve`)."""
+    group = ap.add_argument_group("model")
+    group.add_argument("--ckpt", help="DART head: hub id or folder (default: the embedded demo model)")
+    group.add_argument("--base", help="base Qwen3 model: hub id or folder (default: the published base of --ckpt)")
+    group.add_argument("--ngram", help="n-gram trie: file, folder or hub id (default fvliang/dart-qwen3-ngram; "
+                                       "'none' searches with the head's logits only)")
+    group.add_argument("--small-ngram", action="store_true", help="use small.trie instead of full.trie")
+    group.add_argument("--thinking", action="store_true",
+                       help="let Qwen3 think (enable_thinking=True in the template)")
+    group.add_argument("--keep", type=int, default=60, help="draft tree size (nodes besides the root)")
+    group.add_argument("--beam-width", type=int, default=20)
+    group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
+    group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (default all)")
+    group.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                       help="parameter/compute dtype (default float32 on CPU, bfloat16 on accelerators)")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m dart_jax.generate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ckpt", help="DART head: hub id or folder (default: the embedded demo model)")
-    ap.add_argument("--base", help="base Qwen3 model: hub id or folder (default: the published base of --ckpt)")
-    ap.add_argument("--ngram", help="n-gram trie: file, folder or hub id (default fvliang/dart-qwen3-ngram; "
-                                    "'none' searches with the head's logits only)")
-    ap.add_argument("--small-ngram", action="store_true", help="use small.trie instead of full.trie")
+    add_model_options(ap)
     ap.add_argument("--prompt", help="the user message (chat-formatted unless --no-chat)")
     ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
-    ap.add_argument("--thinking", action="store_true", help="let Qwen3 think (enable_thinking=True in the template)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--max-length", type=int, default=2048, help="prompt + generated tokens at most")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--keep", type=int, default=60, help="draft tree size (nodes besides the root)")
-    ap.add_argument("--beam-width", type=int, default=20)
-    ap.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
-    ap.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (default all)")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                    help="parameter/compute dtype (default float32 on CPU, bfloat16 on accelerators)")
     ap.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
     ap.add_argument("--no-warmup", action="store_true", help="time the first run, compilation included")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -80,7 +87,8 @@ def _demo_paths() -> tuple[Path, Path, Path]:
     return base, head, trie
 
 
-def _load(args):
+def load_model(args) -> DartModel:
+    """The model that `add_model_options`' values name (the embedded demo when --ckpt is absent)."""
     opts = dict(keep=args.keep, beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
                 enable_thinking=args.thinking)
     if args.ckpt is None:
@@ -140,7 +148,7 @@ def run_batch(args) -> list[dict]:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
     requests = read_requests(args.prompts, _settings(args))
-    model = _load(args)
+    model = load_model(args)
     chat = not args.no_chat
     ids = []
     for request in requests:
@@ -181,7 +189,7 @@ def run_batch(args) -> list[dict]:
 def run(args, out=None) -> dict:
     out = out or sys.stdout
     settings = _settings(args)
-    model = _load(args)
+    model = load_model(args)
     prompt = args.prompt or (DEMO_PROMPT if args.ckpt is None else DEFAULT_PROMPT)
     chat = not args.no_chat
     prompt_ids = model.encode(prompt, chat)

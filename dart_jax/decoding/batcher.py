@@ -36,6 +36,7 @@ class Request:
     budget: Budget
     index: int  # submission order
     slot: int | None = None
+    cancelled: bool = False
     _started: float = 0.0
 
     @property
@@ -48,9 +49,11 @@ class Request:
 
     @property
     def finish_reason(self) -> str | None:
-        """'eos' or 'length' once done, else None."""
+        """'eos', 'length' or 'cancelled' once done, else None."""
         if not self.done:
             return None
+        if self.cancelled:
+            return "cancelled"
         return "eos" if self.token_ids and self.token_ids[-1] in self.budget.eos_ids else "length"
 
 
@@ -128,6 +131,20 @@ class Batcher:
         self._submitted += 1
         self.waiting.append(request)
         return request
+
+    def cancel(self, request: Request) -> bool:
+        """Stop a request now: a waiting one leaves the queue, a running one frees its slot (the
+        next admission overwrites its cache rows). Its tokens so far stay; finish_reason becomes
+        'cancelled'. False when it had already finished."""
+        if request.done:
+            return False
+        request.cancelled, request.budget.done = True, True
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request.slot is not None and self.busy[request.slot] is request:
+            request.stats.total_s = time.perf_counter() - request._started
+            self._release(request.slot)
+        return True
 
     @property
     def active(self) -> bool:
@@ -246,11 +263,14 @@ class Batcher:
         request.stats.new_tokens = len(request.token_ids)
         if request.done:
             request.stats.total_s = time.perf_counter() - request._started
-            self.busy[request.slot] = None
-            if self.settings[request.slot].temperature > 0:  # a free slot should not keep the batch sampling
-                self._stale_params = True
-            self.settings[request.slot] = None
+            self._release(request.slot)
         return request, kept, accepted
+
+    def _release(self, slot: int) -> None:
+        self.busy[slot] = None
+        if self.settings[slot].temperature > 0:  # a free slot should not keep the batch sampling
+            self._stale_params = True
+        self.settings[slot] = None
 
     def _set_preceding(self, slot: int, ids: np.ndarray) -> None:
         self.preceding[slot, :ids.size] = ids

@@ -145,6 +145,12 @@ class Engine:
         self.pool = CachePool(self._make_caches)
         self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
 
+    def with_tree(self, tree: TreeSettings) -> "Engine":
+        """An engine over the same target, drafter and trie with other tree settings (another tree
+        size is another compiled step; the weights are shared, not copied)."""
+        return Engine(self.target, self.drafter, self.trie, eos_ids=sorted(self.eos_ids), tree_eos_id=self.tree_eos_id,
+                      tree=tree, shapes=self.shapes, mesh=self.mesh)
+
     @property
     def vocab_size(self) -> int:
         return self.target.config.vocab_size

@@ -1,0 +1,252 @@
+"""The OpenAI-compatible HTTP API (FastAPI) over a `Scheduler`.
+
+    GET  /v1/models              the served model
+    POST /v1/chat/completions    messages through the model's chat template; streaming (SSE) or not
+    POST /v1/completions         a raw text prompt (or token ids); streaming or not
+    GET  /health                 liveness
+
+Every response carries a `dart` object saying how it was decoded: the method, the draft tree size,
+the accepted length of every step and their mean, and tokens/s; a streamed chunk carries the
+accepted length of the step it came from. Errors are OpenAI's {"error": {message, type, param,
+code}} with a 4xx status (5xx only for the server's own faults).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dart_jax.decoding.settings import GenerationSettings
+
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .scheduler import Job, Scheduler, async_sink
+from .text import TextStream
+
+_FINISH = {"eos": "stop", "length": "length", "stop": "stop"}
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', first.get('msg'))}).", None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    where = ".".join(loc) or "body"
+    return f"{where}: {msg}", (loc[0] if loc else None)
+
+
+class Server:
+    """Holds what the routes share: the scheduler, the served name, the API key."""
+
+    def __init__(self, scheduler: Scheduler, model_name: str, api_key: str | None = None):
+        self.scheduler, self.model_name, self.api_key = scheduler, model_name, api_key
+        self.model = scheduler.model
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ checks
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
+                                "key the server was started with (--api-key).", code="invalid_api_key")
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist here; this server serves {self.model_name!r} "
+                                "(see GET /v1/models).", param="model", code="model_not_found")
+
+    def settings(self, body, prompt_len: int, max_tokens: int | None) -> GenerationSettings:
+        context = self.scheduler.max_length
+        if prompt_len >= context:
+            raise APIError(400, f"the prompt has {prompt_len} tokens but this server's context is {context} tokens "
+                                "(prompt + answer); shorten the prompt or start the server with a larger "
+                                "--max-length.", param="messages", code="context_length_exceeded")
+        seed = body.seed if body.seed is not None else secrets.randbits(32)
+        return GenerationSettings(max_new_tokens=max_tokens or context - prompt_len, max_length=context,
+                                  temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=seed)
+
+    def submit(self, ids: list[int], settings: GenerationSettings, body) -> tuple[Job, asyncio.Queue]:
+        q, sink = async_sink(asyncio.get_running_loop())
+        try:
+            job = self.scheduler.submit(ids, settings, sink, method=body.method, tree_size=body.tree_size)
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+        except RuntimeError as e:
+            raise APIError(503, str(e), kind="server_error") from None
+        return job, q
+
+    # ------------------------------------------------------------------ running a job
+    async def pieces(self, job: Job, q: asyncio.Queue, stream: TextStream) -> AsyncIterator[tuple[str, int, str | None]]:
+        """(new text, accepted length of the step, finish reason or None) until the job ends; a
+        job whose client went away (this generator closed early) is cancelled."""
+        try:
+            while True:
+                event = await q.get()
+                if event.error:
+                    raise APIError(500, f"generation failed: {event.error}", kind="server_error")
+                piece = stream.feed(event.ids)
+                if stream.stopped:
+                    self.scheduler.cancel(job)
+                    yield piece, event.accepted, "stop"
+                    return
+                if event.done:
+                    yield piece + stream.finish(), event.accepted, _FINISH.get(event.finish_reason, event.finish_reason)
+                    return
+                yield piece, event.accepted, None
+        finally:
+            self.scheduler.cancel(job)  # no-op when it finished
+
+    def decoding(self, job: Job) -> dict[str, Any]:
+        steps = list(job.stats.accept_lengths)
+        return {"method": job.method, "tree_size": job.tree_size if job.method == "dart" else None,
+                "accept_lengths": steps, "mean_accepted_length": sum(steps) / len(steps) if steps else 0.0,
+                "steps": len(steps), "tokens_per_s": round(job.tokens_per_s, 3)}
+
+    @staticmethod
+    def usage(job: Job) -> dict[str, int]:
+        prompt, out = len(job.prompt_ids), len(job.token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
+
+    async def complete(self, request: Request, job: Job, q: asyncio.Queue, stops: list[str]) -> tuple[str, str]:
+        """Run a job to its end for a non-streaming answer; cancelled if the client disconnects."""
+        stream, text, reason = TextStream(self.model.decode, stops), [], None
+
+        async def watch():
+            while True:
+                await asyncio.sleep(0.25)
+                if await request.is_disconnected():
+                    self.scheduler.cancel(job)
+                    return
+        watcher = asyncio.create_task(watch())
+        try:
+            async for piece, _, finish in self.pieces(job, q, stream):
+                text.append(piece)
+                reason = finish or reason
+        finally:
+            watcher.cancel()
+        return "".join(text), reason or "stop"
+
+    def sse(self, chunks: AsyncIterator[dict]) -> StreamingResponse:
+        async def body():
+            try:
+                async for chunk in chunks:
+                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+            except APIError as e:
+                yield f"data: {json.dumps(e.body())}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The API app; mount the UI on it with `dart_jax.serve.ui.mount`."""
+    server = Server(scheduler, model_name, api_key)
+    app = FastAPI(title="dart_jax", description="DART speculative decoding, OpenAI-compatible API",
+                  docs_url="/docs", redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def _api_error(_, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return JSONResponse(APIError(400, message, param=param).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_, exc: StarletteHTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(APIError(exc.status_code, str(exc.detail), kind=kind).body(), status_code=exc.status_code)
+
+    auth = [Depends(server.authorize)]
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "jobs": scheduler.load()}
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": server.created,
+                                            "owned_by": "dart_jax", "methods": sorted(scheduler.methods),
+                                            "max_length": scheduler.max_length,
+                                            "tree_size": scheduler.default_tree_size}]}
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat(body: ChatCompletionRequest, request: Request):
+        server.check_model(body.model)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        try:
+            ids = server.model.encode(messages)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from None
+        settings = server.settings(body, len(ids), body.max_completion_tokens or body.max_tokens)
+        job, q = server.submit(ids, settings, body)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        head = {"id": rid, "created": created, "model": model_name}
+        if not body.stream:
+            text, reason = await server.complete(request, job, q, body.stop)
+            return {**head, "object": "chat.completion", "usage": server.usage(job), "dart": server.decoding(job),
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": reason, "logprobs": None}]}
+
+        async def chunks():
+            def chunk(delta, reason=None, **extra):
+                return {**head, "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}], **extra}
+            yield chunk({"role": "assistant", "content": ""})
+            async for piece, accepted, reason in server.pieces(job, q, TextStream(server.model.decode, body.stop)):
+                if piece or reason:
+                    yield chunk({"content": piece} if piece else {}, reason,
+                                dart={"accepted": accepted} if not reason else server.decoding(job))
+            if body.include_usage():
+                yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": server.usage(job)}
+        return server.sse(chunks())
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: CompletionRequest, request: Request):
+        server.check_model(body.model)
+        if isinstance(body.prompt, str):
+            ids = server.model.encode(body.prompt, chat=False)
+            if not ids:
+                raise APIError(400, "the prompt is empty.", param="prompt")
+        else:
+            ids = list(body.prompt)
+        settings = server.settings(body, len(ids), body.max_tokens)
+        job, q = server.submit(ids, settings, body)
+        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
+        if not body.stream:
+            text, reason = await server.complete(request, job, q, body.stop)
+            return {**head, "usage": server.usage(job), "dart": server.decoding(job),
+                    "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
+
+        async def chunks():
+            async for piece, accepted, reason in server.pieces(job, q, TextStream(server.model.decode, body.stop)):
+                if piece or reason:
+                    yield {**head, "choices": [{"index": 0, "text": piece, "finish_reason": reason, "logprobs": None}],
+                           "dart": {"accepted": accepted} if not reason else server.decoding(job)}
+            if body.include_usage():
+                yield {**head, "choices": [], "usage": server.usage(job)}
+        return server.sse(chunks())
+
+    @app.get("/", include_in_schema=False)
+    async def root():
+        if getattr(app.state, "ui_path", None):
+            return RedirectResponse(app.state.ui_path)
+        return {"name": "dart_jax", "model": model_name, "api": "/v1", "docs": "/docs"}
+
+    return app

@@ -1,0 +1,130 @@
+"""The HTTP API's request bodies (pydantic) and OpenAI-shaped errors.
+
+Fields follow OpenAI's chat and completions APIs; a few extras say how to decode (`method`,
+`top_k`, `tree_size`). Unknown fields are ignored, as OpenAI-compatible servers do, except those
+whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools): those are a 400.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SEED_RANGE = (0, 2**63 - 1)
+
+
+class APIError(Exception):
+    """An error to send as OpenAI's {"error": {...}} with an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        """The message's text; content parts must all be text."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(400, f"only text content parts are supported, got a part of type {part.get('type')!r}.",
+                               param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stop: str | list[str] | None = Field(None, validate_default=True)
+    n: int = 1
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    # dart_jax extras
+    method: Literal["dart", "ar"] = "dart"
+    tree_size: int | None = Field(None, ge=1, le=256)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported (one choice per request); send separate requests instead")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop):
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 16 or any(not s for s in stops):
+            raise ValueError("stop takes up to 16 non-empty strings")
+        return stops
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    tools: list[Any] | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value:
+            raise ValueError("logprobs are not supported by this server")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value):
+        if value:
+            raise ValueError("tools (function calling) are not supported by this server")
+        return value
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] = Field(...)
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ValueError("one prompt per request (a list of several strings is a batch: send them separately)")
+            return prompt[0]
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("the prompt is empty")
+        return prompt
+
+    @field_validator("echo", "suffix", "logprobs", "best_of")
+    @classmethod
+    def _unsupported(cls, value, info):
+        allowed = {"echo": (False,), "suffix": (None, ""), "logprobs": (None,), "best_of": (None, 1)}[info.field_name]
+        if value is not None and not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value

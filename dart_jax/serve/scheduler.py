@@ -1,0 +1,306 @@
+"""One thread that owns the model and serves every request: continuous batching across clients.
+
+Web handlers (the HTTP API's coroutines, the UI's generators) never touch JAX. They `submit` a
+`Job` with a sink for its events and read the events from there; the scheduler thread admits jobs
+into the pools and steps them in turn:
+- method "dart": one `Batcher` pool of `slots` sequences per draft-tree size (the server's default
+  size, plus any other size a request asks for, made on first use);
+- method "ar": plain autoregressive decoding of the target, up to `slots` sequences at a time,
+  each advanced one token per round.
+A job that is cancelled (the client went away, a stop string was met, the UI's Stop button) leaves
+its pool at once and its slot takes the next job. Every event goes to the job's sink: a
+`queue.Queue` for threads, or an asyncio queue fed through its event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from dart_jax.api.model import DartModel
+from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.requests import Stats, check_prompt
+from dart_jax.decoding.settings import GenerationSettings
+
+log = logging.getLogger("dart_jax.serve")
+
+METHODS = {"dart": "DART", "ar": "plain (autoregressive)"}
+
+
+@dataclasses.dataclass
+class Event:
+    """What one step of a job produced: new token ids and the step's accepted length (0 for the
+    prefill's first token, 1 for a plain step). The last event has `done` and a finish reason:
+    'eos', 'length' or 'cancelled', or 'error' with `error` set."""
+
+    ids: list[int]
+    accepted: int
+    done: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """A submitted generation and its figures; `token_ids` and `stats` grow as it runs."""
+
+    id: int
+    method: str
+    prompt_ids: Any
+    settings: GenerationSettings
+    tree_size: int
+    sink: Callable[[Event], None]
+    stats: Stats = dataclasses.field(default_factory=Stats)
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    created: float = dataclasses.field(default_factory=time.perf_counter)
+    _handle: Any = None  # the Batcher's Request, or the plain decoder's generator
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def tokens_per_s(self) -> float:
+        elapsed = time.perf_counter() - self.created if not self.stats.total_s else self.stats.total_s
+        return len(self.token_ids) / elapsed if elapsed > 0 else 0.0
+
+
+def thread_sink() -> tuple[queue.Queue, Callable[[Event], None]]:
+    """A queue for a thread to read a job's events from, and the sink that fills it."""
+    q: queue.Queue = queue.Queue()
+    return q, q.put
+
+
+def async_sink(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Queue, Callable[[Event], None]]:
+    """An asyncio queue (of `loop`) to await a job's events on, and the thread-safe sink that fills it."""
+    q: asyncio.Queue = asyncio.Queue()
+
+    def put(event: Event) -> None:
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+    return q, put
+
+
+class Scheduler:
+    """Serves `model` to many clients from one thread; `slots` sequences per pool, each of at most
+    `max_length` tokens (prompt + answer)."""
+
+    def __init__(self, model: DartModel, *, slots: int = 8, max_length: int = 2048):
+        if int(slots) < 1:
+            raise ValueError(f"--slots must be >= 1, got {slots}.")
+        self.model, self.slots, self.max_length = model, int(slots), int(max_length)
+        self.default_tree_size = model.engine.tree.keep
+        self.methods = dict(METHODS)
+        self._inbox: queue.Queue = queue.Queue()
+        self._pools: dict[int, Batcher] = {}
+        self._dart: dict[Any, Job] = {}  # Batcher request → job
+        self._ar_waiting: collections.deque[Job] = collections.deque()
+        self._ar_running: list[Job] = []
+        self._ids = itertools.count(1)
+        self.finished: collections.Counter = collections.Counter()  # jobs ended, by finish reason
+        self._open: set[Job] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dart_jax-scheduler", daemon=True)
+        # the default pool is made (and its caches allocated) now, so that a pool too large fails at start
+        self._pool(self.default_tree_size)
+
+    # ------------------------------------------------------------------ client side (any thread)
+    def check(self, prompt_ids, settings: GenerationSettings, method: str, tree_size: int | None) -> int:
+        """Raise ValueError naming what is wrong with a request; returns its tree size."""
+        if method not in self.methods:
+            raise ValueError(f"unknown method {method!r}; this server offers {sorted(self.methods)}.")
+        if settings.max_length > self.max_length:
+            raise ValueError(f"max_length {settings.max_length} exceeds the server's context of {self.max_length} "
+                             "tokens (start the server with a larger --max-length).")
+        check_prompt(prompt_ids, self.model.engine.vocab_size, settings.max_length)
+        size = self.default_tree_size if tree_size is None else tree_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 256:
+            raise ValueError(f"tree_size must be an integer in [1, 256] (draft tree nodes), got {size!r}.")
+        return size
+
+    def submit(self, prompt_ids, settings: GenerationSettings, sink: Callable[[Event], None], *,
+               method: str = "dart", tree_size: int | None = None) -> Job:
+        """Queue a generation; its events go to `sink`. Raises ValueError for a bad request."""
+        if self._stop.is_set():
+            raise RuntimeError("the server is shutting down.")
+        size = self.check(prompt_ids, settings, method, tree_size)
+        job = Job(next(self._ids), method, list(prompt_ids), settings, size, sink)
+        self._open.add(job)
+        self._inbox.put(("submit", job))
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job (no-op once it finished); its last event says 'cancelled'."""
+        if not job.done:
+            self._inbox.put(("cancel", job))
+
+    def load(self) -> dict:
+        """Jobs open now (queued or running) and ended so far by finish reason."""
+        return {"open": len(self._open), "finished": dict(self.finished)}
+
+    def start(self) -> "Scheduler":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel what is left, stop the thread, hand the caches back."""
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def generate(self, prompt_ids, settings: GenerationSettings, **kw) -> Iterator[Event]:
+        """Submit and iterate the job's events in this thread (for the UI and the warm-up)."""
+        q, sink = thread_sink()
+        job = self.submit(prompt_ids, settings, sink, **kw)
+        while True:
+            event = q.get()
+            yield event
+            if event.done:
+                return job
+
+    def warmup(self, prompt_ids, max_new_tokens: int = 8) -> None:
+        """Compile the shapes of a short request in both methods, so the first client waits for nothing."""
+        settings = GenerationSettings(max_new_tokens=max_new_tokens, max_length=self.max_length)
+        for method in self.methods:
+            for event in self.generate(prompt_ids, settings, method=method):
+                if event.error:
+                    raise RuntimeError(f"warm-up of method {method!r} failed: {event.error}")
+
+    # ------------------------------------------------------------------ the scheduler thread
+    def _pool(self, tree_size: int) -> Batcher:
+        if tree_size not in self._pools:
+            engine = self.model.engine
+            if tree_size != engine.tree.keep:
+                engine = engine.with_tree(dataclasses.replace(engine.tree, keep=tree_size))
+            self._pools[tree_size] = Batcher(engine, self.slots, self.max_length)
+        return self._pools[tree_size]
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = any(p.active for p in self._pools.values()) or self._ar_running or self._ar_waiting
+                self._drain(block=not busy)
+                for pool in list(self._pools.values()):
+                    if pool.active:
+                        self._step_pool(pool)
+                self._step_plain()
+        except Exception as e:  # a bug: every client hears of it, the log has the traceback
+            log.exception("the scheduler stopped")
+            self._fail_all(f"internal error: {type(e).__name__}: {e}")
+            raise
+        finally:
+            self._fail_all(None)
+            for pool in self._pools.values():
+                pool.close()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, job = item
+            if kind == "submit":
+                self._admit(job)
+            elif kind == "cancel":
+                self._cancel(job)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _admit(self, job: Job) -> None:
+        try:
+            if job.method == "dart":
+                job._handle = self._pool(job.tree_size).submit(job.prompt_ids, job.settings, job.stats)
+                self._dart[job._handle] = job
+            else:
+                self._ar_waiting.append(job)
+        except ValueError as e:
+            self._finish(job, "error", error=str(e))
+
+    def _cancel(self, job: Job) -> None:
+        if job.done:
+            return
+        if job.method == "dart" and job._handle is not None:
+            for pool in self._pools.values():
+                if pool.cancel(job._handle):
+                    break
+            self._dart.pop(job._handle, None)
+        elif job in self._ar_waiting:
+            self._ar_waiting.remove(job)
+        elif job in self._ar_running:
+            self._ar_running.remove(job)
+            job._handle.close()  # the generator hands its cache back
+        self._finish(job, "cancelled")
+
+    def _step_pool(self, pool: Batcher) -> None:
+        for request, kept, accepted in pool.step():
+            job = self._dart.get(request)
+            if job is None:
+                continue
+            job.token_ids.extend(kept)
+            if request.done:
+                del self._dart[request]
+                self._finish(job, request.finish_reason, kept, accepted)
+            else:
+                job.sink(Event(kept, accepted))
+
+    def _step_plain(self) -> None:
+        while self._ar_waiting and len(self._ar_running) < self.slots:
+            job = self._ar_waiting.popleft()
+            job._handle = self.model.engine.generate_ar_steps(job.prompt_ids, job.settings, stats=job.stats)
+            self._ar_running.append(job)
+        for job in list(self._ar_running):
+            try:
+                kept, accepted = next(job._handle)
+            except StopIteration:
+                self._ar_running.remove(job)
+                eos = bool(job.token_ids) and job.token_ids[-1] in self.model.engine.eos_ids
+                self._finish(job, "eos" if eos else "length")
+                continue
+            except ValueError as e:
+                self._ar_running.remove(job)
+                self._finish(job, "error", error=str(e))
+                continue
+            job.token_ids.extend(kept)
+            if kept:
+                job.sink(Event(kept, accepted))
+
+    def _finish(self, job: Job, reason: str, ids: list[int] | None = None, accepted: int = 0,
+                error: str | None = None) -> None:
+        job.finish_reason = reason
+        self.finished[reason] += 1
+        self._open.discard(job)
+        if not job.stats.total_s:
+            job.stats.total_s = time.perf_counter() - job.created
+        job.sink(Event(list(ids or []), accepted, True, reason, error))
+
+    def _fail_all(self, error: str | None) -> None:
+        """Finish every job still open: 'error' after a crash, 'cancelled' at shutdown."""
+        jobs = list(self._dart.values()) + list(self._ar_waiting) + list(self._ar_running)
+        while True:
+            try:
+                kind, job = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                jobs.append(job)
+        for job in jobs:
+            if not job.done:
+                if job in self._ar_running:
+                    job._handle.close()
+                self._finish(job, "error" if error else "cancelled", error=error)
+        self._dart.clear()
+        self._ar_waiting.clear()
+        self._ar_running.clear()

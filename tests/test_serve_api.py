@@ -1,0 +1,231 @@
+"""The HTTP API of `python -m dart_jax.serve`, driven with the official `openai` client against a
+live server on 127.0.0.1 (the embedded demo model). The oracle for every greedy answer is
+`DartModel.generate` of the same prompt in this process (itself checked against plain greedy
+decoding of the target in test_engine)."""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from dart_jax.api.generate import _demo_paths
+from dart_jax.api.model import DartModel
+
+from serving import live_server
+
+# one server for the module: with pytest-xdist (--dist loadgroup) all its tests run on one worker
+pytestmark = pytest.mark.xdist_group("serve_api")
+KEY = "test-key-123"
+NAME = "dart-jax-demo"
+PROMPTS = ["What is speculative decoding?", "Why does the draft tree help?", "Tell me about verification.",
+           "hello", "Write a poem about rivers.", "What does the n-gram trie do?", "Explain tau.", "Count to ten."]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with live_server("--no-ui", "--api-key", KEY, "--slots", "4", "--max-length", "384") as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model():
+    base, head, trie = _demo_paths()
+    return DartModel.from_pretrained(base, head, trie)
+
+
+def oracle(model, prompt, n, chat=True):
+    messages = [{"role": "user", "content": prompt}] if chat else prompt
+    return model.generate(messages, max_new_tokens=n, max_length=384, chat=chat)
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def test_models_and_the_api_key(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [NAME]
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.get(server[0] + "/v1/models", headers=headers)
+        assert r.status_code == 401
+        assert error_of(r)["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server[0] + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_chat_greedy_equals_generate_with_usage_and_decoding_figures(client, model):
+    want = oracle(model, PROMPTS[0], 48)
+    got = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                         temperature=0, max_tokens=48)
+    choice = got.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == want.text
+    assert choice.finish_reason == ("stop" if want.finish_reason == "eos" else "length")
+    assert got.usage.prompt_tokens == len(want.prompt_ids)
+    assert got.usage.completion_tokens == len(want.token_ids)
+    assert got.usage.total_tokens == len(want.prompt_ids) + len(want.token_ids)
+    dart = got.model_extra["dart"]
+    assert dart["method"] == "dart" and dart["accept_lengths"] == want.accept_lengths
+    assert dart["mean_accepted_length"] == pytest.approx(sum(want.accept_lengths) / len(want.accept_lengths))
+
+
+def test_chat_streaming_gives_the_same_text_step_by_step(client, model):
+    want = oracle(model, PROMPTS[1], 40)
+    chunks = list(client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": PROMPTS[1]}], temperature=0, max_tokens=40, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.text
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == ("stop" if want.finish_reason == "eos" else "length")
+    steps = [c.model_extra["dart"]["accepted"] for c in chunks if c.choices and not c.choices[0].finish_reason
+             and c.model_extra.get("dart")]
+    assert steps and steps[0] == 0 and all(1 <= s for s in steps[1:])  # the prefill's token, then accepted lengths
+    assert finals[0].model_extra["dart"]["accept_lengths"] == want.accept_lengths
+    assert chunks[-1].usage.completion_tokens == len(want.token_ids) and not chunks[-1].choices
+
+
+def test_completions_raw_prompt_streaming_and_not(client, model):
+    prompt = "Speculative decoding is"
+    want = oracle(model, prompt, 32, chat=False)
+    got = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=32)
+    assert got.choices[0].text == want.text and got.usage.prompt_tokens == len(want.prompt_ids)
+    streamed = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=32, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == want.text
+    ids = client.completions.create(model=NAME, prompt=want.prompt_ids, temperature=0, max_tokens=32)
+    assert ids.choices[0].text == want.text
+
+
+def test_plain_method_gives_the_same_greedy_answer(client, model):
+    want = oracle(model, PROMPTS[2], 40)
+    got = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPTS[2]}],
+                                         temperature=0, max_tokens=40, extra_body={"method": "ar"})
+    assert got.choices[0].message.content == want.text
+    assert got.model_extra["dart"]["method"] == "ar" and set(got.model_extra["dart"]["accept_lengths"]) == {1}
+
+
+def test_stop_strings_cut_the_answer_before_them(client, model):
+    want = oracle(model, PROMPTS[0], 64).text
+    words = want.split()
+    assert len(words) > 4, want
+    stop = " " + words[3]
+    cut = want[:want.index(stop)]
+    got = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                         temperature=0, max_tokens=64, stop=[stop, "\x00never"])
+    assert got.choices[0].message.content == cut and got.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                              temperature=0, max_tokens=64, stop=stop, stream=True)
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_eight_concurrent_streaming_clients_get_their_own_answers(client, model):
+    lengths = [24, 40, 32, 56, 16, 48, 36, 28]
+    wants = [oracle(model, p, n).text for p, n in zip(PROMPTS, lengths)]
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def one(i):
+        try:
+            stream = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPTS[i]}],
+                                                    temperature=0, max_tokens=lengths[i], stream=True)
+            results[i] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        except BaseException as e:  # reported below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    assert [results.get(i) for i in range(8)] == wants
+
+
+def test_sampling_with_a_seed_repeats(client):
+    kw = dict(model=NAME, messages=[{"role": "user", "content": PROMPTS[3]}], temperature=0.9, top_p=0.9,
+              max_tokens=24, seed=1234, extra_body={"top_k": 50})
+    first = client.chat.completions.create(**kw).choices[0].message.content
+    assert client.chat.completions.create(**kw).choices[0].message.content == first
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, client):
+    url, headers = server[0] + "/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}
+    good = {"model": NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    r = httpx.post(url, content=b'{"model": "x", "messages": [', headers={**headers, "content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in error_of(r)["message"]
+    cases = [({"model": "gpt-4"}, 404, "model"), ({"max_tokens": -1}, 400, "max_tokens"),
+             ({"temperature": -0.5}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"),
+             ({"top_p": 1.5}, 400, "top_p"), ({"n": 2}, 400, "n"), ({"messages": []}, 400, "messages"),
+             ({"messages": [{"role": "user", "content": "word " * 2000}]}, 400, "messages"),
+             ({"method": "magic"}, 400, "method"), ({"seed": 2**70}, 400, "seed"), ({"logprobs": True}, 400, "logprobs")]
+    for change, status, param in cases:
+        r = httpx.post(url, json={**good, **change}, headers=headers, timeout=60)
+        assert r.status_code == status, (change, r.text)
+        err = error_of(r)
+        assert err["param"] == param, (change, err)
+    long = httpx.post(url, json={**good, "messages": [{"role": "user", "content": "word " * 2000}]}, headers=headers)
+    assert error_of(long)["code"] == "context_length_exceeded" and "384" in error_of(long)["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], max_tokens=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    r = httpx.post(server[0] + "/v1/completions", json={"model": NAME, "prompt": [10**9], "max_tokens": 2},
+                   headers=headers)
+    assert r.status_code == 400 and "vocabulary" in error_of(r)["message"]
+    ok = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=4)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+    assert server[1].poll() is None
+
+
+def test_a_client_that_disconnects_frees_its_slot(server):
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def health():
+        return httpx.get(server[0] + "/health").json()["jobs"]
+    before = health()["finished"].get("cancelled", 0)
+    body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[4]}], "max_tokens": 300,
+            "stream": True, "method": "ar", "temperature": 0.8, "seed": 1}
+    for _ in range(2):
+        with httpx.stream("POST", server[0] + "/v1/chat/completions", json=body, headers=headers) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(line.startswith("data: {") for line in got)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (health()["open"] or health()["finished"].get("cancelled", 0) < before + 2):
+        time.sleep(0.1)
+    jobs = health()
+    assert jobs["open"] == 0 and jobs["finished"].get("cancelled", 0) == before + 2, jobs
+
+
+def test_sigterm_finishes_running_requests_and_exits_cleanly():
+    with live_server("--no-ui", "--slots", "2", "--max-length", "256") as (url, proc):
+        body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 120,
+                "temperature": 0, "stream": True, "method": "ar"}
+        texts, reasons = [], []
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if not texts:
+                        proc.send_signal(signal.SIGTERM)  # while the answer streams
+                    choice = chunk["choices"][0]
+                    texts.append(choice["delta"].get("content", ""))
+                    reasons.append(choice["finish_reason"])
+        assert reasons[-1] in ("stop", "length") and len(texts) > 2
+        assert proc.wait(60) == 0
+        log = proc.log.read_text()
+        assert "Traceback" not in log and "dart_jax: stopped" in log, log[-2000:]
