@@ -3,7 +3,8 @@
   inspect HEAD [--base BASE]     config summary, tensor list, checks (against BASE's config.json)
   export HEAD OUT [--dtype ...]  re-save HEAD in the reference layout as float32 or bfloat16
 
-HEAD and BASE are local folders or hub ids. Problems are reported as one message and exit code 1.
+HEAD and BASE are local folders or hub ids. A bad file, config or argument is reported as one
+`error: …` line naming it, with exit code 2 (dart_jax.errors.cli_boundary).
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import sys
 
 import numpy as np
 
-from .dart_head import check_fits_target, check_tensors, export_dart_head, head_folder, read_head_config
+from dart_jax.errors import cli_boundary
+
+from .dart_head import check_head, check_names, export_dart_head, head_folder, read_head_config, tensor_files
 from .qwen3 import load_qwen3_config
 from .safetensors_io import read_tensors
 
@@ -37,16 +40,17 @@ def _describe(folder, config, tensors) -> list[str]:
 def _inspect(args) -> None:
     folder = head_folder(args.head)
     config = read_head_config(folder)
+    files = tensor_files(folder)
     tensors = read_tensors(folder)
     print("\n".join(_describe(folder, config, tensors)))
-    check_tensors(config, tensors, f"DART head {args.head}")
-    print("  checkpoint: tensors match config.json")
+    check_names(config, files, folder)
+    base = load_qwen3_config(args.base) if args.base else None
+    check_head(folder, config, tensors, base, files=files)
+    print("  checkpoint: tensors match config.json, weights finite, d2t/t2d consistent")
     used = np.arange(config.draft_vocab_size) + tensors["d2t"].astype(np.int64)
     print(f"  d2t maps draft ids to target ids {int(used.min())} … {int(used.max())}")
-    if args.base:
-        base = load_qwen3_config(args.base)
+    if base is not None:
         print(f"base {args.base}: hidden {base.hidden_size}, vocab {base.vocab_size}, {base.num_hidden_layers} layers")
-        check_fits_target(config, base, tensors["d2t"])
         print("  the head fits this base model")
 
 
@@ -68,17 +72,12 @@ def main(argv=None) -> int:
     p.set_defaults(run=_inspect)
     p = sub.add_parser("export", help="re-save a DART head in the reference layout")
     p.add_argument("head", help="DART head folder or hub id")
-    p.add_argument("out", help="output folder (created)")
+    p.add_argument("out", help="output folder (created, or replaced if it holds only a head; its parent must exist)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the float tensors")
     p.add_argument("--base", help="Qwen3 base folder or hub id to check the head against first")
     p.set_defaults(run=_export)
     args = parser.parse_args(argv)
-    try:
-        args.run(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return cli_boundary(lambda: args.run(args), prog="python -m dart_jax.convert")
 
 
 if __name__ == "__main__":

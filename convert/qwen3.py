@@ -13,9 +13,12 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from .configs import freeze, read_config, thaw
+from dart_jax.errors import FileFormatError, InputError, MissingFileError
+
+from .configs import (MAX_LAYERS, MAX_SIZE, check_bool, check_float, check_int, check_object, config_from_file,
+                      freeze, json_type, read_config, required, thaw)
 from .hub import resolve
-from .safetensors_io import tensor_index, write_checkpoint_tensors
+from .safetensors_io import FLOAT_DTYPES, tensor_index, write_checkpoint_tensors
 
 ALLOW_PATTERNS = ("*.json", "*.safetensors")
 TARGET_ROPE_KINDS = ("default", "linear", "llama3", "yarn")
@@ -31,24 +34,58 @@ def rope_kind(scaling: Mapping[str, Any] | None) -> str:
     return scaling.get("rope_type", scaling.get("type", "default"))
 
 
+# the numeric keys a scaling dict may hold, and what each must be when present (not null)
+_ROPE_FLOATS = ("factor", "beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor")
+_ROPE_NONNEGATIVE = ("mscale", "mscale_all_dim")
+
+
 def check_rope_scaling(scaling: Mapping[str, Any] | None, supported: tuple[str, ...], what: str,
-                       needs: Mapping[str, tuple[str, ...]] = _ROPE_NEEDS) -> None:
-    """A ValueError naming the problem when `scaling` is of an unsupported kind or lacks a key."""
+                       needs: Mapping[str, tuple[str, ...]] = _ROPE_NEEDS, *, name: str = "rope_scaling") -> None:
+    """An InputError naming the problem when `scaling` (a dict or None; `name` is its field in
+    config.json) is of an unsupported kind, lacks a key its kind needs, or holds a value the
+    RoPE tables cannot be built from (a factor <= 0, NaN, a string, ...)."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, Mapping):
+        raise InputError(f"{what}: `{name}` must be a JSON object (or null), got {json_type(scaling)}.")
+    for key in ("rope_type", "type"):
+        if key in scaling and not isinstance(scaling[key], str):
+            raise InputError(f"{what}: `{name}.{key}` must be a string naming the RoPE kind, got "
+                             f"{json_type(scaling[key])}.")
     kind = rope_kind(scaling)
     if kind not in supported:
-        raise ValueError(f"{what}: unsupported rope_scaling type {kind!r}; supported: {', '.join(supported)}.")
+        raise InputError(f"{what}: unsupported {name} type {kind!r}; supported: {', '.join(supported)}.")
     missing = [k for k in needs.get(kind, ()) if scaling.get(k) is None]
     if missing:
-        raise ValueError(f"{what}: {kind} rope_scaling needs {missing} (HF fills 'original_max_position_embeddings' "
-                         "from the config's max_position_embeddings); add them to the scaling dict.")
+        hf = (" (transformers fills 'original_max_position_embeddings' from the config's max_position_embeddings)"
+              if "original_max_position_embeddings" in missing else "")
+        raise InputError(f"{what}: {kind} {name} needs {missing}{hf}; add them to `{name}`.")
+    if kind == "default":
+        return
+    for key in _ROPE_FLOATS:
+        if scaling.get(key) is not None:
+            check_float(what, f"{name}.{key}", scaling[key])
+    for key in _ROPE_NONNEGATIVE:
+        if scaling.get(key) is not None and check_float(what, f"{name}.{key}", scaling[key], positive=False) < 0:
+            raise InputError(f"{what}: `{name}.{key}` must be >= 0, got {json_type(scaling[key])}.")
+    if scaling.get("original_max_position_embeddings") is not None:
+        check_int(what, f"{name}.original_max_position_embeddings", scaling["original_max_position_embeddings"])
+    if scaling.get("truncate") is not None:
+        check_bool(what, f"{name}.truncate", scaling["truncate"])
 
 
 _SCALED_ROPE_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
                      "mscale", "mscale_all_dim", "truncate", "low_freq_factor", "high_freq_factor")
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "head_dim")
+_WHAT = "Qwen3 config"
 
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
+    """A Qwen3 config.json, checked on construction (types, ranges, finiteness; an InputError
+    naming the field otherwise) and normalised to plain Python values."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -61,23 +98,41 @@ class Qwen3Config:
     # (key, value) pairs so that the config stays hashable (it is static under jit); None = plain RoPE
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
     tie_word_embeddings: bool = False
-    max_position_embeddings: int = 40960
+    max_position_embeddings: int = 32768
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"Qwen3 config: {name} must be a positive integer, got {getattr(self, name)!r}.")
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        for name in _SIZES:
+            put(name, check_int(_WHAT, name, getattr(self, name),
+                                maximum=MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE))
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"Qwen3 config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+            raise InputError(f"{_WHAT}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention.")
         if self.head_dim % 2:
-            raise ValueError(f"Qwen3 config: head_dim must be even for RoPE, got {self.head_dim}.")
+            raise InputError(f"{_WHAT}: head_dim must be even for RoPE, got {self.head_dim}.")
         if self.num_hidden_layers < 3:
-            raise ValueError(f"Qwen3 config: DART taps layers 2, L//2 and L-3, so num_hidden_layers must be >= 3, "
+            raise InputError(f"{_WHAT}: DART taps layers 2, L//2 and L-3, so num_hidden_layers must be >= 3, "
                              f"got {self.num_hidden_layers}.")
-        check_rope_scaling(self.rope_scaling_dict, TARGET_ROPE_KINDS, "Qwen3 config")
+        put("rms_norm_eps", check_float(_WHAT, "rms_norm_eps", self.rms_norm_eps))
+        put("rope_theta", check_float(_WHAT, "rope_theta", self.rope_theta))
+        put("tie_word_embeddings", check_bool(_WHAT, "tie_word_embeddings", self.tie_word_embeddings))
+        put("max_position_embeddings", check_int(_WHAT, "max_position_embeddings", self.max_position_embeddings))
+        eos = self.eos_token_ids
+        if not isinstance(eos, (tuple, list)):
+            raise InputError(f"{_WHAT}: eos_token_ids must be a tuple of token ids, got {json_type(eos)}.")
+        put("eos_token_ids", tuple(check_int(_WHAT, "eos_token_id", e, minimum=0, maximum=self.vocab_size - 1,
+                                             hint=f" (an EOS id must lie inside the vocabulary of {self.vocab_size})")
+                                   for e in eos))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, tuple):
+            raise InputError(f"{_WHAT}: rope_scaling must be given frozen, as sorted (key, value) pairs "
+                             f"(convert.configs.freeze), got {json_type(self.rope_scaling)}.")
+        scaling = self.rope_scaling_dict
+        check_rope_scaling(scaling, TARGET_ROPE_KINDS, _WHAT)
+        if rope_kind(scaling) == "yarn" and self.rope_theta == 1.0:
+            raise InputError(f"{_WHAT}: yarn RoPE divides by ln(rope_theta), so rope_theta must not be 1.")
 
     @property
     def tap_layers(self) -> tuple[int, int, int]:
@@ -90,30 +145,49 @@ class Qwen3Config:
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> "Qwen3Config":
-        """Build from a HF Qwen3 `config.json` dict (transformers 4 or 5 layout)."""
+        """Build from a HF Qwen3 `config.json` dict (transformers 4 or 5 layout). Absent optional
+        fields take the defaults of transformers' Qwen3Config (head_dim 128, num_key_value_heads
+        32, max_position_embeddings 32768, rms_norm_eps 1e-6, rope_theta 10000). Null stands for
+        "not set" only where transformers gives it that meaning (num_key_value_heads: as many as
+        heads; rope_theta, rope_scaling, rope_parameters, eos_token_id, layer_types,
+        use_sliding_window); elsewhere a null is an error like any other wrong type."""
+        if not isinstance(cfg, Mapping):
+            raise InputError(f"{_WHAT}: expected a JSON object, got {json_type(cfg)}.")
         model_type = cfg.get("model_type", "qwen3")
         if model_type != "qwen3":
-            raise ValueError(f"expected a Qwen3 config (model_type 'qwen3'), got model_type {model_type!r}.")
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in required if k not in cfg]
-        if missing:
-            raise ValueError(f"Qwen3 config.json lacks required field(s) {missing}.")
+            raise InputError(f"expected a Qwen3 config (model_type 'qwen3'), got model_type {json_type(model_type)}.")
+        required(cfg, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
+                 _WHAT)
         if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen3 config: only hidden_act 'silu' is supported, got {cfg['hidden_act']!r}.")
-        if cfg.get("attention_bias", False):
-            raise ValueError("Qwen3 config: attention_bias=true is not supported (standard Qwen3 has no q/k/v biases).")
-        if cfg.get("use_sliding_window", False) or any(t != "full_attention" for t in cfg.get("layer_types") or ()):
-            raise ValueError("Qwen3 config: sliding-window attention layers are not supported; "
+            raise InputError(f"{_WHAT}: only hidden_act 'silu' is supported, got {json_type(cfg['hidden_act'])}.")
+        if check_bool(_WHAT, "attention_bias", cfg.get("attention_bias", False)):
+            raise InputError(f"{_WHAT}: attention_bias=true is not supported (standard Qwen3 has no q/k/v biases).")
+        sliding = cfg.get("use_sliding_window")
+        layer_types = cfg.get("layer_types")
+        if layer_types is not None and (not isinstance(layer_types, list)
+                                        or not all(isinstance(t, str) for t in layer_types)):
+            raise InputError(f"{_WHAT}: `layer_types` must be a list of strings (or null), got {json_type(layer_types)}.")
+        if (sliding is not None and check_bool(_WHAT, "use_sliding_window", sliding)) or any(
+                t != "full_attention" for t in layer_types or ()):
+            raise InputError(f"{_WHAT}: sliding-window attention layers are not supported; "
                              "set use_sliding_window=false (standard Qwen3 uses full attention).")
-        heads = int(cfg["num_attention_heads"])
-        max_pos = int(cfg.get("max_position_embeddings", 40960))
+        heads = cfg["num_attention_heads"]
+        # absent fields take the defaults of transformers' Qwen3Config (head_dim 128, not
+        # hidden_size // heads as in Llama; 32 kv heads, null meaning "as many as heads")
+        max_pos = cfg.get("max_position_embeddings", 32768)
+        kv_heads = cfg.get("num_key_value_heads", 32)
+        head_dim = cfg.get("head_dim", 128)
 
         # transformers 5 keeps rope_theta and the scaling inside rope_parameters; older configs keep
         # rope_theta at the top level and the scaling in rope_scaling
-        rope_params = dict(cfg.get("rope_parameters") or {})
-        theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-        scaling = dict(cfg.get("rope_scaling") or {}) or rope_params
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        rope_params = check_object(_WHAT, "rope_parameters", cfg.get("rope_parameters")) or {}
+        top_scaling = check_object(_WHAT, "rope_scaling", cfg.get("rope_scaling"))
+        theta = cfg.get("rope_theta")  # null: not set, as transformers 5 leaves it when rope_parameters holds it
+        if theta is None:
+            theta = rope_params.get("rope_theta", 10000.0)
+        source = "rope_scaling" if top_scaling else "rope_parameters"
+        scaling = top_scaling or rope_params
+        kind = rope_kind(scaling)
         if kind == "default":
             rope_scaling = None
         else:
@@ -122,26 +196,29 @@ class Qwen3Config:
             if kind in ("yarn", "llama3"):
                 scaling.setdefault("original_max_position_embeddings",
                                    cfg.get("original_max_position_embeddings", max_pos))
+                check_int(_WHAT, f"{source}.original_max_position_embeddings",
+                          scaling["original_max_position_embeddings"])
             if kind == "yarn" and scaling.get("factor") is None:
-                scaling["factor"] = max_pos / scaling["original_max_position_embeddings"]
+                scaling["factor"] = check_int(_WHAT, "max_position_embeddings", max_pos) / scaling[
+                    "original_max_position_embeddings"]
+            check_rope_scaling(scaling, TARGET_ROPE_KINDS, _WHAT, name=source)
             rope_scaling = freeze(scaling)
 
         eos = cfg.get("eos_token_id")
-        eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
         return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(theta),
+            num_key_value_heads=heads if kv_heads is None else kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             max_position_embeddings=max_pos,
-            eos_token_ids=eos_ids,
+            eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (eos,),
         )
 
 
@@ -174,22 +251,23 @@ def checkpoint_folder(path_or_id: str | os.PathLike) -> Path:
     """The local folder of a Qwen3 checkpoint given as a folder or a hub id."""
     folder = resolve(path_or_id, ALLOW_PATTERNS, what="Qwen3 checkpoint")
     if not folder.is_dir():
-        raise FileNotFoundError(f"Qwen3 checkpoint {str(path_or_id)!r} resolved to {folder}, which is not a folder; "
+        raise MissingFileError(f"Qwen3 checkpoint {str(path_or_id)!r} resolved to {folder}, which is not a folder; "
                                 "pass the folder that holds config.json and the *.safetensors files.")
     return folder
 
 
 def load_qwen3_config(path_or_id: str | os.PathLike) -> Qwen3Config:
-    """The `Qwen3Config` of a checkpoint folder or hub id (reads only config.json)."""
+    """The `Qwen3Config` of a checkpoint folder or hub id (reads only config.json); a bad value
+    is a FileFormatError naming config.json and the field."""
     folder = checkpoint_folder(path_or_id)
     cfg = read_config(folder, "a HF Qwen3 checkpoint folder needs config.json next to its model.safetensors")
-    return Qwen3Config.from_hf(cfg)
+    return config_from_file(folder / "config.json", lambda: Qwen3Config.from_hf(cfg))
 
 
-def check_checkpoint(folder: Path, config: Qwen3Config) -> dict[str, tuple[Path, tuple[int, ...]]]:
+def check_checkpoint(folder: Path, config: Qwen3Config) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """Every tensor of the checkpoint against the config, from the headers alone; returns the
-    index name → (file, shape). A ValueError lists missing and unexpected names, or the first
-    tensor whose shape the config does not imply."""
+    index name → (file, shape, dtype name). A FileFormatError lists missing and unexpected names,
+    or names the first tensor whose shape the config does not imply or whose dtype is not a float."""
     index = tensor_index(folder)
     table = tensor_table(config)
     missing = sorted(set(table) - set(index))
@@ -200,13 +278,18 @@ def check_checkpoint(folder: Path, config: Qwen3Config) -> dict[str, tuple[Path,
             hint = " (config.json says tie_word_embeddings=false, so lm_head.weight is required)"
         if "lm_head.weight" in unexpected:
             hint = " (config.json says tie_word_embeddings=true but the checkpoint has lm_head.weight)"
-        raise ValueError(f"checkpoint {folder} does not match its Qwen3 config{hint}: missing tensors "
-                         f"{missing[:10]}{' ...' if len(missing) > 10 else ''}, unexpected tensors "
-                         f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}.")
+        raise FileFormatError(folder, f"the checkpoint does not match its Qwen3 config{hint}: missing tensors "
+                                      f"{missing[:10]}{' ...' if len(missing) > 10 else ''}, unexpected tensors "
+                                      f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}. Use the "
+                                      "config.json that came with these weights.")
     for name, (_, shape, _) in table.items():
-        if index[name][1] != shape:
-            raise ValueError(f"tensor {name!r} in {index[name][0].name} has shape {index[name][1]}, expected "
-                             f"{shape} from config.json; the checkpoint and its config disagree.")
+        file, found, dtype = index[name]
+        if found != shape:
+            raise FileFormatError(file, f"tensor {name!r} has shape {found}, expected {shape} from config.json; "
+                                        "the checkpoint and its config disagree.")
+        if dtype not in FLOAT_DTYPES:
+            raise FileFormatError(file, f"tensor {name!r} has dtype {dtype}; a weight must be a float tensor "
+                                        f"({', '.join(FLOAT_DTYPES)}). The checkpoint is broken.")
     return index
 
 
@@ -223,12 +306,12 @@ def save_qwen3(folder: str | os.PathLike, config_dict: Mapping[str, Any], tensor
     missing = sorted(set(table) - set(tensors))
     unexpected = sorted(set(tensors) - set(table))
     if missing or unexpected:
-        raise ValueError(f"the tensors do not match the Qwen3 config: missing {missing[:10]}"
+        raise InputError(f"the tensors do not match the Qwen3 config: missing {missing[:10]}"
                          f"{' ...' if len(missing) > 10 else ''}, unexpected {unexpected[:10]}"
                          f"{' ...' if len(unexpected) > 10 else ''}; pass exactly the names of tensor_table(config).")
     for name, (_, shape, _) in table.items():
         if tuple(tensors[name].shape) != shape:
-            raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, the config implies {shape}.")
+            raise InputError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, the config implies {shape}.")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(dict(config_dict), indent=2) + "\n")

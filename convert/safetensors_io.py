@@ -5,16 +5,38 @@ bf16 tensors come back as ``ml_dtypes.bfloat16`` arrays; sharded checkpoints are
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
+
+from dart_jax.errors import FileFormatError, InputError, MissingFileError
+
+from .configs import json_type, read_json_object
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# the float kinds a weight may be stored in (safetensors' names); integer or bool weights are an error
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_NUMPY_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _index_files(index: Path, folder: Path) -> dict[str, str]:
+    """The weight_map (tensor name → shard file name) of a safetensors index, checked."""
+    raw = read_json_object(index, "a safetensors index (a JSON object with a 'weight_map')")
+    weight_map = raw.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise FileFormatError(index, f"`weight_map` must be a JSON object mapping tensor names to shard files, got "
+                                     f"{json_type(weight_map)}; the index is broken: download it again.")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not file or Path(file).name != file or file in (".", ".."):
+            raise FileFormatError(index, f"`weight_map` maps {name!r} to {json_type(file)}; expected the file name "
+                                         f"of a shard in {folder}. The index is broken: download it again.")
+    return weight_map
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -22,35 +44,113 @@ def weight_files(folder: Path) -> list[Path]:
     folder = Path(folder)
     index = folder / INDEX_NAME
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ValueError(f"{index}: not a valid safetensors index (expected a JSON object with 'weight_map'): {e}") from e
-        files = sorted(set(weight_map.values()))
+        files = sorted(set(_index_files(index, folder).values()))
         missing = [f for f in files if not (folder / f).exists()]
         if missing:
-            raise FileNotFoundError(f"{index} names shard(s) that are not in {folder}: {missing}; download the whole checkpoint.")
+            raise MissingFileError(f"{index} names shard(s) that are not in {folder}: {missing}; "
+                                   "download the whole checkpoint.")
         return [folder / f for f in files]
     if (folder / SINGLE_NAME).exists():
         return [folder / SINGLE_NAME]
     found = sorted(p.name for p in folder.glob("*.safetensors"))
     if found:
         return [folder / f for f in found]
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"no weights in {folder}: expected {SINGLE_NAME} or {INDEX_NAME} with its shards "
         f"(found: {sorted(p.name for p in folder.iterdir())[:20]})."
     )
 
 
-def read_tensors(folder: Path, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-    """All tensors (or only `names`) of a checkpoint folder as NumPy arrays."""
+@contextlib.contextmanager
+def open_safetensors(path: Path) -> Iterator:
+    """`safe_open(path)` for NumPy, with an unreadable file reported as a FileFormatError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileFormatError(path, "is not a file; expected a safetensors weight file.")
+    try:
+        handle = safe_open(str(path), framework="numpy")
+    except SafetensorError as e:
+        raise FileFormatError(path, f"is not a readable safetensors file ({e}); it is truncated or corrupted: "
+                                    "download it again.") from e
+    with handle as fh:
+        yield fh
+
+
+def header_entry(fh, path: Path, name: str) -> tuple[tuple[int, ...], str]:
+    """(shape, safetensors dtype name) of tensor `name` from the header alone."""
+    try:
+        view = fh.get_slice(name)
+        return tuple(int(n) for n in view.get_shape()), str(view.get_dtype())
+    except SafetensorError as e:
+        raise FileFormatError(path, f"cannot read the header entry of tensor {name!r} ({e}); the file is "
+                                    "corrupted: download it again.") from e
+
+
+def read_tensor(fh, path: Path, name: str, *, weight: bool = True) -> np.ndarray:
+    """Tensor `name` of an open file as a NumPy array. With `weight`, it must be a float tensor
+    (FLOAT_DTYPES) whose values are all finite; a FileFormatError naming the tensor and the file
+    otherwise."""
+    try:
+        array = fh.get_tensor(name)
+    except (SafetensorError, TypeError, ValueError) as e:  # an unknown dtype, a tensor NumPy cannot hold
+        raise FileFormatError(path, f"cannot read tensor {name!r} ({e}); the file is corrupted or stores a dtype "
+                                    f"NumPy cannot hold: download it again.") from e
+    if weight:
+        check_weight(array, name, path)
+    return array
+
+
+def check_weight(array: np.ndarray, name: str, path: Path | str) -> None:
+    """A FileFormatError naming `name` and `path` unless `array` holds floats, all finite."""
+    if array.dtype.name not in _NUMPY_FLOATS:
+        raise FileFormatError(path, f"tensor {name!r} has dtype {array.dtype}; a weight must be a float tensor "
+                                    f"({', '.join(FLOAT_DTYPES)}). The checkpoint is broken or not a model of this kind.")
+    bad = count_nonfinite(array)
+    if bad:
+        raise FileFormatError(path, f"tensor {name!r} holds {bad} non-finite value(s) (NaN or Inf) of {array.size}; "
+                                    "the weights are corrupted (or the training that wrote them diverged). Use an "
+                                    "intact checkpoint.")
+
+
+def cast_weight(array: np.ndarray, dtype, name: str, path: Path | str) -> np.ndarray:
+    """A (checked, finite) float weight as `dtype`; a FileFormatError naming the tensor when
+    its values overflow that dtype's range."""
+    with np.errstate(over="ignore"):
+        cast = array.astype(dtype, copy=False)
+    if cast is not array and cast.dtype != array.dtype and count_nonfinite(cast):
+        raise FileFormatError(path, f"tensor {name!r} holds values beyond the range of {np.dtype(dtype).name} "
+                                    f"(largest magnitude {float(np.max(np.abs(array.astype(np.float64)))):.3g}), the "
+                                    "dtype it is loaded in; the checkpoint is broken.")
+    return cast
+
+
+def count_nonfinite(array: np.ndarray, block: int = 1 << 24) -> int:
+    """How many values of a float array are NaN or ±Inf: one pass in blocks (so the scratch
+    memory stays small), on the exponent bits for bfloat16 (whose NumPy ufuncs are slow)."""
+    flat = array.reshape(-1)
+    bad = 0
+    for start in range(0, flat.size, block):
+        part = flat[start:start + block]
+        if part.dtype.name == "bfloat16":
+            bad += int(np.count_nonzero((part.view(np.uint16) & 0x7F80) == 0x7F80))
+        else:
+            bad += int(part.size - np.count_nonzero(np.isfinite(part)))
+    return bad
+
+
+def read_tensors(folder: Path, names: Iterable[str] | None = None, *,
+                 is_weight: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+    """All tensors (or only `names`) of a checkpoint folder as NumPy arrays. With `is_weight`,
+    each tensor it names a weight must be a float tensor with finite values (`check_weight`)."""
     wanted = None if names is None else set(names)
     out: dict[str, np.ndarray] = {}
     for f in weight_files(folder):
-        with safe_open(str(f), framework="numpy") as fh:
+        with open_safetensors(f) as fh:
             for key in fh.keys():
                 if wanted is None or key in wanted:
-                    out[key] = fh.get_tensor(key)
+                    if key in out:
+                        raise FileFormatError(f, f"tensor {key!r} is stored in more than one file of {folder}.")
+                    out[key] = read_tensor(fh, f, key, weight=is_weight is not None and is_weight(key))
     return out
 
 
@@ -59,15 +159,24 @@ def write_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata or {"format": "pt"})
 
 
-def tensor_index(folder: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """Name → (file, shape) over all weight files of a checkpoint, read from the headers only."""
-    index: dict[str, tuple[Path, tuple[int, ...]]] = {}
+def tensor_index(folder: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+    """Name → (file, shape, safetensors dtype name) over all weight files of a checkpoint, read
+    from the headers only. With an index file, each tensor must be in the shard it names."""
+    folder = Path(folder)
+    index: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     for f in weight_files(folder):
-        with safe_open(str(f), framework="numpy") as fh:
+        with open_safetensors(f) as fh:
             for key in fh.keys():
                 if key in index:
-                    raise ValueError(f"tensor {key!r} appears in both {index[key][0].name} and {f.name}.")
-                index[key] = (f, tuple(fh.get_slice(key).get_shape()))
+                    raise FileFormatError(f, f"tensor {key!r} appears in both {index[key][0].name} and {f.name}; "
+                                             "the checkpoint's shards overlap.")
+                index[key] = (f, *header_entry(fh, f, key))
+    if (folder / INDEX_NAME).exists():
+        for name, file in _index_files(folder / INDEX_NAME, folder).items():
+            if name not in index or index[name][0].name != file:
+                where = "in no shard" if name not in index else f"in {index[name][0].name}"
+                raise FileFormatError(folder / INDEX_NAME, f"lists tensor {name!r} in {file}, but it is {where}; "
+                                                           "the index and its shards disagree: download them again.")
     return index
 
 
@@ -82,7 +191,7 @@ def write_checkpoint_tensors(folder: Path, tensors: dict[str, np.ndarray],
         write_tensors(folder / SINGLE_NAME, tensors)
         return [folder / SINGLE_NAME]
     if max_shard_size_bytes <= 0:
-        raise ValueError(f"max_shard_size_bytes must be a positive number of bytes, got {max_shard_size_bytes}.")
+        raise InputError(f"max_shard_size_bytes must be a positive number of bytes, got {max_shard_size_bytes}.")
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, array in tensors.items():

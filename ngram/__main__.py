@@ -1,4 +1,9 @@
-"""``python -m dart_jax.ngram {build,convert,info,query,merge,reduce}``: n-gram trie tools."""
+"""``python -m dart_jax.ngram {build,convert,info,query,merge,reduce}``: n-gram trie tools.
+
+Every command runs through ``dart_jax.errors.cli_boundary``: a bad file or argument ends as one
+``error: …`` line and exit code 2. Numeric options are checked against their ranges before any
+work starts, and output paths before anything is read.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .trie import Trie
+from dart_jax.errors import FileFormatError, InputError, MissingFileError, cli_boundary
+
+from ._atomic import check_output
+from ._reference import MAX_CHUNK_BYTES
+from .trie import MAX_ORDER, MAX_TOKEN_ID, Trie
 
 _ID_KEYS = ("input_ids", "token_ids", "tokens", "ids")
 _SUFFIXES = (".jsonl", ".npy", ".txt")
@@ -20,7 +29,7 @@ def _load_tokenizer(path):
     if path is None:
         return None
     if not os.path.isdir(path):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"--tokenizer {path!r} is not a folder; pass a local folder with tokenizer.json "
             "(e.g. the target model's folder)."
         )
@@ -37,10 +46,42 @@ def _input_files(paths: list[str]) -> list[Path]:
         elif p.is_file():
             files.append(p)
         else:
-            raise FileNotFoundError(f"Input {str(p)!r} does not exist.")
+            raise MissingFileError(f"Input {str(p)!r} does not exist.")
     if not files:
-        raise FileNotFoundError(f"No {'/'.join(_SUFFIXES)} files in {paths}.")
+        raise MissingFileError(f"No {'/'.join(_SUFFIXES)} files in {paths}.")
     return files
+
+
+def _ids(item, where: str) -> list[int]:
+    """A JSON list of token ids, checked (bools are not ids, and ids must fit the trie)."""
+    if not isinstance(item, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+        raise FileFormatError(where, "expected a list of integer token ids.")
+    bad = [t for t in item if not 0 <= t <= MAX_TOKEN_ID]
+    if bad:
+        raise FileFormatError(where, f"token id {bad[0]} is outside [0, {MAX_TOKEN_ID}]; pass token ids from "
+                                     "the tokenizer.")
+    return item
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise FileFormatError(path, f"not a readable .npy array ({e}).") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer):
+        raise FileFormatError(path, f"expected a 1-D or 2-D integer array of token ids; got "
+                                    f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}.")
+    if arr.size and (arr.min() < 0 or arr.max() > MAX_TOKEN_ID):
+        raise FileFormatError(path, f"holds token ids outside [0, {MAX_TOKEN_ID}] ({arr.min()} .. {arr.max()}).")
+    return arr
+
+
+def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from enumerate(f, 1)
+    except UnicodeDecodeError as e:
+        raise FileFormatError(path, f"not UTF-8 text ({e.reason} at byte {e.start}).") from None
 
 
 def _sequences(files: list[Path], tokenizer, text_key: str, eos: int | None) -> Iterator[list[int]]:
@@ -48,55 +89,85 @@ def _sequences(files: list[Path], tokenizer, text_key: str, eos: int | None) -> 
     tail = [] if eos is None else [eos]
 
     def encode(text, where):
+        if not isinstance(text, str):
+            raise FileFormatError(where, f"the text field holds {type(text).__name__}, not a string.")
         if tokenizer is None:
-            raise ValueError(f"{where} holds text; pass --tokenizer FOLDER to tokenize it.")
+            raise InputError(f"{where} holds text; pass --tokenizer FOLDER to tokenize it.")
         # like the reference builder: special tokens as the tokenizer adds them, then EOS
         return list(tokenizer.encode(text, add_special_tokens=True))
 
     for path in files:
         if path.suffix == ".npy":
-            arr = np.load(path, allow_pickle=False)
-            if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer):
-                raise ValueError(f"{path}: expected a 1-D or 2-D integer array of token ids; got {arr.dtype} {arr.shape}.")
+            arr = _load_npy(path)
             for row in arr.reshape(-1, arr.shape[-1]) if arr.ndim == 2 else [arr]:
                 yield list(row.tolist()) + tail
         elif path.suffix == ".txt":
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if line.strip():
-                        yield encode(line.rstrip("\n"), f"{path}:{n}") + tail
+            for n, line in _text_lines(path):
+                if line.strip():
+                    yield encode(line.rstrip("\n"), f"{path}:{n}") + tail
         else:
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        item = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}:{n} is not valid JSON ({e}).") from None
-                    if isinstance(item, dict):
-                        key = next((k for k in _ID_KEYS if k in item), None)
-                        if key is not None:
-                            item = item[key]
-                        elif text_key in item:
-                            item = encode(item[text_key], f"{path}:{n}")
-                        else:
-                            raise ValueError(
-                                f"{path}:{n} has none of the keys {list(_ID_KEYS) + [text_key]}; "
-                                "use --text-key to name the text field."
-                            )
-                    elif isinstance(item, str):
-                        item = encode(item, f"{path}:{n}")
-                    if not isinstance(item, list) or not all(isinstance(t, int) for t in item):
-                        raise ValueError(f"{path}:{n}: expected a list of integer token ids.")
-                    yield item + tail
+            for n, line in _text_lines(path):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise FileFormatError(where, f"not valid JSON ({e}).") from None
+                if isinstance(item, dict):
+                    key = next((k for k in _ID_KEYS if k in item), None)
+                    if key is not None:
+                        item = item[key]
+                    elif text_key in item:
+                        item = encode(item[text_key], where)
+                    else:
+                        raise FileFormatError(where, f"has none of the keys {list(_ID_KEYS) + [text_key]}; "
+                                                     "use --text-key to name the text field.")
+                elif isinstance(item, str):
+                    item = encode(item, where)
+                yield _ids(item, where) + tail
 
 
-def _parse_ids(text: str) -> list[int]:
+_MAX_FREQ = 2**31 - 1  # frequencies are int32
+_MAX_CHUNK_MB = MAX_CHUNK_BYTES >> 20
+
+
+def _parse_ids(text: str, flag: str) -> list[int]:
     try:
-        return [int(t) for t in text.replace(",", " ").split()]
+        ids = [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
-        raise ValueError(f"Expected token ids separated by commas or spaces; got {text!r}.") from None
+        raise InputError(f"{flag} expects token ids separated by commas or spaces; got {text!r}.") from None
+    bad = [t for t in ids if not 0 <= t <= MAX_TOKEN_ID]
+    if bad:
+        raise InputError(f"{flag} holds token id {bad[0]}, outside [0, {MAX_TOKEN_ID}].")
+    return ids
+
+
+def _check_range(flag: str, value, lo: int, hi: int | None = None, what: str = "") -> None:
+    """InputError naming the flag and its valid range unless ``lo <= value <= hi`` (None is unset)."""
+    if value is None or (value >= lo and (hi is None or value <= hi)):
+        return
+    valid = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    raise InputError(f"{flag} must be {'in ' if hi is not None else ''}{valid}{what}; got {value}.")
+
+
+def _check_args(args) -> None:
+    """Ranges of the numeric options of every command (before any work starts)."""
+    if args.command == "build":
+        _check_range("--order", args.order, 1, MAX_ORDER, " (the n-gram length; the reference uses 3)")
+        _check_range("--chunk-tokens", args.chunk_tokens, 1)
+        _check_range("--reduce", args.reduce, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
+        _check_range("--eos", args.eos, 0, MAX_TOKEN_ID, " (a token id)")
+        check_output(args.output, "--output")
+    elif args.command == "convert":
+        _check_range("--chunk-mb", args.chunk_mb, 1, _MAX_CHUNK_MB, " MiB")
+    elif args.command == "query":
+        _check_range("--top", args.top, 1)
+    elif args.command == "reduce":
+        _check_range("--threshold", args.threshold, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
+        check_output(args.output, "output")
+    elif args.command == "merge":
+        check_output(args.output, "output")
 
 
 def cmd_build(args):
@@ -142,12 +213,12 @@ def cmd_query(args):
     tokenizer = _load_tokenizer(args.tokenizer)
     if args.text is not None:
         if tokenizer is None:
-            raise ValueError("--text needs --tokenizer FOLDER.")
+            raise InputError("--text needs --tokenizer FOLDER.")
         context = list(tokenizer.encode(args.text, add_special_tokens=False))
     else:
-        context = _parse_ids(args.context or "")
+        context = _parse_ids(args.context or "", "--context")
     if args.tokens is not None:
-        candidates = _parse_ids(args.tokens)
+        candidates = _parse_ids(args.tokens, "--tokens")
     else:
         candidates = trie.continuations(context, args.top)
     probs, lens = trie.probability(context, candidates)
@@ -201,7 +272,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("inputs", nargs="+", help="input files or folders")
     b.add_argument("-o", "--output", required=True, help="output trie file (dart_jax format)")
-    b.add_argument("--order", type=int, default=3, help="n-gram order (default 3, the reference's)")
+    b.add_argument("--order", type=int, default=3, help=f"n-gram order, 1..{MAX_ORDER} (default 3, the reference's)")
     b.add_argument("--tokenizer", help="local tokenizer folder for text inputs")
     b.add_argument("--text-key", default="text", help="JSON field holding text (default: text)")
     b.add_argument("--eos", type=int, help="token id appended to every sequence (default: the tokenizer's EOS)")
@@ -215,16 +286,18 @@ def make_parser() -> argparse.ArgumentParser:
         "convert",
         help="convert a reference (C++) .trie file",
         description="Stream a reference .trie (docs/spec.md §6) into the dart_jax format, in bounded memory "
-        "(scratch files next to OUTPUT, about 40 bytes per node).",
+        "(scratch files in a folder next to OUTPUT, about 37 bytes per node, removed at the end; OUTPUT "
+        "appears only when complete).",
     )
     c.add_argument("input", help="reference .trie file")
     c.add_argument("output", help="output trie file (dart_jax format)")
-    c.add_argument("--chunk-mb", type=int, default=64, help="read size in MiB (default 64)")
+    c.add_argument("--chunk-mb", type=int, default=64, help=f"read size in MiB, 1..{_MAX_CHUNK_MB} (default 64)")
     c.set_defaults(func=cmd_convert)
 
     i = sub.add_parser("info", help="describe a trie file", description="Print the order, node counts and size of a trie.")
     i.add_argument("trie")
-    i.add_argument("--verify", action="store_true", help="check the whole structure (reads every node)")
+    i.add_argument("--verify", action="store_true", help="also check the tokens (every load checks the children table, the "
+                   "frequencies and the depth)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
 
@@ -238,7 +311,7 @@ def make_parser() -> argparse.ArgumentParser:
     q.add_argument("--context", help="context token ids, e.g. '12,873'")
     q.add_argument("--text", help="context as text (needs --tokenizer)")
     q.add_argument("--tokens", help="candidate token ids (default: the top continuations)")
-    q.add_argument("--top", type=int, default=10, help="number of continuations to list (default 10)")
+    q.add_argument("--top", type=int, default=10, help="number of continuations to list, >= 1 (default 10)")
     q.add_argument("--tokenizer", help="local tokenizer folder, to encode --text and decode results")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(func=cmd_query)
@@ -251,19 +324,20 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reduce", help="prune rare n-grams", description="Drop children seen fewer than THRESHOLD times (reference reduce).")
     r.add_argument("input")
     r.add_argument("output")
-    r.add_argument("--threshold", type=int, required=True)
+    r.add_argument("--threshold", type=int, required=True,
+                   help="a count >= 1: children seen fewer times are dropped")
     r.set_defaults(func=cmd_reduce)
     return ap
 
 
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
-    try:
+
+    def body() -> None:
+        _check_args(args)
         args.func(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return cli_boundary(body, prog="dart_jax.ngram")
 
 
 if __name__ == "__main__":

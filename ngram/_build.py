@@ -8,13 +8,31 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# check_csr status codes, turned into messages by trie.py
+# check_offsets / check_csr status codes and their messages
 OK = 0
 BAD_LENGTHS = 1
 BAD_ROOT_RANGE = 2
 BAD_RANGE = 3
 UNSORTED = 4
 TOO_DEEP = 5
+DECREASING = 6
+NEGATIVE_FREQ = 7
+FREQ_SUM = 8
+NEGATIVE_TOKEN = 9
+PAST_END = 10
+
+CHECK_MESSAGES = {  # str.format'ed with node= and order=
+    BAD_LENGTHS: "array lengths disagree (token and freq need N entries, child_start N+1)",
+    BAD_ROOT_RANGE: "child_start must start at 1 and end at the node count",
+    DECREASING: "child_start decreases after node {node} (it must never decrease)",
+    BAD_RANGE: "node {node}'s children do not come after it in child_start (breadth-first layout)",
+    PAST_END: "node {node}'s children run past the last node in child_start",
+    NEGATIVE_FREQ: "node {node} has a negative frequency",
+    FREQ_SUM: "the children of node {node} count more windows than the node itself",
+    TOO_DEEP: "node {node} ends a path longer than its order {order}",
+    UNSORTED: "the children of node {node} are not sorted by token (or repeat a token)",
+    NEGATIVE_TOKEN: "node {node} has a negative token id",
+}
 
 
 @njit(cache=True)
@@ -219,28 +237,66 @@ def reduce_csr(token, freq, child_start, threshold):
 
 
 @njit(cache=True)
-def check_csr(token, freq, child_start, order):
-    """Full structural check; returns ``(status, node)`` with status OK or the first problem.
+def check_offsets(freq, child_start, order):
+    """The checks of every load (docs/spec.md §6.2), one pass over ``child_start`` and ``freq``:
+    returns ``(status, node)`` with status OK or the first problem.
 
-    Valid: children ranges are contiguous, start at 1, tile ``1..n-1`` in order (so each node
-    but the root has exactly one parent, which precedes it), tokens strictly increase within a
-    range, and no path is longer than ``order``.
+    ``child_start`` starts at 1, ends at ``n``, never decreases and puts each node's children
+    after it (so the ranges tile ``1..n-1`` in order: each node but the root has one parent,
+    which precedes it, and the levels are ranges); no path is longer than ``order`` (a walk of
+    at most ``order + 1`` steps over the levels); frequencies are >= 0 and a node's children
+    count no more windows than it does (the root's freq, which never enters a probability and is
+    negative in reduced reference tries, is not checked).
     """
-    n = token.shape[0]
-    if n < 1 or freq.shape[0] != n or child_start.shape[0] != n + 1:
+    n = freq.shape[0]
+    if n < 1 or child_start.shape[0] != n + 1:
         return BAD_LENGTHS, 0
     if child_start[0] != 1 or child_start[n] != n:
         return BAD_ROOT_RANGE, 0
-    depth = np.zeros(n, np.int64)
-    for i in range(n):
+    for i in range(n):  # one fused loop: about 3 GB/s from the page cache
         lo = child_start[i]
         hi = child_start[i + 1]
-        if hi < lo or lo < i + 1 or hi > n:
+        if hi < lo:
+            return DECREASING, i
+        if lo <= i:
             return BAD_RANGE, i
-        for c in range(lo, hi):
-            if c > lo and token[c] <= token[c - 1]:
+        if hi > n:
+            return PAST_END, i
+        if i > 0:
+            f = freq[i]
+            if f < 0:
+                return NEGATIVE_FREQ, i
+            total = np.int64(0)
+            for c in range(lo, hi):
+                total += freq[c]
+            if total > f:
+                return FREQ_SUM, i
+    lo = 0
+    hi = 1
+    depth = 0
+    while hi > lo:  # nodes lo..hi-1 are the level at `depth`
+        if depth > order:
+            return TOO_DEEP, lo
+        lo, hi = child_start[lo], child_start[hi]
+        depth += 1
+    return OK, 0
+
+
+@njit(cache=True)
+def check_csr(token, freq, child_start, order):
+    """Full structural check (``verify``): ``check_offsets``, then the children of each node
+    strictly increase in token and every token but the root's is >= 0. Returns ``(status, node)``."""
+    if token.shape[0] != freq.shape[0]:
+        return BAD_LENGTHS, 0
+    status, node = check_offsets(freq, child_start, order)
+    if status != OK:
+        return status, node
+    n = token.shape[0]
+    for i in range(n):
+        for c in range(child_start[i] + 1, child_start[i + 1]):
+            if token[c] <= token[c - 1]:
                 return UNSORTED, i
-            depth[c] = depth[i] + 1
-            if depth[c] > order:
-                return TOO_DEEP, c
+    for c in range(1, n):
+        if token[c] < 0:
+            return NEGATIVE_TOKEN, c
     return OK, 0

@@ -35,6 +35,9 @@ from typing import Callable, NamedTuple, Sequence, Union
 import numpy as np
 from numba import njit, prange
 
+from dart_jax.errors import InputError
+
+from ._format import MAX_ORDER
 from ._query import find_child, find_children, num_valid_nodes, root_child
 
 __all__ = [
@@ -582,9 +585,13 @@ _NO_TRIE = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(2, np.int64),
 def _trie_arrays(trie):
     if trie is None:
         return (*_NO_TRIE, 1, False)
+    # the search keeps order-1 suffix nodes per beam entry: a huge order must not size buffers
+    order = trie.order
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= MAX_ORDER:
+        raise InputError(f"trie.order must be an integer in [1, {MAX_ORDER}]; got {order!r}.")
     token, freq, child_start = trie.arrays()
     root = trie.root_table() if hasattr(trie, "root_table") else _NO_ROOT_TABLE
-    return token, freq, child_start, root, int(trie.order), True
+    return token, freq, child_start, root, int(order), True
 
 
 def build_tree(

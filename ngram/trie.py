@@ -6,43 +6,60 @@ Layout (docs/spec.md §6.2): nodes in breadth-first order, node 0 = root.
   child_start int64[N+1]  children of node i are child_start[i] .. child_start[i+1]-1, sorted by token
 16 bytes per node, plus a token -> depth-1 node table (``root_table``, 4 bytes per vocabulary
 id, built on first use, not stored) that makes depth-1 lookups O(1). Frequencies are int32 like
-the reference's; building or merging counts that do not fit raises ValueError.
+the reference's; building or merging counts that do not fit raises InputError (a ValueError).
 
 File format (``save``/``load``), little-endian: a 64-byte header
   magic b"DJNGTRIE", u32 version, u32 header size, u64 order, u64 node count,
   u64 offsets of token, freq and child_start, u64 file size
-then the three arrays at 64-byte aligned offsets. ``load`` memory-maps them.
+then the three arrays at 64-byte aligned offsets. ``load`` memory-maps them and checks the
+header, the children table and the frequencies (one pass, docs/spec.md §6.2); ``verify=True``
+also checks the tokens. ``save`` writes atomically (a temporary name, renamed when complete).
 """
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterable
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from dart_jax.errors import FileFormatError, InputError
+
 from . import _build
-from ._format import HEADER, MAGIC, VERSION, create_file, layout
+from ._atomic import atomic_path, check_output
+from ._format import MAX_ORDER, REBUILD, create_file, map_arrays, read_header
+from ._memory import check_memory
 from ._reference import convert_reference
 from ._query import build_root_table, find_path, ngram_probs, ngram_probs_batch
 
-__all__ = ["Trie", "ngram_probs", "ngram_probs_batch"]
+__all__ = ["Trie", "MAX_ORDER", "ngram_probs", "ngram_probs_batch"]
 
-_MAX_TOKEN = np.iinfo(np.int32).max - 1  # +1 must still fit in int32 (window padding)
+MAX_TOKEN_ID = np.iinfo(np.int32).max - 1  # +1 must still fit in int32 (window padding)
+_INT32 = np.iinfo(np.int32)
 
-_CHECK_MESSAGES = {
-    _build.BAD_LENGTHS: "array lengths disagree (token and freq need N entries, child_start N+1)",
-    _build.BAD_ROOT_RANGE: "child_start must start at 1 and end at the node count",
-    _build.BAD_RANGE: "node {node} has a children range that is not after it or not contiguous",
-    _build.UNSORTED: "the children of node {node} are not sorted by token (or repeat a token)",
-    _build.TOO_DEEP: "node {node} lies deeper than the trie order",
-}
+
+def check_order(order, what: str = "order") -> int:
+    """``order`` as an int in ``[1, MAX_ORDER]`` (InputError otherwise), before anything is sized by it."""
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)):
+        raise InputError(f"{what} must be an integer in [1, {MAX_ORDER}]; got {order!r}.")
+    if not 1 <= int(order) <= MAX_ORDER:
+        raise InputError(f"{what} must lie in [1, {MAX_ORDER}] (the n-gram length; the reference uses 3); got {order}.")
+    return int(order)
+
+
+def _structure_problem(token, freq, child_start, order, *, full: bool) -> str | None:
+    """What is wrong with the arrays (docs/spec.md §6.2), or None: ``full=False`` runs the checks of
+    every load (children table, frequencies, depth), ``full=True`` also the tokens."""
+    if full:
+        status, node = _build.check_csr(token, freq, child_start, order)
+    else:
+        status, node = _build.check_offsets(freq, child_start, order)
+    return None if status == _build.OK else _build.CHECK_MESSAGES[status].format(node=node, order=order)
 
 
 def _to_int32_freq(freq: np.ndarray, what: str) -> np.ndarray:
-    if freq.size and (freq.max() > np.iinfo(np.int32).max or freq.min() < np.iinfo(np.int32).min):
-        raise ValueError(
+    if freq.size and (freq.max() > _INT32.max or freq.min() < _INT32.min):
+        raise InputError(
             f"{what}: a frequency ({int(freq.max())}) does not fit in int32, the frequency type of "
             "the trie (and of the reference). Build from less data or reduce() the parts first."
         )
@@ -52,15 +69,15 @@ def _to_int32_freq(freq: np.ndarray, what: str) -> np.ndarray:
 def _as_ids(x, what: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.ndim != 1:
-        raise ValueError(f"{what} must be a 1-D sequence of token ids; got shape {arr.shape}.")
+        raise InputError(f"{what} must be a 1-D sequence of token ids; got shape {arr.shape}.")
     if arr.size == 0:
         return arr.astype(np.int64)
     if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{what} must hold integer token ids; got dtype {arr.dtype}.")
+        raise InputError(f"{what} must hold integer token ids; got dtype {arr.dtype}.")
     lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi > _MAX_TOKEN:
-        raise ValueError(
-            f"{what} holds token id {lo if lo < 0 else hi}, outside [0, {_MAX_TOKEN}]; "
+    if lo < 0 or hi > MAX_TOKEN_ID:
+        raise InputError(
+            f"{what} holds token id {lo if lo < 0 else hi}, outside [0, {MAX_TOKEN_ID}]; "
             "pass token ids from the tokenizer, not offsets or padding values."
         )
     return arr.astype(np.int64)
@@ -73,22 +90,20 @@ class Trie:
         self._token = np.asarray(token)
         self._freq = np.asarray(freq)
         self._child_start = np.asarray(child_start)
-        self._order = int(order)
         for name, arr, dtype in (
             ("token", self._token, np.int32),
             ("freq", self._freq, np.int32),
             ("child_start", self._child_start, np.int64),
         ):
             if arr.dtype != dtype or arr.ndim != 1:
-                raise ValueError(f"Trie.{name} must be a 1-D {np.dtype(dtype)} array; got {arr.dtype} {arr.shape}.")
+                raise InputError(f"Trie.{name} must be a 1-D {np.dtype(dtype)} array; got {arr.dtype} {arr.shape}.")
         n = self._token.shape[0]
         if n < 1 or self._freq.shape[0] != n or self._child_start.shape[0] != n + 1:
-            raise ValueError(
+            raise InputError(
                 f"Trie arrays disagree: token {self._token.shape}, freq {self._freq.shape}, "
                 f"child_start {self._child_start.shape}; need N >= 1, N, N+1 entries."
             )
-        if self._order < 1:
-            raise ValueError(f"Trie order must be >= 1; got {self._order}.")
+        self._order = check_order(order, "Trie order")
         self._root_table = None
 
     # -- accessors ---------------------------------------------------------------------------
@@ -124,7 +139,7 @@ class Trie:
         sizes, lo, hi = [], 0, 1
         while hi > lo:
             if len(sizes) > self.order:
-                raise ValueError(f"Corrupted trie: it has paths longer than its order {self.order}.")
+                raise InputError(f"Corrupted trie: it has paths longer than its order {self.order}.")
             sizes.append(hi - lo)
             lo, hi = (min(max(int(cs[i]), 0), n) for i in (lo, hi))
         return sizes
@@ -132,11 +147,13 @@ class Trie:
     def __repr__(self) -> str:
         return f"Trie(order={self.order}, num_nodes={self.num_nodes})"
 
-    def check(self) -> None:
-        """Verify the whole structure (O(N)); raise ValueError naming the first problem."""
-        status, node = _build.check_csr(self._token, self._freq, self._child_start, self._order)
-        if status != _build.OK:
-            raise ValueError(f"Corrupted trie: {_CHECK_MESSAGES[status].format(node=node)}.")
+    def check(self, *, full: bool = True) -> None:
+        """Verify the structure (O(N), docs/spec.md §6.2); raise InputError naming the first problem.
+        ``full=False`` runs only the checks every ``load`` does (children table, frequencies,
+        depth); the full check also verifies the tokens."""
+        problem = _structure_problem(self._token, self._freq, self._child_start, self._order, full=full)
+        if problem is not None:
+            raise InputError(f"Corrupted trie: {problem}.")
 
     # -- queries -----------------------------------------------------------------------------
     def probability(self, context, tokens) -> tuple[np.ndarray, np.ndarray]:
@@ -156,12 +173,16 @@ class Trie:
     def continuations(self, context, top: int = 10) -> np.ndarray:
         """The ``top`` most frequent children of the longest suffix of ``context`` (at most
         order-1 tokens) that is a path with children, most frequent first (ties: lower id)."""
+        if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 0:
+            raise InputError(f"top must be an integer >= 0 (continuations to list); got {top!r}.")
         ctx = _as_ids(context, "context")
+        n = self.num_nodes
         for length in range(min(self.order - 1, ctx.shape[0]), 0, -1):
             node = find_path(self._token, self._freq, self._child_start, ctx[ctx.shape[0] - length :])
             if node < 0:
                 continue
-            lo, hi = int(self._child_start[node]), int(self._child_start[node + 1])
+            lo = min(max(int(self._child_start[node]), node + 1), n)
+            hi = min(max(int(self._child_start[node + 1]), lo), n)
             if hi > lo:
                 kids = np.arange(lo, hi)
                 best = kids[np.lexsort((self._token[kids], -self._freq[kids].astype(np.int64)))]
@@ -185,31 +206,37 @@ class Trie:
         counted in chunks of about ``chunk_tokens`` tokens and the chunk tries merged, so memory
         follows the number of distinct n-grams rather than the corpus size.
         """
-        if int(order) < 1:
-            raise ValueError(f"order must be >= 1; got {order}.")
-        order = int(order)
+        order = check_order(order)
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
+            raise InputError(f"chunk_tokens must be an integer >= 1; got {chunk_tokens!r}.")
         result = None
         pending: list[np.ndarray] = []
         pending_tokens = 0
-        bar = tqdm(desc="counting n-grams", unit="tok", unit_scale=True, disable=not progress)
-        for i, seq in enumerate(sequences):
-            if np.ndim(seq) == 0:
-                raise ValueError(
-                    f"Trie.build takes a list of sequences; item {i} is a single id ({seq!r}). "
-                    "Wrap one sequence in a list: Trie.build([ids])."
-                )
-            ids = _as_ids(seq, f"sequence {i}")
-            if ids.size == 0:
-                continue
-            pending.append(ids)
-            pending_tokens += ids.size
-            if pending_tokens >= chunk_tokens:
-                result = cls._add_chunk(result, pending, order)
-                bar.update(pending_tokens)
-                pending, pending_tokens = [], 0
-        result = cls._add_chunk(result, pending, order)
-        bar.update(pending_tokens)
-        bar.close()
+        # shown after a second only; an error clears it, so that the error line stands alone
+        bar = tqdm(desc="counting n-grams", unit="tok", unit_scale=True, disable=not progress, delay=1.0)
+        try:
+            for i, seq in enumerate(sequences):
+                if np.ndim(seq) == 0:
+                    raise InputError(
+                        f"Trie.build takes a list of sequences; item {i} is a single id ({seq!r}). "
+                        "Wrap one sequence in a list: Trie.build([ids])."
+                    )
+                ids = _as_ids(seq, f"sequence {i}")
+                if ids.size == 0:
+                    continue
+                pending.append(ids)
+                pending_tokens += ids.size
+                if pending_tokens >= chunk_tokens:
+                    result = cls._add_chunk(result, pending, order)
+                    bar.update(pending_tokens)
+                    pending, pending_tokens = [], 0
+            result = cls._add_chunk(result, pending, order)
+            bar.update(pending_tokens)
+        except BaseException:
+            bar.leave = False
+            raise
+        finally:
+            bar.close()
         return result
 
     @classmethod
@@ -224,10 +251,15 @@ class Trie:
         offsets = np.zeros(len(seqs) + 1, np.int64)
         np.cumsum([s.size for s in seqs], out=offsets[1:])
         bits = int(flat.max() + 1).bit_length() if flat.size else 1
+        packed = bits * order <= 64
+        # the window keys (or matrix), their sorted copy and the distinct windows
+        per_token = 8 * order + 18 if packed else 17 * order + 16
+        check_memory(flat.size * per_token, f"counting {flat.size} tokens at order {order}",
+                     "count fewer tokens per chunk (chunk_tokens, --chunk-tokens) or lower the order (--order)")
         if flat.size == 0:
             windows = np.zeros((0, order), np.int64)
             starts = np.zeros(0, np.int64)
-        elif bits * order <= 64:
+        elif packed:
             keys = np.empty(flat.size, np.uint64)
             _build.pack_windows(flat, offsets, order, bits, keys)
             keys.sort()
@@ -249,12 +281,12 @@ class Trie:
     def merge(self, other: "Trie") -> "Trie":
         """A new trie counting both tries' windows (reference ``add_all``: frequencies add)."""
         if not isinstance(other, Trie):
-            raise ValueError(f"Trie.merge needs a Trie; got {type(other).__name__}.")
+            raise InputError(f"Trie.merge needs a Trie; got {type(other).__name__}.")
         if other.order != self.order:
-            raise ValueError(f"Cannot merge a trie of order {other.order} into one of order {self.order}.")
+            raise InputError(f"Cannot merge a trie of order {other.order} into one of order {self.order}.")
         token, freq, cs = _build.merge_csr(*self.arrays(), *other.arrays())
         if token.shape[0] == 0:
-            raise ValueError("Trie.merge: an input is not a valid trie; run .check() on both.")
+            raise InputError("Trie.merge: an input is not a valid trie; run .check() on both.")
         return Trie._from_csr(token, freq, cs, self.order, "merge")
 
     def reduce(self, threshold: int) -> "Trie":
@@ -266,68 +298,39 @@ class Trie:
         enters a probability.
         """
         if isinstance(threshold, bool) or not isinstance(threshold, (int, np.integer)):
-            raise ValueError(f"reduce threshold must be an integer count; got {threshold!r}.")
+            raise InputError(f"reduce threshold must be an integer count; got {threshold!r}.")
+        # frequencies are int32: a threshold beyond their range acts as the range's end
+        threshold = min(max(int(threshold), int(_INT32.min)), int(_INT32.max) + 1)
         token, freq, cs = _build.reduce_csr(*self.arrays(), np.int64(threshold))
         return Trie._from_csr(token, freq, cs, self.order, "reduce")
 
     # -- files -------------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write the trie in the dart_jax format (to ``path + '.tmp'``, renamed at the end)."""
-        path = os.fspath(path)
-        out = create_file(path + ".tmp", self.order, self.num_nodes)
-        for dst, src in zip(out, self.arrays()):
-            dst[:] = src
-            dst.flush()
-        del out
-        os.replace(path + ".tmp", path)
+        """Write the trie in the dart_jax format, atomically: to a temporary name in the same
+        folder, renamed to ``path`` when complete (a killed save leaves ``path`` as it was)."""
+        path = check_output(path, "trie output")
+        with atomic_path(path) as tmp:
+            out = create_file(tmp, self.order, self.num_nodes)
+            for dst, src in zip(out, self.arrays()):
+                dst[:] = src
+                dst.flush()
+            del out, dst
 
     @classmethod
     def load(cls, path, *, verify: bool = False) -> "Trie":
-        """Memory-map a file written by ``save`` (O(1) in its size; ``verify`` checks it all)."""
+        """Memory-map a file written by ``save`` (docs/spec.md §6.2).
+
+        Always checked: the header (order within ``1..MAX_ORDER``, sizes against the file
+        length) and, in one pass over ``child_start`` and ``freq``, the children table, the
+        frequencies and the depth (at most the order). ``verify`` also checks the tokens.
+        Any problem is a FileFormatError naming the file.
+        """
         path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"No trie file at {path!r}.")
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(HEADER.size)
-        if len(head) < 8 or head[:8] != MAGIC:
-            hint = ""
-            if len(head) >= 16:
-                order, count = struct.unpack_from("<QQ", head)
-                if 1 <= order <= 64 and count >= 1:
-                    hint = (
-                        " It looks like a reference (C++) .trie: convert it once with "
-                        f"`python -m dart_jax.ngram convert {path} OUT` or Trie.from_reference()."
-                    )
-            raise ValueError(f"{path!r} is not a dart_jax trie file (bad magic number).{hint}")
-        if len(head) < HEADER.size:
-            raise ValueError(f"{path!r} is truncated: {size} bytes, shorter than the header.")
-        _, version, header_size, order, n, tok_off, freq_off, cs_off, file_size = HEADER.unpack(head)
-        if version != VERSION:
-            raise ValueError(
-                f"{path!r} has trie format version {version}; this dart_jax reads version {VERSION}. "
-                "Rebuild or re-convert the trie with this version."
-            )
-        if header_size != HEADER.size or order < 1 or n < 1 or n > size // 16:
-            raise ValueError(f"{path!r} has a corrupted header (order {order}, {n} nodes, {size} bytes).")
-        if (tok_off, freq_off, cs_off, file_size) != layout(n):
-            raise ValueError(f"{path!r} has a corrupted header: array offsets do not match {n} nodes.")
-        if size != file_size:
-            raise ValueError(
-                f"{path!r} is {size} bytes but its header says {file_size}: the file is "
-                f"{'truncated' if size < file_size else 'followed by extra data'}; copy or save it again."
-            )
-        token = np.asarray(np.memmap(path, dtype="<i4", mode="r", offset=tok_off, shape=(n,)))
-        freq = np.asarray(np.memmap(path, dtype="<i4", mode="r", offset=freq_off, shape=(n,)))
-        child_start = np.asarray(np.memmap(path, dtype="<i8", mode="r", offset=cs_off, shape=(n + 1,)))
-        trie = cls(token, freq, child_start, order)
-        if child_start[0] != 1 or child_start[n] != n:
-            raise ValueError(f"{path!r} is corrupted: its children table does not span the nodes.")
-        if verify:
-            try:
-                trie.check()
-            except ValueError as e:
-                raise ValueError(f"{path!r}: {e}") from None
+        order, n, offsets = read_header(path)
+        trie = cls(*map_arrays(path, n, offsets), order)
+        problem = _structure_problem(*trie.arrays(), order, full=verify)
+        if problem is not None:
+            raise FileFormatError(path, f"corrupted trie: {problem}; {REBUILD}.")
         return trie
 
     @classmethod
@@ -335,7 +338,10 @@ class Trie:
         """Read a reference (C++) ``.trie`` (docs/spec.md §6) by streaming it.
 
         With ``out`` the trie is written there in the dart_jax format (scratch arrays are
-        disk-backed next to it, so memory stays bounded) and returned memory-mapped; without it
-        everything is built in memory.
+        disk-backed in a scratch folder next to it, so memory stays bounded) and returned
+        memory-mapped; the output appears only when complete, and the scratch folder is removed
+        at the end (or by the next conversion into that folder when this one is killed). Without
+        ``out`` everything is built in memory. A damaged file is a FileFormatError naming it;
+        ``chunk_bytes`` (bytes read at a time) must lie in ``[1, 2**34]``.
         """
         return convert_reference(cls, path, out, chunk_bytes=chunk_bytes, progress=progress)

@@ -17,7 +17,7 @@ import torch
 
 from dart_jax.api.model import DartModel, load_trie, published_base
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
-from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.batcher import Batcher, PlainBatcher
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.engine import Engine, Stats
 from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
@@ -559,6 +559,54 @@ def test_cancelled_requests_free_their_slots_for_the_next(tiny):
     assert handles[3].token_ids == []
     assert [h.token_ids for h in handles[1:3]] == alone[1:3]
     assert handles[2].slot == handles[0].slot  # the waiting request took the cancelled one's slot
+
+
+def test_plain_pool_requests_join_and_leave_and_sample_as_alone(tiny):
+    """The plain-decoding pool: 2 slots, 5 requests of different lengths, greedy and sampled, one
+    stopping on EOS, one cancelled, one submitted while others run. Each finished request's tokens
+    equal plain decoding of it alone with the same settings (same seed: the same key sequence),
+    and nothing compiles once the pool's shapes were seen."""
+    long_prompt = [int(t) for t in np.random.default_rng(7).integers(3, VOCAB, 33)]
+    full, _, _ = run(engine_for(tiny).generate_ar_steps, PROMPTS[2], max_new_tokens=30)
+    engine = engine_for(tiny, eos=(full[len(full) // 2],))
+    jobs = [(PROMPTS[2], GenerationSettings(max_new_tokens=30)),
+            (PROMPTS[0], GenerationSettings(max_new_tokens=12, temperature=0.9, top_k=20, seed=5)),
+            (long_prompt, GenerationSettings(max_new_tokens=14, temperature=1.0, top_p=0.8, seed=9)),
+            (PROMPTS[1], GenerationSettings(max_new_tokens=9)), (PROMPTS[0], GenerationSettings(max_new_tokens=40))]
+    alone = []
+    for prompt, settings in jobs:
+        ids = []
+        for kept, _ in engine.generate_ar_steps(prompt, settings):
+            ids.extend(kept)
+        alone.append(ids)
+    assert len(alone[0]) < 30, "the first request should stop on EOS"
+
+    def serve():
+        pool = PlainBatcher(engine, 2, 2048)
+        try:
+            handles = [pool.submit(p, s) for p, s in jobs[:-1]]
+            steps = 0
+            while pool.active:
+                for request, kept, accepted in pool.step():
+                    assert accepted == (0 if kept == request.token_ids[:1] and len(request.token_ids) == 1 else 1)
+                steps += 1
+                if steps == 3:
+                    handles.append(pool.submit(*jobs[-1]))
+                if steps == 12:
+                    assert pool.cancel(handles[-1])
+        finally:
+            pool.close()
+        return handles
+
+    handles = serve()
+    assert [h.token_ids for h in handles[:4]] == alone[:4]
+    assert handles[0].finish_reason == "eos" and handles[3].finish_reason == "length"
+    assert handles[4].finish_reason == "cancelled" and handles[4].token_ids == alone[4][:len(handles[4].token_ids)]
+    assert all(set(h.stats.accept_lengths) <= {1} for h in handles)
+    with compilations() as compiles:
+        again = serve()
+    assert [h.token_ids for h in again[:4]] == alone[:4]
+    assert compiles == []
 
 
 def test_pool_that_does_not_fit_is_a_clear_error(tiny):

@@ -147,6 +147,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
     b = tmp_path / "b"
     main([*args, "--out", str(b), "--stop-after", "3"])
     assert not (b / "head").exists()
+    assert json.loads((b / "metrics.json").read_text())["step"] == 3  # the figures of the state saved
     # a kill between two saves: drop the newest checkpoint, so the run resumes mid-accumulation from step 2
     steps = sorted(int(p.name) for p in (b / "ckpt").iterdir() if p.name.isdigit())
     assert steps[-1] == 3
@@ -156,6 +157,10 @@ def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
     assert set(want) == set(got)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # 6 samples in batches of 2, 2 epochs: 6 micro-steps; a rerun with nothing left keeps the figures
+    assert json.loads((b / "metrics.json").read_text())["step"] == 6
+    main([*args, "--out", str(b)])
+    assert json.loads((b / "metrics.json").read_text())["step"] == 6
     with pytest.raises(ValueError, match="other settings"):
         main([*args[:-2], "--save-every", "2", "--out", str(b), "--lr", "1e-3"])
 

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
+from dart_jax.errors import FileFormatError
 from dart_jax.ngram.__main__ import main as cli
 from dart_jax.ngram.trie import Trie, ngram_probs, ngram_probs_batch
 
@@ -387,13 +388,20 @@ def test_corrupted_arrays_never_crash(tmp_path):
     rng = np.random.default_rng(0)
     garbage = rng.integers(-(2**62), 2**62, 40).astype("<i8")
     _corrupt(path, cs_off + 8 * 3, garbage.tobytes())
+    for verify in (False, True):  # every load checks the children table
+        with pytest.raises(FileFormatError, match=r"c\.trie: corrupted trie: .*child_start"):
+            Trie.load(path, verify=verify)
+    # arrays handed to the constructor are not checked: lookups still stay in bounds
+    token, freq, child_start = (np.array(a) for a in trie.arrays())
+    child_start[3:43] = garbage
+    damaged = Trie(token, freq, child_start, trie.order)
     with pytest.raises(ValueError, match="Corrupted trie"):
-        Trie.load(path, verify=True)
-    loaded = Trie.load(path)  # O(1) load does not read every node; lookups stay in bounds
+        damaged.check()
     for _ in range(50):
-        loaded.probability(rng.integers(0, 500, 2), rng.integers(0, 500, 25))
+        damaged.probability(rng.integers(0, 500, 2), rng.integers(0, 500, 25))
+        damaged.continuations(rng.integers(0, 500, 2))
     with pytest.raises(ValueError):
-        loaded.reduce(2).check()
+        damaged.reduce(2).check()
 
 
 # -- reference format --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from dart_jax.errors import InputError, cli_boundary
 from dart_jax.models.checkpoints import load_dart_head, load_qwen3, save_dart_head
 from dart_jax.models.head import DartHead
 from dart_jax.models.sharding import shard_module
@@ -75,13 +77,17 @@ def _settings(args, vocab_size: int) -> TrainSettings:
 
 
 def _check_args(args) -> None:
-    for name in ("draft_length", "max_length", "anchors_per_seq", "batch_size", "grad_accum", "epochs", "save_every", "log_every"):
+    """The flags that TrainSettings does not hold; TrainSettings checks its own (before any loading)."""
+    for name in ("save_every", "log_every", "keep_last", "regen_max_new"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not 0 < args.gamma <= 1:
-        raise ValueError(f"--gamma must be in (0, 1], got {args.gamma}")
-    if args.max_length < 3:
-        raise ValueError("--max-length must be at least 3 (an anchor, the root token and one target)")
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.stop_after is not None and args.stop_after < 1:
+        raise InputError(f"--stop-after must be >= 1 (micro-batches), got {args.stop_after}.")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        raise InputError(f"--draft-vocab must be >= 1, got {args.draft_vocab}.")
+    if not (math.isfinite(args.regen_temperature) and args.regen_temperature >= 0):
+        raise InputError(f"--regen-temperature must be a finite number >= 0, got {args.regen_temperature}.")
+    _settings(args, vocab_size=max(args.draft_vocab or 1, 1))  # TrainSettings' own checks
 
 
 def main(argv=None) -> int:
@@ -175,27 +181,21 @@ def run(args) -> Path:
     end = total if args.stop_after is None else min(total, args.stop_after)
     print(f"{len(data)} samples, {per_epoch} batches/epoch, {total} micro-batches, draft vocab {len(used)}, "
           f"{n_dev} device(s) ({jax.default_backend()})", file=sys.stderr)
-    metrics = train_loop(trainer, data, settings, checkpoints, start_step=start, end_step=end,
-                         save_every=args.save_every, log_every=args.log_every, pad_id=pad_id, progress=progress,
-                         log=lambda line: print(line, file=sys.stderr))
+    train_loop(trainer, data, settings, checkpoints, start_step=start, end_step=end, save_every=args.save_every,
+               log_every=args.log_every, pad_id=pad_id, progress=progress,
+               log=lambda line: print(line, file=sys.stderr), metrics_file=out / "metrics.json")
     checkpoints.close()
     if end < total:
         print(f"stopped after micro-step {end} of {total}; run again with the same --out to resume", file=sys.stderr)
         return out
     folder = save_dart_head(out / "head", trainer.head_config, nnx.state(trainer.head()))
-    if metrics:  # empty when a finished run is restarted only to export again
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(f"exported the head to {folder}", file=sys.stderr)
     return folder
 
 
 def cli(argv=None) -> int:
-    """`main` for the command line: a bad input is one message and exit code 2, not a traceback."""
-    try:
-        return main(argv)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """`main` for the command line: a bad input is one `error:` line and exit code 2, not a traceback."""
+    return cli_boundary(lambda: main(argv), prog="dart_jax.train")
 
 
 if __name__ == "__main__":

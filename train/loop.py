@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from dart_jax.convert.dart_head import DartHeadConfig
+from dart_jax.errors import InputError
 from dart_jax.models.head import TRAINABLE, DartHead
 
 from .data import Dataset, batches_per_epoch, make_batch
@@ -50,6 +52,32 @@ class TrainSettings:
     gamma: float = 0.6
     seed: int = 0
     rope_theta: float = 10000.0
+
+    def __post_init__(self):
+        """Each value checked once, with the command's flag named (`--draft-vocab` for draft_vocab)."""
+        def flag(name):
+            return "--" + name.replace("_", "-")
+        for name in ("draft_length", "draft_vocab", "max_length", "anchors_per_seq", "batch_size", "grad_accum",
+                     "epochs", "seed", "warmup_steps"):
+            value = getattr(self, name)
+            if value is None and name == "warmup_steps":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"{flag(name)} must be an integer, got {value!r}.")
+            low = 0 if name in ("seed", "warmup_steps") else 1
+            if value < low:
+                raise InputError(f"{flag(name)} must be >= {low}, got {value}.")
+        for name, low, inclusive in (("lr", 0.0, False), ("weight_decay", 0.0, True), ("clip", 0.0, False),
+                                     ("gamma", 0.0, False), ("rope_theta", 0.0, False)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(value) or value < low or (value == low and not inclusive):
+                raise InputError(f"{flag(name)} must be a finite number {'>=' if inclusive else '>'} {low:g}, "
+                                 f"got {value!r}.")
+        if self.gamma > 1:
+            raise InputError(f"--gamma must lie in (0, 1], got {self.gamma}.")
+        if self.max_length < 3:
+            raise InputError("--max-length must be at least 3 (an anchor, the root token and one target).")
 
 
 def head_config_for(target_config, draft_length: int, draft_vocab: int, rope_theta: float) -> DartHeadConfig:
@@ -159,10 +187,11 @@ def data_mesh() -> Mesh:
 
 def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpoints, *, start_step: int,
                end_step: int | None = None, save_every: int, log_every: int = 50, pad_id: int,
-               progress: bool = True, log=print) -> dict:
+               progress: bool = True, log=print, metrics_file: Path | None = None) -> dict:
     """Run micro-steps start_step … end_step (default: all epochs), checkpointing every `save_every`
     and at the end. Metrics are averaged over windows of `log_every` micro-steps and logged as JSON
-    lines; returns those of the last window."""
+    lines; returns those of the last window, which also go to `metrics_file` (atomically) with
+    every checkpoint, so that a resumed run finds the figures of the state it resumes from."""
     per_epoch = batches_per_epoch(len(data), settings.batch_size)
     total = settings.epochs * per_epoch
     end_step = total if end_step is None else end_step
@@ -186,6 +215,8 @@ def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpo
         done = step + 1
         if checkpoints is not None and (done % save_every == 0 or done == end_step):
             checkpoints.save(done, trainer.train_state())
+            if metrics_file is not None:
+                write_json_atomic(metrics_file, metrics)
         if done % log_every == 0 or done == end_step:
             log(json.dumps(metrics))
             window = {"loss": [], "kl": 0.0, "correct": 0.0, "count": 0.0}

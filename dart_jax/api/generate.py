@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from dart_jax.decoding.batcher import pool_slots
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.errors import InputError, cli_boundary
 
 from .model import DartModel
 
@@ -189,8 +190,10 @@ def run_batch(args) -> list[dict]:
 def run(args, out=None) -> dict:
     out = out or sys.stdout
     settings = _settings(args)
+    if args.prompt is not None and not args.prompt.strip():
+        raise InputError("--prompt is empty; give the text to answer, or leave --prompt out for the default prompt.")
     model = load_model(args)
-    prompt = args.prompt or (DEMO_PROMPT if args.ckpt is None else DEFAULT_PROMPT)
+    prompt = args.prompt if args.prompt is not None else (DEMO_PROMPT if args.ckpt is None else DEFAULT_PROMPT)
     chat = not args.no_chat
     prompt_ids = model.encode(prompt, chat)
     if len(prompt_ids) >= args.max_length:
@@ -236,12 +239,10 @@ def run(args, out=None) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
+
+    def body() -> None:
         run_batch(args) if args.prompts else run(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_boundary(body, prog="dart_jax.generate")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from dart_jax.decoding.batcher import Batcher, pool_slots
 from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
+from dart_jax.errors import InputError
 from dart_jax.models.checkpoints import load_dart_head, load_qwen3
 from dart_jax.ngram import TreeSettings, Trie
 from dart_jax.ngram._format import MAGIC
@@ -82,7 +83,19 @@ def is_batch(prompt) -> bool:
     items = list(prompt)
     if not items:
         raise ValueError("the prompt is empty: pass a string, token ids, a messages list, or a non-empty list of those.")
-    return not (all(isinstance(t, (int, np.integer)) for t in items) or all(isinstance(t, Mapping) for t in items))
+    if all(isinstance(t, (int, float, np.number)) for t in items):
+        _check_ids(items)
+        return False
+    return not all(isinstance(t, Mapping) for t in items)
+
+
+def _check_ids(items: Sequence) -> list[int]:
+    """Token ids as ints; floats and bools are an error, not truncated."""
+    bad = [t for t in items if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))]
+    if bad:
+        raise InputError(f"token ids must be integers, got {bad[0]!r}; pass a string, a list of int token ids, "
+                         "or a messages list.")
+    return [int(t) for t in items]
 
 
 def _finish_reason(token_ids: Sequence[int], eos_ids: frozenset[int]) -> str:
@@ -204,7 +217,7 @@ class DartModel:
         base_folder = resolve(base, BASE_PATTERNS, what="base model")
         head_config = read_head_config(head_dir)
         target_config = load_qwen3_config(base_folder)
-        check_fits_target(head_config, target_config)
+        check_fits_target(head_config, target_config, where=f"the DART head {head_dir}")
         groups["tree"].check_fits(head_config.num_rows, head_config.draft_vocab_size)
 
         if ngram is False or (isinstance(ngram, str) and ngram.lower() == "none"):
@@ -231,7 +244,7 @@ class DartModel:
         the chat template; token ids are used as is."""
         items = None if isinstance(prompt, str) else list(prompt)
         if items is not None and not (items and all(isinstance(m, Mapping) for m in items)):
-            return [int(t) for t in items]
+            return _check_ids(items)
         if items is not None or chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ValueError("the tokenizer has no chat template; pass chat=False (--no-chat) to use the raw prompt.")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +33,8 @@ from dart_jax.bench.e2e import ModelSet, Workload, run_batch, run_e2e, run_phase
 from dart_jax.bench.host import CORPORA, run_ngram, run_search
 from dart_jax.bench.shapes import run_shapes
 from dart_jax.bench.util import CLOCKS, meta, parse_int_list
+from dart_jax.errors import InputError, cli_boundary
+from dart_jax.ngram import MAX_ORDER
 
 # the columns each mode's table shows, in order (the JSON rows hold these and possibly more)
 TABLE_COLUMNS = {
@@ -186,11 +189,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ngram mode: the synthetic vocabulary's ids fill a Zipf table (8 bytes each) and must be trie token ids
+NGRAM_MAX_VOCAB = 1 << 24
+
+
+def check_ngram_args(args: argparse.Namespace) -> None:
+    """The ranges of the synthetic trie's options (modes ngram and search), before anything is built
+    (the rest are checked where used)."""
+    if not 2 <= args.vocab <= NGRAM_MAX_VOCAB:
+        raise InputError(f"--vocab must be in [2, {NGRAM_MAX_VOCAB}] (ids of the synthetic corpus); got {args.vocab}.")
+    if not 1 <= args.order <= MAX_ORDER:
+        raise InputError(f"--order must be in [1, {MAX_ORDER}] (the n-gram length); got {args.order}.")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the mode chosen in parsed `args` and return its result dict (without `meta`)."""
     show = not args.no_progress
     common = dict(reps=args.reps, warmup=args.warmup, seed=args.seed, show_progress=show)
     if args.mode in ("search", "ngram"):
+        check_ngram_args(args)
         trie = dict(trie_path=args.trie, reference_trie=args.reference_trie, corpus=args.corpus,
                     corpus_tokens=args.corpus_tokens, vocab=args.vocab, order=args.order, clock=args.clock)
         if args.mode == "search":
@@ -332,19 +349,23 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
+    args = build_parser().parse_args(argv)
+
+    def body() -> None:
         result = {"mode": args.mode, "meta": meta(argv), **run(args)}
         text = json.dumps(result, indent=2)
         if args.output:
-            Path(args.output).write_text(text + "\n")
+            write_text_atomic(Path(args.output), text + "\n")
         if args.plot:
             plot(result, args.plot)
-    except (ValueError, FileNotFoundError) as err:
-        parser.exit(2, f"dart_jax.bench {args.mode}: error: {err}\n")
-    print(text if args.json else format_table(result))
-    return 0
+        print(text if args.json else format_table(result))
+    return cli_boundary(body, prog=f"dart_jax.bench {args.mode}")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

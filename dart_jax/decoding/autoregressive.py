@@ -8,6 +8,7 @@ sequence (`attention_window`), so its cost follows the sequence length, not the 
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Callable, Iterator
 
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dart_jax.errors import ResourceError
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
 
 from .sampling import SamplingParams, sample_tokens, split_rows
@@ -45,9 +47,42 @@ def attention_window(needed: int, length: int) -> int:
     return min(length, max(_MIN_WINDOW, 1 << max(needed - 1, 0).bit_length()))
 
 
-def window_view(cache: KVCache, window: int) -> KVCache:
-    """The first `window` slots of a target cache."""
-    return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
+def device_memory_bytes() -> int | None:
+    """What the default device can hold: its allocator's limit, or the host's memory on a CPU."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    if device.platform == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def check_memory(make: Callable[[], object], what: str, fix: str) -> None:
+    """A ResourceError, before anything is allocated, when the arrays `make()` would build (sized
+    with `jax.eval_shape`) need more than 80% of what the device holds."""
+    need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(make)))
+    have = device_memory_bytes()
+    if have and need > 0.8 * have:
+        raise ResourceError(f"{what} needs {need / 2**30:.2f} GiB of caches but the device has "
+                            f"{have / 2**30:.2f} GiB; {fix}")
+
+
+def window_view(cache: KVCache, window: int | None, rows: int | None = None) -> KVCache:
+    """The first `window` slots (all: None) of the first `rows` sequences (all: None) of a target cache."""
+    return KVCache(k=cache.k[:, :rows, :window], v=cache.v[:, :rows, :window])
+
+
+def param_rows(params: SamplingParams, m: int) -> SamplingParams:
+    """The sampling params of the first m sequences (scalar params are shared by all)."""
+    return jax.tree.map(lambda x: x[:m] if x.ndim else x, params)
+
+
+def live_rows(busy_max: int, slots: int) -> int:
+    """Rows a pool step computes: the power of two covering the busy slot of highest index
+    (`busy_max`), at most the pool. Requests take the lowest free slots, so a lightly loaded pool
+    computes few rows; each value is one compiled variant (at most log2(slots) + 1)."""
+    return min(slots, 1 << max(busy_max, 0).bit_length())
 
 
 def put_window(full: jax.Array, part: jax.Array) -> jax.Array:
@@ -68,13 +103,32 @@ def _prefill(graphdef, state, ids, prompt_len, cache: KVCache, keys, params: Sam
     return sample_tokens(now, last_logits(target, hidden, prompt_len), params), cache, keys
 
 
-def _decode(graphdef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, *, window: int):
-    """One token per sequence; attention reads (and the new key/value goes to) the first `window` slots."""
+def _prefill_rows(graphdef, state, ids, prompt_len, start, cache: KVCache, keys, params: SamplingParams):
+    """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool →
+    first tokens [m]. A row whose `start` is the cache length is left alone: its writes fall past
+    the cache and are dropped, its key is kept, and its token is junk the host ignores (a pool
+    admitting requests beside running ones)."""
     target = nnx.merge(graphdef, state)
-    hidden, _, cache_w = target.extend(token[:, None], window_view(cache, window), cache_len)
+    m, t = ids.shape
+    view = window_view(cache, t, m)  # the prompts' slots of the first m rows
+    hidden, _, view = target.extend(ids, view, start)
+    cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
+    after, now = split_rows(keys[:m])
+    keys = keys.at[:m].set(jnp.where(start < cache.k.shape[2], after, keys[:m]))
+    return sample_tokens(now, last_logits(target, hidden, prompt_len), param_rows(params, m)), cache, keys
+
+
+def _decode(graphdef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, *, window: int,
+            live: int | None = None):
+    """One token for each of the first `live` sequences (all: None); attention reads (and the new
+    key/value goes to) the first `window` slots. Returns the full-size token, cache, lengths, keys."""
+    target = nnx.merge(graphdef, state)
+    m = token.shape[0] if live is None else live
+    hidden, _, cache_w = target.extend(token[:m, None], window_view(cache, window, m), cache_len[:m])
     cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
-    keys, now = split_rows(keys)
-    return sample_tokens(now, target.lm_logits(hidden[:, 0]), params), cache, cache_len + 1, keys
+    after, now = split_rows(keys[:m])
+    new = sample_tokens(now, target.lm_logits(hidden[:, 0]), param_rows(params, m))
+    return token.at[:m].set(new), cache, cache_len.at[:m].add(1), keys.at[:m].set(after)
 
 
 class CachePool:
@@ -86,11 +140,14 @@ class CachePool:
         self._make, self._held = make, None
 
     def take(self, length: int, batch: int = 1) -> tuple[int, tuple]:
-        """(length of the set, the set) with at least `length` slots for `batch` sequences."""
+        """(length of the set, the set) with at least `length` slots for `batch` sequences; a set
+        that would not fit in the device's memory is a ResourceError, before anything is allocated."""
         held, self._held = self._held, None
         if held is not None and held[0] >= length and held[1] == batch:
             return held[0], held[2]
         del held  # free the old buffers before allocating the new ones
+        check_memory(lambda: self._make(batch, length), f"{batch} sequence(s) of {length} cache positions",
+                     "use a smaller max_length (or fewer sequences at once).")
         return length, self._make(batch, length)
 
     def keep(self, length: int, caches: tuple, batch: int = 1) -> None:
@@ -107,7 +164,8 @@ class AutoregressiveDecoder:
         graphdef, self.state = nnx.split(target)
         self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),))
         self.prefill = jitted(_prefill, graphdef, donate_argnames="cache")
-        self.decode = jitted(_decode, graphdef, static_argnames="window", donate_argnames="cache")
+        self.prefill_rows = jitted(_prefill_rows, graphdef, donate_argnames="cache")
+        self.decode = jitted(_decode, graphdef, static_argnames=("window", "live"), donate_argnames="cache")
 
     def decode_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids, *,
                      cache_length: int | None = None, stats: list | None = None) -> Iterator[list[list[int]]]:

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .autoregressive import attention_window
+from .autoregressive import attention_window, check_memory, live_rows
 from .layout import prefill_layout, step_layout, tree_layout
-from .requests import Budget, Stats, check_prompt
+from .requests import Budget, Stats
 from .sampling import SamplingParams
 from .settings import GenerationSettings
 
@@ -65,19 +64,10 @@ def pool_slots(batch_size: int, requests: int) -> int:
     return min(1 << (int(batch_size) - 1).bit_length(), 1 << (max(requests, 1) - 1).bit_length())
 
 
-def device_memory_bytes() -> int | None:
-    """What the default device can hold: its allocator's limit, or the host's memory on a CPU."""
-    device = jax.devices()[0]
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    if device.platform == "cpu" and hasattr(os, "sysconf"):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return None
-
-
-class Batcher:
-    """A pool of `slots` sequences of at most `max_length` tokens each over `engine`."""
+class SlotPool:
+    """A fixed pool of `slots` sequences of at most `max_length` tokens over `engine`: requests
+    queue, join free slots, run and leave. The decoding of a step is the subclass's (`_admit`:
+    prefill waiting requests into free slots; `_advance`: one step of every busy slot)."""
 
     def __init__(self, engine, slots: int, max_length: int = 2048):
         """`engine`: a `dart_jax.decoding.engine.Engine` (its jitted calls, drafter, trie and caches)."""
@@ -86,35 +76,18 @@ class Batcher:
         if int(max_length) < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}.")
         self.engine, self.slots, self.max_length = engine, int(slots), int(max_length)
-        self.length = engine.cache_length(self.max_length - 1, self.max_length)
-        self._check_memory()
-        self.depth, self.k = engine.rows, engine.tree.topk
-        self.fields = engine.drafter.proposal_fields(self.depth, self.k)
-        self.trees, self.outputs = tree_layout(engine.n_nodes, self.depth), step_layout(self.depth, self.fields)
-        _, (self.cache, self.draft_cache) = engine.pool.take(self.length, self.slots)
+        self.length = self._cache_length()
+        check_memory(lambda: engine.new_caches(self.slots, self.length),
+                     f"a pool of {self.slots} slots of {self.length} cache positions",
+                     "use fewer slots (batch size) or a smaller max_length.")
         b = self.slots
         self.cache_len = jnp.zeros((b,), jnp.int32)
-        self.keys = jnp.stack([jax.random.key(0)] * b)
+        self.keys = jax.random.split(jax.random.key(0), b)  # placeholders: a request brings its own
         self.settings: list[GenerationSettings | None] = [None] * b
         self.params, self._stale_params = self._params(), False
         self.busy: list[Request | None] = [None] * b
         self.waiting: collections.deque[Request] = collections.deque()
-        self.proposal = {f.name: np.zeros((b, *f.shape), np.float32 if f.dtype == "float32" else np.int32)
-                         for f in self.fields}
-        self.preceding = np.zeros((b, self.depth + 1), np.int64)
-        self.preceding_len = np.ones(b, np.int64)
-        self.committed = np.zeros(b, np.int64)
         self._submitted = 0
-        self._empty = self._empty_trees()
-
-    def _check_memory(self) -> None:
-        shapes = jax.eval_shape(lambda: self.engine.new_caches(self.slots, self.length))
-        need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
-        have = device_memory_bytes()
-        if have and need > 0.8 * have:
-            raise ValueError(f"a pool of {self.slots} slots of {self.length} cache positions needs "
-                             f"{need / 2**30:.2f} GiB of caches but the device has {have / 2**30:.2f} GiB; "
-                             "use fewer slots (batch size) or a smaller max_length.")
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids, settings: GenerationSettings = GenerationSettings(),
@@ -123,7 +96,7 @@ class Batcher:
         if settings.max_length > self.max_length:
             raise ValueError(f"the request's max_length {settings.max_length} exceeds the pool's {self.max_length}; "
                              "open the pool with a larger max_length.")
-        ids = check_prompt(prompt_ids, self.engine.vocab_size, settings.max_length)
+        ids = self.engine.check_request(prompt_ids, settings)
         stats = stats if stats is not None else Stats()
         budget = Budget(self.engine.eos_ids, settings.max_new_tokens, settings.max_length - ids.size)
         stats.prompt_tokens, stats.token_ids = ids.size, budget.out
@@ -173,9 +146,22 @@ class Batcher:
         for request in self.busy:
             if request is not None:
                 request.stats.total_s = now - request._started
-        self.engine.pool.keep(self.length, (self.cache, self.draft_cache), self.slots)
+        self._keep_caches()
         self.busy = [None] * self.slots
         self.waiting.clear()
+
+    def _cache_length(self) -> int:
+        """Cache slots per sequence of this pool (its caches are the engine's `new_caches`)."""
+        raise NotImplementedError
+
+    def _keep_caches(self) -> None:
+        raise NotImplementedError
+
+    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
+        raise NotImplementedError
+
+    def _advance(self) -> list[tuple[Request, list[int], int]]:
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ device calls
     def _params(self) -> SamplingParams:
@@ -183,28 +169,85 @@ class Batcher:
         return SamplingParams.rows([(s.temperature, s.top_p, s.top_k) if s else (0.0, 1.0, 0)
                                     for s in self.settings])
 
-    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
-        engine, b = self.engine, self.slots
+    def _take(self, request: Request, ids: list[int], accepted: int) -> tuple[Request, list[int], int]:
+        kept = request.budget.take(ids)
+        request.stats.new_tokens = len(request.token_ids)
+        if request.done:
+            request.stats.total_s = time.perf_counter() - request._started
+            self._release(request.slot)
+        return request, kept, accepted
+
+    def _release(self, slot: int) -> None:
+        self.busy[slot] = None
+        if self.settings[slot].temperature > 0:  # a free slot should not keep the batch sampling
+            self._stale_params = True
+        self.settings[slot] = None
+
+    def _joining(self, free: list[int]) -> tuple[list[tuple[int, Request]], np.ndarray, np.ndarray, np.ndarray]:
+        """Waiting requests into the lowest free slots: (slot, request) pairs, then for the first m
+        rows of the pool (`live_rows`: those up to the highest busy slot) the padded ids [m,bucket],
+        prompt lengths [m] and start [m] (0 for a joining row; the cache length for a row left
+        alone, whose writes then fall past the cache and are dropped). Sets the new keys and params."""
         joining = [(slot, self.waiting.popleft()) for slot in free[:len(self.waiting)]]
         start_time = time.perf_counter()
-        bucket = engine.shapes.bucket(max(r.prompt_ids.size for _, r in joining))
-        ids = np.zeros((b, bucket), np.int32)
-        prompt_len = np.ones(b, np.int32)
-        start = np.full(b, self.length, np.int32)  # rows left alone write past the cache
+        for slot, request in joining:
+            self.settings[slot], request.slot, self.busy[slot] = request.settings, slot, request
+            request._started = start_time
+        m = self._live()
+        bucket = self.engine.shapes.bucket(max(r.prompt_ids.size for _, r in joining))
+        ids = np.zeros((m, bucket), np.int32)
+        prompt_len = np.ones(m, np.int32)
+        start = np.full(m, self.length, np.int32)
         fresh = list(self.keys)
         for slot, request in joining:
             ids[slot, :request.prompt_ids.size] = request.prompt_ids
             prompt_len[slot], start[slot] = request.prompt_ids.size, 0
-            self.settings[slot], request.slot, self.busy[slot] = request.settings, slot, request
             fresh[slot] = jax.random.key(request.settings.seed)
-            request._started = start_time
-        self.params, self._stale_params, keys = self._params(), False, jnp.stack(fresh)
+        self.params, self._stale_params, self.keys = self._params(), False, jnp.stack(fresh)
+        return joining, ids, prompt_len, start
+
+    def _live(self) -> int:
+        return live_rows(max(i for i, r in enumerate(self.busy) if r is not None) + 1, self.slots)
+
+    def _joined(self, joining, prompt_len: np.ndarray) -> None:
+        joined = np.zeros(self.slots, bool)
+        joined[[slot for slot, _ in joining]] = True
+        lengths = np.zeros(self.slots, np.int32)
+        lengths[:prompt_len.size] = prompt_len
+        self.cache_len = jnp.where(jnp.asarray(joined), jnp.asarray(lengths), self.cache_len)
+
+
+class Batcher(SlotPool):
+    """The DART pool: each step verifies every busy slot's draft tree in one jitted call."""
+
+    def __init__(self, engine, slots: int, max_length: int = 2048):
+        super().__init__(engine, slots, max_length)
+        self.depth, self.k = engine.rows, engine.tree.topk
+        self.fields = engine.drafter.proposal_fields(self.depth, self.k)
+        self.trees, self.outputs = tree_layout(engine.n_nodes, self.depth), step_layout(self.depth, self.fields)
+        _, (self.cache, self.draft_cache) = engine.pool.take(self.length, self.slots)
+        b = self.slots
+        self.proposal = {f.name: np.zeros((b, *f.shape), np.float32 if f.dtype == "float32" else np.int32)
+                         for f in self.fields}
+        self.preceding = np.zeros((b, self.depth + 1), np.int64)
+        self.preceding_len = np.ones(b, np.int64)
+        self.committed = np.zeros(b, np.int64)
+        self._empty = self._empty_trees()
+
+    def _cache_length(self) -> int:
+        return self.engine.cache_length(self.max_length - 1, self.max_length)
+
+    def _keep_caches(self) -> None:
+        self.engine.pool.keep(self.length, (self.cache, self.draft_cache), self.slots)
+
+    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
+        engine = self.engine
+        start_time = time.perf_counter()
+        joining, ids, prompt_len, start = self._joining(free)
         packed, self.cache, self.draft_cache, self.keys = engine._prefill(
             engine._state, jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.cache,
-            self.draft_cache, keys, self.params, rows=self.depth, k=self.k)
-        joined = np.zeros(b, bool)
-        joined[[slot for slot, _ in joining]] = True
-        self.cache_len = jnp.where(jnp.asarray(joined), jnp.asarray(prompt_len), self.cache_len)
+            self.draft_cache, self.keys, self.params, rows=self.depth, k=self.k)
+        self._joined(joining, prompt_len)
         out = prefill_layout(self.fields).unpack(np.asarray(packed))
         elapsed = time.perf_counter() - start_time
         events = []
@@ -224,13 +267,14 @@ class Batcher:
         if self._stale_params:
             self.params, self._stale_params = self._params(), False
         rows = [i for i, r in enumerate(self.busy) if r is not None]
+        m = self._live()  # rows past m are free and not computed
         t0 = time.perf_counter()
         found = engine.drafter.tree({name: a[rows] for name, a in self.proposal.items()}, self.preceding[rows],
                                     self.preceding_len[rows], engine.trie, engine.tree, engine.tree_eos_id)
-        if len(rows) == self.slots:
+        if len(rows) == m:
             trees = {name: getattr(found, name) for name in self._empty}
-        else:  # free slots get a root-only tree
-            trees = {name: array.copy() for name, array in self._empty.items()}
+        else:  # free slots among the first m get a root-only tree
+            trees = {name: array[:m].copy() for name, array in self._empty.items()}
             for name in trees:
                 trees[name][rows] = getattr(found, name)
         packed_tree = self.trees.pack(trees)
@@ -258,20 +302,6 @@ class Batcher:
             events.append(self._take(request, fed.tolist(), count))
         return events
 
-    def _take(self, request: Request, ids: list[int], accepted: int) -> tuple[Request, list[int], int]:
-        kept = request.budget.take(ids)
-        request.stats.new_tokens = len(request.token_ids)
-        if request.done:
-            request.stats.total_s = time.perf_counter() - request._started
-            self._release(request.slot)
-        return request, kept, accepted
-
-    def _release(self, slot: int) -> None:
-        self.busy[slot] = None
-        if self.settings[slot].temperature > 0:  # a free slot should not keep the batch sampling
-            self._stale_params = True
-        self.settings[slot] = None
-
     def _set_preceding(self, slot: int, ids: np.ndarray) -> None:
         self.preceding[slot, :ids.size] = ids
         self.preceding_len[slot] = ids.size
@@ -282,3 +312,62 @@ class Batcher:
         return {"tokens": np.zeros((b, n), np.int32), "positions": np.zeros((b, n), np.int32),
                 "parents": np.full((b, n), -1, np.int32), "mask": np.broadcast_to(np.eye(n, dtype=bool), (b, n, n)).copy(),
                 "retrieve": np.full((b, n - 1, depth + 1), -1, np.int32)}
+
+
+class PlainBatcher(SlotPool):
+    """Plain autoregressive decoding of the target in the same kind of pool: each step samples one
+    token for every busy slot in one jitted call (the baseline beside `Batcher`, e.g. in a server)."""
+
+    def __init__(self, engine, slots: int, max_length: int = 2048):
+        super().__init__(engine, slots, max_length)
+        self.decoder = engine.baseline
+        _, (self.cache, self.draft_cache) = engine.pool.take(self.length, self.slots)
+        self.token = jnp.zeros((self.slots,), jnp.int32)  # each slot's last token, not yet in the cache
+        self.committed = np.zeros(self.slots, np.int64)
+
+    def _cache_length(self) -> int:
+        return self.engine.shapes.cache_length(self.max_length + 1)
+
+    def _keep_caches(self) -> None:
+        self.engine.pool.keep(self.length, (self.cache, self.draft_cache), self.slots)
+
+    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
+        d = self.decoder
+        start_time = time.perf_counter()
+        joining, ids, prompt_len, start = self._joining(free)
+        first, self.cache, self.keys = d.prefill_rows(d.state, jnp.asarray(ids), jnp.asarray(prompt_len),
+                                                      jnp.asarray(start), self.cache, self.keys, self.params)
+        self._joined(joining, prompt_len)
+        m = ids.shape[0]
+        self.token = self.token.at[:m].set(jnp.where(jnp.asarray(start == 0), first, self.token[:m]))
+        host = np.asarray(first)
+        elapsed = time.perf_counter() - start_time
+        events = []
+        for slot, request in joining:
+            self.committed[slot] = request.prompt_ids.size
+            request.stats.prefill_s = elapsed
+            events.append(self._take(request, [int(host[slot])], 0))
+        return events
+
+    def _advance(self) -> list[tuple[Request, list[int], int]]:
+        d = self.decoder
+        if self._stale_params:
+            self.params, self._stale_params = self._params(), False
+        rows = [i for i, r in enumerate(self.busy) if r is not None]
+        t0 = time.perf_counter()
+        window = attention_window(int(self.committed[rows].max()) + 1, self.length)
+        self.token, self.cache, self.cache_len, self.keys = d.decode(d.state, self.token, self.cache, self.cache_len,
+                                                                     self.keys, self.params, window=window,
+                                                                     live=self._live())
+        host = np.asarray(self.token)
+        elapsed = time.perf_counter() - t0
+        events = []
+        for slot in rows:
+            request = self.busy[slot]
+            self.committed[slot] += 1
+            s = request.stats
+            s.device_s += elapsed
+            s.steps += 1
+            s.accept_lengths.append(1)
+            events.append(self._take(request, [int(host[slot])], 1))
+        return events

@@ -48,13 +48,14 @@ class Drafter(abc.ABC):
 
     @staticmethod
     @abc.abstractmethod
-    def cache_window(cache, window: int):
-        """A view of the first `window` slots of the cache (what a step attends over)."""
+    def cache_window(cache, window: int | None, rows: int | None = None):
+        """A view of the first `window` slots (all: None) of the first `rows` sequences (all: None)
+        of the cache (what a step attends over and writes)."""
 
     @staticmethod
     @abc.abstractmethod
     def cache_put(cache, part):
-        """`cache` with its first slots replaced by the window `part`."""
+        """`cache` with its first slots of its first sequences replaced by the view `part`."""
 
     @staticmethod
     @abc.abstractmethod
@@ -103,8 +104,8 @@ class DartDrafter(Drafter):
         return init_head_cache(self.module.config, batch, length, dtype)
 
     @staticmethod
-    def cache_window(cache: HeadCache, window: int) -> HeadCache:
-        return HeadCache(k=cache.k[:, :window], v=cache.v[:, :window])
+    def cache_window(cache: HeadCache, window: int | None, rows: int | None = None) -> HeadCache:
+        return HeadCache(k=cache.k[:rows, :window], v=cache.v[:rows, :window])
 
     @staticmethod
     def cache_put(cache: HeadCache, part: HeadCache) -> HeadCache:

@@ -27,6 +27,7 @@ whatever it appends, e.g. DART's m mask slots) from `cache_len`, and advancing b
 """
 from __future__ import annotations
 
+import warnings
 from typing import Iterator, Sequence
 
 import jax
@@ -37,7 +38,8 @@ from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, write_cache
 from dart_jax.models.sharding import shard_cache
 from dart_jax.ngram import TreeSettings
 
-from .autoregressive import AutoregressiveDecoder, CachePool, jitted, last_logits, window_view
+from .autoregressive import (AutoregressiveDecoder, CachePool, jitted, last_logits, param_rows, put_window,
+                             window_view)
 from .batcher import Batcher
 from .drafter import Drafter
 from .layout import prefill_layout, step_layout, tree_layout
@@ -64,59 +66,67 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
 
 def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCache, draft_cache, keys, params, *,
              rows: int, k: int):
-    """Prompts into the rows whose `start` [B] is 0: ids int32[B,T] (padded to the bucket),
-    prompt_len int32[B], per-sequence PRNG keys and sampling params [B] → packed `prefill_layout`.
-    A row whose `start` is the cache length is left alone: its writes fall past the cache and are
-    dropped, its key is kept, and its outputs are junk the host ignores."""
+    """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool:
+    ids int32[m,T] (padded to the bucket), prompt_len int32[m], the pool's PRNG keys and sampling
+    params [B] → packed `prefill_layout` [m]. A row whose `start` is the cache length is left
+    alone: its writes fall past the cache and are dropped, its key is kept, and its outputs are
+    junk the host ignores. Rows past m are not computed at all."""
     pair = nnx.merge(graphdef, state)
-    b, t = ids.shape
+    m, t = ids.shape
     admit = start < cache.k.shape[2]
     with jax.named_scope("prefill_target"):
-        hidden, taps, cache = pair.target.extend(ids, cache, start, return_taps=True)
-        after, now = split_rows(keys)
-        keys = jnp.where(admit, after, keys)
-        first = sample_tokens(now, last_logits(pair.target, hidden, prompt_len), params)  # [B]
+        view = window_view(cache, t, m)  # the prompts' slots of the first m rows
+        hidden, taps, view = pair.target.extend(ids, view, start, return_taps=True)
+        cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
+        after, now = split_rows(keys[:m])
+        keys = keys.at[:m].set(jnp.where(admit, after, keys[:m]))
+        first = sample_tokens(now, last_logits(pair.target, hidden, prompt_len), param_rows(params, m))  # [m]
     with jax.named_scope("prefill_draft"):
         # position i carries the token that follows it: prompt[1:] and then the sampled token
-        shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((b, 1), ids.dtype)], axis=1)
+        shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((m, 1), ids.dtype)], axis=1)
         shifted = jnp.where(jnp.arange(t)[None, :] == (prompt_len - 1)[:, None], first[:, None], shifted)
-        proposal, draft_cache = drafter_cls.prefill(pair.drafter, taps, shifted, draft_cache, start, prompt_len,
-                                                    rows=rows, k=k)
+        draft_view = drafter_cls.cache_window(draft_cache, None, m)
+        proposal, draft_view = drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, prompt_len,
+                                                   rows=rows, k=k)
+        draft_cache = drafter_cls.cache_put(draft_cache, draft_view)
     packed = prefill_layout(drafter_cls.proposal_fields(rows, k)).pack({"first": first, **proposal})
     return packed, cache, draft_cache, keys
 
 
 def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache_len, keys, params, *,
           n: int, depth: int, k: int, window: int):
-    """One speculative step: tree int32[B,·] packed by `tree_layout(n, depth)` → packed
-    `step_layout`. Attention reads only the first `window` cache slots, which must hold every slot
-    the drafter writes."""
+    """One speculative step for the first m = tree.shape[0] sequences of the pool: trees int32[m,·]
+    packed by `tree_layout(n, depth)` → packed `step_layout` [m], and the pool's caches, lengths
+    and keys [B] with those rows advanced (rows past m are not computed). Attention reads only the
+    first `window` cache slots, which must hold every slot the drafter writes."""
     pair = nnx.merge(graphdef, state)
-    b = tree.shape[0]
+    m = tree.shape[0]
     tree = tree_layout(n, depth).unpack(tree)
     tokens, parents, retrieve = tree["tokens"], tree["parents"], tree["retrieve"]
+    length = cache_len[:m]
     with jax.named_scope("verify"):
         # the tree's keys/values stay out of the cache: only the accepted path is written below
-        logits, taps, tree_kv = verify_tree(pair.target, tree, window_view(cache, window), cache_len)
+        logits, taps, tree_kv = verify_tree(pair.target, tree, window_view(cache, window, m), length)
     with jax.named_scope("accept"):
-        keys, now = split_rows(keys)
-        path, count, bonus = accept_trees(now, logits, params, tokens, parents, retrieve)
+        after, now = split_rows(keys[:m])
+        keys = keys.at[:m].set(after)
+        path, count, bonus = accept_trees(now, logits, param_rows(params, m), tokens, parents, retrieve)
     with jax.named_scope("commit"):
-        at = path[None, :, :, None, None]  # [1,B,D+1,1,1] over [L,B,N,KVH,D]
+        at = path[None, :, :, None, None]  # [1,m,D+1,1,1] over [L,m,N,KVH,D]
         accepted = KVCache(k=jnp.take_along_axis(tree_kv.k, at, axis=2), v=jnp.take_along_axis(tree_kv.v, at, axis=2))
-        cache = write_cache(cache, cache_len, accepted)
+        cache = write_cache(cache, length, accepted)  # rows 0..m-1 of the pool's cache
     with jax.named_scope("draft"):
-        path_tokens = jnp.take_along_axis(tokens, path, axis=1)  # [B,D+1]; entries past count are junk
-        accepted_taps = jnp.take_along_axis(taps, path[..., None], axis=1)  # [B,D+1,3H]
-        follow = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
+        path_tokens = jnp.take_along_axis(tokens, path, axis=1)  # [m,D+1]; entries past count are junk
+        accepted_taps = jnp.take_along_axis(taps, path[..., None], axis=1)  # [m,D+1,3H]
+        follow = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((m, 1), jnp.int32)], axis=1)
         follow = jnp.where(jnp.arange(depth + 1)[None, :] == (count - 1)[:, None], bonus[:, None], follow)
-        draft_w = drafter_cls.cache_window(draft_cache, window)
-        proposal, draft_w = drafter_cls.extend(pair.drafter, accepted_taps, follow, draft_w, cache_len, count,
+        draft_w = drafter_cls.cache_window(draft_cache, window, m)
+        proposal, draft_w = drafter_cls.extend(pair.drafter, accepted_taps, follow, draft_w, length, count,
                                                rows=depth, k=k)
         draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
     layout = step_layout(depth, drafter_cls.proposal_fields(depth, k))
     packed = layout.pack({"count": count, "path_tokens": path_tokens, "bonus": bonus, **proposal})
-    return packed, cache, draft_cache, cache_len + count, keys
+    return packed, cache, draft_cache, cache_len.at[:m].add(count), keys
 
 
 _DONATE = ("cache", "draft_cache")
@@ -150,6 +160,17 @@ class Engine:
         size is another compiled step; the weights are shared, not copied)."""
         return Engine(self.target, self.drafter, self.trie, eos_ids=sorted(self.eos_ids), tree_eos_id=self.tree_eos_id,
                       tree=tree, shapes=self.shapes, mesh=self.mesh)
+
+    def check_request(self, prompt_ids, settings: GenerationSettings):
+        """The prompt as int32 ids, or an InputError naming what is wrong (see `check_prompt`);
+        warns when the answer may run past the target's max_position_embeddings."""
+        limit = self.target.config.max_position_embeddings
+        ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length, max_positions=limit)
+        if ids.size + min(settings.max_new_tokens, settings.max_length - ids.size) > limit:
+            warnings.warn(f"prompt ({ids.size} tokens) + answer (up to {settings.max_new_tokens}) may run past the "
+                          f"model's max_position_embeddings ({limit}); tokens past it are unreliable: lower "
+                          "max_new_tokens / max_length.", stacklevel=3)
+        return ids
 
     @property
     def vocab_size(self) -> int:
@@ -205,7 +226,7 @@ class Engine:
                           stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:
         """Plain autoregressive decoding of the target with the same sampling; yields ([token], 1)
         ([first], 0 for the prefill's token)."""
-        ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length)
+        ids = self.check_request(prompt_ids, settings)
         stats = stats if stats is not None else Stats()
         stats.prompt_tokens = ids.size
         # the DART sizing, so that both decoders share one cache set (and its compiled shape)

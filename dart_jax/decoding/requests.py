@@ -6,20 +6,28 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dart_jax.errors import InputError
 
-def check_prompt(prompt_ids: Sequence[int], vocab: int, max_length: int) -> np.ndarray:
-    """A prompt as int32 ids, or a ValueError naming what is wrong with it."""
-    ids = np.asarray(prompt_ids)
+
+def check_prompt(prompt_ids: Sequence[int], vocab: int, max_length: int, *, max_positions: int | None = None) -> np.ndarray:
+    """A prompt as int32 ids, or an InputError naming what is wrong with it: not a flat sequence of
+    integers (floats and bools are refused, not truncated), ids outside the vocabulary, no room
+    left under max_length, or longer than the model's positions (`max_positions`)."""
+    items = list(prompt_ids) if not isinstance(prompt_ids, np.ndarray) else prompt_ids
+    ids = np.asarray(items)
     if ids.ndim != 1 or ids.size == 0:
-        raise ValueError(f"the prompt must be a non-empty sequence of token ids, got shape {ids.shape}.")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"prompt token ids must be integers, got dtype {ids.dtype}.")
+        raise InputError(f"the prompt must be a non-empty sequence of token ids, got shape {ids.shape}.")
+    if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"prompt token ids must be integers, got {ids.dtype} values such as {ids.flat[0]!r}.")
     if ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"prompt token ids must lie in [0, {vocab}) (the target's vocabulary); "
+        raise InputError(f"prompt token ids must lie in [0, {vocab}) (the target's vocabulary); "
                          f"found range [{ids.min()}, {ids.max()}].")
     if ids.size >= int(max_length):
-        raise ValueError(f"the prompt has {ids.size} tokens but max_length is {max_length}: max_length counts the "
+        raise InputError(f"the prompt has {ids.size} tokens but max_length is {max_length}: max_length counts the "
                          "prompt plus the generated tokens, so raise max_length or shorten the prompt.")
+    if max_positions is not None and ids.size >= max_positions:
+        raise InputError(f"the prompt has {ids.size} tokens but the model knows positions up to "
+                         f"{max_positions} (max_position_embeddings): shorten the prompt.")
     return ids.astype(np.int32)
 
 

@@ -32,6 +32,8 @@ class GenerationSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise ValueError(f"{name} must be a number, got {value!r}.")
+        if not 0 <= int(self.seed) < 2**63:
+            raise ValueError(f"seed must lie in [0, 2**63), got {self.seed}.")
         if int(self.max_new_tokens) < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if int(self.max_length) < 2:

@@ -14,12 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from dart_jax.convert import dart_head as head_format
 from dart_jax.convert import qwen3 as qwen3_format
 from dart_jax.convert.dart_head import DartHeadConfig
+from dart_jax.convert.safetensors_io import cast_weight, open_safetensors, read_tensor
+from dart_jax.errors import FileFormatError, InputError
 
 from .head import DartHead, head_rope
 from .layers import rope_inv_freq
@@ -35,16 +36,31 @@ def _variable(module: nnx.Module, path: tuple) -> nnx.Variable:
     return obj
 
 
+def _check_rope(inv_freq: np.ndarray, scale: float, config_file: Path) -> None:
+    """RoPE tables that a config's values make non-finite (rope_theta near 0 or huge, extreme
+    factors) are the config's problem: a FileFormatError naming it."""
+    if not (np.isfinite(inv_freq).all() and np.isfinite(scale)):
+        raise FileFormatError(config_file, "rope_theta / rope_scaling give non-finite RoPE frequencies "
+                                           f"(first values {inv_freq[:3].tolist()}, scale {scale}); use the "
+                                           "checkpoint's original RoPE settings.")
+
+
 def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mesh | None = None,
                rules=DEFAULT_RULES) -> Qwen3:
     """A `Qwen3` with the weights of a HF Qwen3 checkpoint (local folder or hub id).
 
     Parameters are stored in `dtype` (default: `default_dtype()`), which is also the compute dtype.
     With a `mesh`, each parameter is placed with the NamedSharding its logical axes give under `rules`.
+    Everything about the files is checked before the model is built (config values, tensor
+    names, shapes, float dtypes, from the headers) and each weight as it is read (finite values,
+    also after conversion to `dtype`); a problem is a FileFormatError naming the file.
     """
     folder = qwen3_format.checkpoint_folder(path_or_id)
     config = qwen3_format.load_qwen3_config(folder)
-    rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling_dict)  # a bad RoPE fails before any read
+    # a bad RoPE fails before any read
+    with np.errstate(all="ignore"):
+        tables = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling_dict)
+    _check_rope(*tables, folder / "config.json")
     index = qwen3_format.check_checkpoint(folder, config)
     table = qwen3_format.tensor_table(config)
     dtype = jnp.dtype(dtype or default_dtype())
@@ -60,13 +76,10 @@ def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mes
         by_file.setdefault(index[name][0], []).append(name)
     with tqdm(total=len(table), desc=f"loading {folder.name}", unit="tensor", leave=False) as bar:
         for f, names in by_file.items():
-            with safe_open(str(f), framework="numpy") as fh:
+            with open_safetensors(f) as fh:
                 for name in names:
                     path, _, transpose = table[name]
-                    arr = fh.get_tensor(name)
-                    if not np.issubdtype(arr.dtype, np.floating) and arr.dtype.name != "bfloat16":
-                        raise ValueError(f"tensor {name!r} in {f.name} has dtype {arr.dtype}; expected a float tensor.")
-                    arr = arr.astype(dtype, copy=False)
+                    arr = cast_weight(read_tensor(fh, f, name), dtype, name, f)
                     var = _variable(model, path)
                     var.set_value(place(np.ascontiguousarray(arr.T) if transpose else arr, var))
                     bar.update()
@@ -77,14 +90,20 @@ def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None) -> DartHea
     """A DartHead for `target` (a Qwen3 module: its `.config` and shared `.embed_tokens`).
 
     `dtype` sets both the parameter and the compute dtype; None takes the target's compute dtype
-    (`target.dtype`, else the dtype of its embedding).
+    (`target.dtype`, else the dtype of its embedding). The head is checked as
+    `dart_jax.convert.dart_head.read_head` does (config, names, shapes, dtypes, finite weights,
+    a one-to-one d2t with a matching t2d, the fit to the target); a problem is a FileFormatError
+    naming the head's file.
     """
-    _, config, tensors = head_format.read_head(path_or_id, target.config)
-    head_rope(config)
+    folder, config, tensors = head_format.read_head(path_or_id, target.config)
+    with np.errstate(all="ignore"):
+        tables = head_rope(config)
+    _check_rope(*tables, folder / head_format.CONFIG_NAME)
     if dtype is None:
         dtype = getattr(target, "dtype", None) or target.embed_tokens.embedding.get_value().dtype
     head = nnx.eval_shape(lambda: DartHead(config, target.embed_tokens, dtype=dtype, param_dtype=dtype, rngs=None))
     head.embed_tokens = target.embed_tokens
+    weights = head_format.tensor_files(folder)
     for name, (path, _, transpose) in head_format.tensor_table(config).items():
         array = np.asarray(tensors[name])
         if name == "d2t":
@@ -92,7 +111,8 @@ def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None) -> DartHea
         elif name == "t2d":
             value = jnp.asarray(array.astype(np.bool_))
         else:
-            value = jnp.asarray((array.T if transpose else array), dtype=dtype)
+            array = cast_weight(array, jnp.dtype(dtype), name, weights[name][0])
+            value = jnp.asarray(array.T if transpose else array)
         _variable(head, path).set_value(value)
     return head
 
@@ -119,5 +139,5 @@ def save_dart_head(folder: str | os.PathLike, config: DartHeadConfig, params, dt
     """Write `config.json` + `model.safetensors` in the reference layout (floats as `dtype`,
     'float32' or 'bfloat16'; d2t int64; t2d bool). `params` is the DartHead or nnx.state(head)."""
     if dtype not in head_format.SAVE_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(head_format.SAVE_DTYPES)}, got {dtype!r}.")
+        raise InputError(f"dtype must be one of {sorted(head_format.SAVE_DTYPES)}, got {dtype!r}.")
     return head_format.write_dart_head(folder, config, head_tensors(config, params), dtype)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from dart_jax.api.generate import DEMO_PROMPT, add_model_options, load_model
+from dart_jax.errors import InputError, cli_boundary
 
 try:
     import uvicorn
@@ -45,8 +46,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model-name", help="the model id clients send (default: the head's folder or hub id; "
                                          "'dart-jax-demo' for the demo)")
     ap.add_argument("--slots", type=int, default=8, help="sequences decoded together per method (the pool size)")
-    ap.add_argument("--max-length", type=int, default=2048, help="context per request: prompt + answer tokens")
-    ap.add_argument("--no-warmup", action="store_true", help="accept requests before compiling (first ones are slow)")
+    ap.add_argument("--max-length", type=int, default=None,
+                    help="context per request: prompt + answer tokens (default: the model's max_position_embeddings, "
+                         "at most 2048)")
+    ap.add_argument("--warmup", choices=["full", "quick", "none"], default="full",
+                    help="compile before accepting requests: 'full' every pool size up to --slots (1, 2, 4, … "
+                         "requests at once), 'quick' one request per method (more concurrent requests compile on "
+                         "first use), 'none' nothing (the first requests wait for compilation)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0,
                     help="seconds that running requests get to finish at shutdown")
     return ap.parse_args(argv)
@@ -68,7 +74,7 @@ def _check(args) -> None:
         raise ValueError(f"--port must lie in [0, 65535], got {args.port}.")
     if args.slots < 1:
         raise ValueError(f"--slots must be >= 1, got {args.slots}.")
-    if args.max_length < 16:
+    if args.max_length is not None and args.max_length < 16:
         raise ValueError(f"--max-length must be >= 16, got {args.max_length}.")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}.")
@@ -81,7 +87,7 @@ def _check(args) -> None:
         try:
             probe.bind((args.host, args.port))
         except OSError as e:
-            raise OSError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port or --host.") from None
+            raise InputError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port or --host.") from None
 
 
 def serve(args) -> int:
@@ -90,9 +96,9 @@ def serve(args) -> int:
     name = args.model_name or ("dart-jax-demo" if args.ckpt is None else str(args.ckpt).rstrip("/"))
     scheduler = Scheduler(model, slots=args.slots, max_length=args.max_length).start()
     try:
-        if not args.no_warmup:
-            print("dart_jax: compiling (warm-up) ...", file=sys.stderr, flush=True)
-            scheduler.warmup(model.encode(DEMO_PROMPT))
+        if args.warmup != "none":
+            print(f"dart_jax: compiling ({args.warmup} warm-up) ...", file=sys.stderr, flush=True)
+            scheduler.warmup(model.encode(DEMO_PROMPT), full=args.warmup == "full")
         app = create_app(scheduler, model_name=name, api_key=args.api_key)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{host}:{args.port}"
@@ -110,7 +116,7 @@ def serve(args) -> int:
         except SystemExit:  # uvicorn exits when it cannot bind
             pass
         if not server.started:
-            raise OSError(f"could not listen on {args.host}:{args.port} (in use, or not an address of this machine); "
+            raise InputError(f"could not listen on {args.host}:{args.port} (in use, or not an address of this machine); "
                           "pick another --port or --host.")
     finally:
         scheduler.stop()
@@ -125,14 +131,7 @@ def main(argv=None) -> int:
               "pip install 'dart-jax[serve]'.", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return serve(args)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("dart_jax: interrupted", file=sys.stderr)
-        return 130
+    return cli_boundary(lambda: serve(args), prog="dart_jax")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ Web handlers (the HTTP API's coroutines, the UI's generators) never touch JAX. T
 into the pools and steps them in turn:
 - method "dart": one `Batcher` pool of `slots` sequences per draft-tree size (the server's default
   size, plus any other size a request asks for, made on first use);
-- method "ar": plain autoregressive decoding of the target, up to `slots` sequences at a time,
-  each advanced one token per round.
+- method "ar": a `PlainBatcher` pool of `slots` sequences, plain autoregressive decoding of the
+  target (one token per sequence and step, all sequences in one call).
 A job that is cancelled (the client went away, a stop string was met, the UI's Stop button) leaves
 its pool at once and its slot takes the next job. Every event goes to the job's sink: a
 `queue.Queue` for threads, or an asyncio queue fed through its event loop.
@@ -24,8 +24,8 @@ import time
 from typing import Any, Callable, Iterator
 
 from dart_jax.api.model import DartModel
-from dart_jax.decoding.batcher import Batcher
-from dart_jax.decoding.requests import Stats, check_prompt
+from dart_jax.decoding.batcher import Batcher, PlainBatcher, SlotPool
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 
 log = logging.getLogger("dart_jax.serve")
@@ -60,7 +60,7 @@ class Job:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     created: float = dataclasses.field(default_factory=time.perf_counter)
-    _handle: Any = None  # the Batcher's Request, or the plain decoder's generator
+    _handle: Any = None  # its Request in a pool
 
     @property
     def done(self) -> bool:
@@ -94,24 +94,25 @@ class Scheduler:
     """Serves `model` to many clients from one thread; `slots` sequences per pool, each of at most
     `max_length` tokens (prompt + answer)."""
 
-    def __init__(self, model: DartModel, *, slots: int = 8, max_length: int = 2048):
+    def __init__(self, model: DartModel, *, slots: int = 8, max_length: int | None = None):
+        """`max_length` defaults to the target's max_position_embeddings, at most 2048."""
         if int(slots) < 1:
             raise ValueError(f"--slots must be >= 1, got {slots}.")
+        if max_length is None:
+            max_length = min(2048, model.target.config.max_position_embeddings)
         self.model, self.slots, self.max_length = model, int(slots), int(max_length)
         self.default_tree_size = model.engine.tree.keep
         self.methods = dict(METHODS)
         self._inbox: queue.Queue = queue.Queue()
-        self._pools: dict[int, Batcher] = {}
-        self._dart: dict[Any, Job] = {}  # Batcher request → job
-        self._ar_waiting: collections.deque[Job] = collections.deque()
-        self._ar_running: list[Job] = []
+        self._pools: dict[tuple[str, int | None], SlotPool] = {}  # (method, tree size) → pool
+        self._jobs: dict[Any, Job] = {}  # a pool's request → its job
         self._ids = itertools.count(1)
         self.finished: collections.Counter = collections.Counter()  # jobs ended, by finish reason
         self._open: set[Job] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dart_jax-scheduler", daemon=True)
         # the default pool is made (and its caches allocated) now, so that a pool too large fails at start
-        self._pool(self.default_tree_size)
+        self._pool("dart", self.default_tree_size)
 
     # ------------------------------------------------------------------ client side (any thread)
     def check(self, prompt_ids, settings: GenerationSettings, method: str, tree_size: int | None) -> int:
@@ -121,7 +122,7 @@ class Scheduler:
         if settings.max_length > self.max_length:
             raise ValueError(f"max_length {settings.max_length} exceeds the server's context of {self.max_length} "
                              "tokens (start the server with a larger --max-length).")
-        check_prompt(prompt_ids, self.model.engine.vocab_size, settings.max_length)
+        self.model.engine.check_request(prompt_ids, settings)
         size = self.default_tree_size if tree_size is None else tree_size
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 256:
             raise ValueError(f"tree_size must be an integer in [1, 256] (draft tree nodes), got {size!r}.")
@@ -168,32 +169,47 @@ class Scheduler:
             if event.done:
                 return job
 
-    def warmup(self, prompt_ids, max_new_tokens: int = 8) -> None:
-        """Compile the shapes of a short request in both methods, so the first client waits for nothing."""
+    def warmup(self, prompt_ids, max_new_tokens: int = 8, *, full: bool = True) -> None:
+        """Compile the shapes of short requests in every method, so that clients wait for nothing:
+        one request alone, and with `full` also 2, 4, … `slots` requests at once (a pool computes
+        the rows up to its highest busy slot, a power of two: each count is its own compiled step)."""
         settings = GenerationSettings(max_new_tokens=max_new_tokens, max_length=self.max_length)
+        counts = [1]
+        while full and counts[-1] < self.slots:
+            counts.append(min(counts[-1] * 2, self.slots))
         for method in self.methods:
-            for event in self.generate(prompt_ids, settings, method=method):
-                if event.error:
-                    raise RuntimeError(f"warm-up of method {method!r} failed: {event.error}")
+            for count in counts:
+                queues = []
+                for _ in range(count):
+                    q, sink = thread_sink()
+                    self.submit(prompt_ids, settings, sink, method=method)
+                    queues.append(q)
+                for q in queues:
+                    while not (event := q.get()).done:
+                        pass
+                    if event.error:
+                        raise RuntimeError(f"warm-up of method {method!r} failed: {event.error}")
 
     # ------------------------------------------------------------------ the scheduler thread
-    def _pool(self, tree_size: int) -> Batcher:
-        if tree_size not in self._pools:
+    def _pool(self, method: str, tree_size: int | None) -> SlotPool:
+        key = (method, tree_size if method == "dart" else None)
+        if key not in self._pools:
             engine = self.model.engine
-            if tree_size != engine.tree.keep:
-                engine = engine.with_tree(dataclasses.replace(engine.tree, keep=tree_size))
-            self._pools[tree_size] = Batcher(engine, self.slots, self.max_length)
-        return self._pools[tree_size]
+            if method == "ar":
+                self._pools[key] = PlainBatcher(engine, self.slots, self.max_length)
+            else:
+                if tree_size != engine.tree.keep:
+                    engine = engine.with_tree(dataclasses.replace(engine.tree, keep=tree_size))
+                self._pools[key] = Batcher(engine, self.slots, self.max_length)
+        return self._pools[key]
 
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                busy = any(p.active for p in self._pools.values()) or self._ar_running or self._ar_waiting
-                self._drain(block=not busy)
+                self._drain(block=not any(p.active for p in self._pools.values()))
                 for pool in list(self._pools.values()):
                     if pool.active:
                         self._step_pool(pool)
-                self._step_plain()
         except Exception as e:  # a bug: every client hears of it, the log has the traceback
             log.exception("the scheduler stopped")
             self._fail_all(f"internal error: {type(e).__name__}: {e}")
@@ -221,60 +237,31 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         try:
-            if job.method == "dart":
-                job._handle = self._pool(job.tree_size).submit(job.prompt_ids, job.settings, job.stats)
-                self._dart[job._handle] = job
-            else:
-                self._ar_waiting.append(job)
+            job._handle = self._pool(job.method, job.tree_size).submit(job.prompt_ids, job.settings, job.stats)
+            self._jobs[job._handle] = job
         except ValueError as e:
             self._finish(job, "error", error=str(e))
 
     def _cancel(self, job: Job) -> None:
         if job.done:
             return
-        if job.method == "dart" and job._handle is not None:
+        if job._handle is not None:
             for pool in self._pools.values():
                 if pool.cancel(job._handle):
                     break
-            self._dart.pop(job._handle, None)
-        elif job in self._ar_waiting:
-            self._ar_waiting.remove(job)
-        elif job in self._ar_running:
-            self._ar_running.remove(job)
-            job._handle.close()  # the generator hands its cache back
+            self._jobs.pop(job._handle, None)
         self._finish(job, "cancelled")
 
-    def _step_pool(self, pool: Batcher) -> None:
+    def _step_pool(self, pool: SlotPool) -> None:
         for request, kept, accepted in pool.step():
-            job = self._dart.get(request)
+            job = self._jobs.get(request)
             if job is None:
                 continue
             job.token_ids.extend(kept)
             if request.done:
-                del self._dart[request]
+                del self._jobs[request]
                 self._finish(job, request.finish_reason, kept, accepted)
             else:
-                job.sink(Event(kept, accepted))
-
-    def _step_plain(self) -> None:
-        while self._ar_waiting and len(self._ar_running) < self.slots:
-            job = self._ar_waiting.popleft()
-            job._handle = self.model.engine.generate_ar_steps(job.prompt_ids, job.settings, stats=job.stats)
-            self._ar_running.append(job)
-        for job in list(self._ar_running):
-            try:
-                kept, accepted = next(job._handle)
-            except StopIteration:
-                self._ar_running.remove(job)
-                eos = bool(job.token_ids) and job.token_ids[-1] in self.model.engine.eos_ids
-                self._finish(job, "eos" if eos else "length")
-                continue
-            except ValueError as e:
-                self._ar_running.remove(job)
-                self._finish(job, "error", error=str(e))
-                continue
-            job.token_ids.extend(kept)
-            if kept:
                 job.sink(Event(kept, accepted))
 
     def _finish(self, job: Job, reason: str, ids: list[int] | None = None, accepted: int = 0,
@@ -288,7 +275,7 @@ class Scheduler:
 
     def _fail_all(self, error: str | None) -> None:
         """Finish every job still open: 'error' after a crash, 'cancelled' at shutdown."""
-        jobs = list(self._dart.values()) + list(self._ar_waiting) + list(self._ar_running)
+        jobs = list(self._jobs.values())
         while True:
             try:
                 kind, job = self._inbox.get_nowait()
@@ -298,9 +285,5 @@ class Scheduler:
                 jobs.append(job)
         for job in jobs:
             if not job.done:
-                if job in self._ar_running:
-                    job._handle.close()
                 self._finish(job, "error" if error else "cancelled", error=error)
-        self._dart.clear()
-        self._ar_waiting.clear()
-        self._ar_running.clear()
+        self._jobs.clear()

@@ -1,0 +1,74 @@
+"""User errors and the one error boundary of every command.
+
+A user error is a bad file, config, argument or request: its message names the thing (the file,
+the field, the flag), what was expected, and what to do. The Python API raises the classes below
+(`ValueError` / `FileNotFoundError` subclasses, so `except ValueError` keeps working); every
+command line tool runs its body through `cli_boundary`, which turns any user error into one
+`error: …` line and exit code 2. Anything else is a bug in dart_jax and keeps its traceback.
+
+This module is a leaf that every layer may import; it imports nothing of dart_jax, nor jax.
+"""
+from __future__ import annotations
+
+import errno
+import sys
+from typing import Callable
+
+
+class InputError(ValueError):
+    """A user's input (argument, config value, request) is wrong."""
+
+
+class FileFormatError(InputError):
+    """A file is not what it should be (truncated, corrupted, wrong format); the message names it."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        super().__init__(f"{path}: {problem}")
+
+
+class MissingFileError(FileNotFoundError):
+    """A file or folder the user named does not exist."""
+
+
+class ResourceError(InputError):
+    """The request needs more memory (or other resources) than there is; the message says how much
+    and which option to change."""
+
+
+# OSErrors that are the user's to fix: a path that is a folder, not a folder, missing, taken, not writable, full
+_USER_OS_ERRORS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.ENOSPC,
+                   errno.EROFS, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EADDRINUSE, errno.EADDRNOTAVAIL}
+
+
+def user_error_message(e: BaseException) -> str | None:
+    """The message to show for a user error, or None when `e` is a bug (keep its traceback)."""
+    if isinstance(e, (ValueError, FileNotFoundError)):
+        return str(e)
+    if isinstance(e, OSError) and e.errno in _USER_OS_ERRORS:
+        where = f"{e.filename}: " if e.filename and str(e.filename) not in str(e.strerror or "") else ""
+        return f"{where}{e.strerror or e}"
+    if isinstance(e, MemoryError):
+        return "out of host memory; use smaller sizes (max length, batch size, trie order, chunk size)."
+    # an accelerator (or XLA on the CPU) out of memory, without importing jax here
+    if type(e).__name__ == "XlaRuntimeError" and "RESOURCE_EXHAUSTED" in str(e):
+        first = str(e).strip().splitlines()[0][:300]
+        return f"out of device memory ({first}); use smaller sizes (max length, batch size, tree size)."
+    return None
+
+
+def cli_boundary(body: Callable[[], int | None], *, prog: str = "dart_jax") -> int:
+    """Run a command's body: 0 (or what it returns) on success, 2 with one `error:` line on a user
+    error, 130 on Ctrl-C; a bug propagates with its traceback."""
+    try:
+        code = body()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - sorted into user errors and bugs just below
+        message = user_error_message(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    return 0 if code is None else int(code)

@@ -1,0 +1,302 @@
+"""The chat UI (Gradio), mounted in the API's process and fed by the same scheduler.
+
+Method switch (DART / plain), sliders for temperature, top-p, top-k, answer length and draft
+tree size; every step's accepted chunk is highlighted as it streams (alternating colours, the
+step's accepted length on hover); live tokens/s and mean accepted length; Stop, Regenerate and
+Clear; multi-turn history. "Side by side" sends each message through a second method too and
+shows both answers, their speeds and the speedup. The second runs once the first is done: run
+together, they would share the scheduler's rounds (one plain token per DART step), and the
+speeds would compare the interleaving rather than the methods.
+"""
+from __future__ import annotations
+
+import html
+import queue
+import threading
+import time
+from typing import Any
+
+import gradio as gr
+
+from dart_jax.decoding.settings import GenerationSettings
+
+from .scheduler import Job, Scheduler, thread_sink
+from .text import TextStream
+
+CSS = """
+.dj-c0 { background: #fde68a; border-radius: 3px; }
+.dj-c1 { background: #bfdbfe; border-radius: 3px; }
+.dark .dj-c0 { background: #854d0e; }
+.dark .dj-c1 { background: #1e40af; }
+.dj-msg { white-space: pre-wrap; overflow-wrap: anywhere; }
+.dj-stats { font-variant-numeric: tabular-nums; }
+"""
+TREE_SIZES = (8, 16, 32, 60, 96)
+_LABELS = {"dart": "DART", "ar": "Plain"}
+
+
+def render(chunks: list[tuple[str, int]], method: str) -> str:
+    """An answer as HTML: each step's text in a span (alternating colours for DART), the step's
+    accepted length on hover. The text is shown as it is (no Markdown): the chat panels keep its
+    spaces and line breaks."""
+    if method != "dart":
+        return html.escape("".join(text for text, _ in chunks))
+    out = []
+    for i, (text, accepted) in enumerate(chunks):
+        if text:  # a step whose text is still held back (a partial character) shows in the next span
+            tip = "first token (prefill)" if accepted == 0 else f"step {i}: {accepted} accepted"
+            out.append(f'<span class="dj-c{len(out) % 2}" title="{tip}">{html.escape(text)}</span>')
+    return "".join(out)
+
+
+class _Run:
+    """One answer being streamed: its job, its events, its text so far."""
+
+    def __init__(self, scheduler: Scheduler, ids, settings, method: str, tree_size: int, decode):
+        self.method, self.chunks = method, []
+        self.stream = TextStream(decode)
+        self.events, sink = thread_sink()
+        self.job: Job = scheduler.submit(ids, settings, sink, method=method, tree_size=tree_size)
+        self.error: str | None = None
+        # set on the job's last event, not from `job.done`: the scheduler marks the job done just
+        # before it sends that event, which may still carry the last step's tokens
+        self.finished = False
+
+    def poll(self, timeout: float) -> None:
+        if self.finished:
+            return
+        try:
+            event = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            piece = self.stream.feed(event.ids)
+            if event.done:
+                piece += self.stream.finish()
+                self.error, self.finished = event.error, True
+            if piece or event.accepted:
+                self.chunks.append((piece, event.accepted))
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    @property
+    def text(self) -> str:
+        return "".join(t for t, _ in self.chunks)
+
+    def summary(self) -> str:
+        steps = self.job.stats.accept_lengths
+        tau = sum(steps) / len(steps) if steps else 0.0
+        line = (f"**{_LABELS.get(self.method, self.method)}**: {self.job.tokens_per_s:.1f} tokens/s · "
+                f"mean accepted length {tau:.2f} · {len(self.job.token_ids)} tokens in {len(steps)} steps")
+        if self.error:
+            return line + f" · error: {html.escape(self.error)}"
+        if self.finished and self.job.finish_reason == "cancelled":
+            return line + " · stopped"
+        if self.finished and self.job.finish_reason == "length":
+            return line + " · reached the max new tokens"
+        return line
+
+
+class _Answering:
+    """A session's answers in progress (one per method, one after the other), its Stop and Clear."""
+
+    def __init__(self, runs: list[_Run]):
+        self.runs, self.stopped, self.cleared = runs, False, False
+
+
+class ChatUI:
+    def __init__(self, scheduler: Scheduler, title: str):
+        self.scheduler, self.model, self.title = scheduler, scheduler.model, title
+        self._running: dict[str, _Answering] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ handlers
+    def respond(self, message: str, turns: list[dict], method_a: str, side: bool, method_b: str, temperature: float,
+                top_p: float, top_k: float, max_new: float, tree_size: Any, request: gr.Request):
+        message = (message or "").strip()
+        if not message:
+            yield self._view(turns, "", "Type a message first.")
+            return
+        methods = [method_a] + ([method_b] if side else [])
+        try:
+            settings = GenerationSettings(max_new_tokens=int(max_new), max_length=self.scheduler.max_length,
+                                          temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                                          seed=int(time.time_ns() % 2**31))
+            prompts = []  # every method's prompt is checked now; the second is submitted later
+            for i, method in enumerate(methods):
+                prompts.append(self.model.encode(self._messages(turns, message, "ab"[i])))
+                self.scheduler.check(prompts[-1], settings, method, int(tree_size))
+
+            def start(i: int) -> _Run:
+                return _Run(self.scheduler, prompts[i], settings, methods[i], int(tree_size), self.model.decode)
+            answering = _Answering([start(0)])
+        except (ValueError, RuntimeError) as e:
+            yield self._view(turns, message, f"error: {html.escape(str(e))}")
+            return
+        runs = answering.runs
+        key = request.session_hash if request is not None else "-"
+        with self._lock:
+            previous, self._running[key] = self._running.get(key), answering
+        if previous is not None:  # a new message or Regenerate while an answer streams: that one stops
+            self._stop(previous)
+        turn = {"user": message, "methods": methods, "a": "", "b": "", "html_a": "", "html_b": ""}
+        turns = turns + [turn]
+        try:
+            last, box, error = 0.0, "", None  # the textbox is emptied once: what the user types meanwhile stays
+            while True:
+                runs[-1].poll(0.02)
+                if answering.cleared:  # Clear was pressed: have the last word, an empty conversation
+                    yield self._view([], "", "")
+                    return
+                if runs[-1].finished and len(runs) < len(methods) and not answering.stopped:
+                    try:
+                        runs.append(start(len(runs)))
+                    except (ValueError, RuntimeError) as e:
+                        answering.stopped, error = True, str(e)
+                for i, run in enumerate(runs):
+                    turn["ab"[i]], turn["html_" + "ab"[i]] = run.text, render(run.chunks, run.method)
+                finished = runs[-1].finished and (len(runs) == len(methods) or answering.stopped)
+                if finished:  # a method that never ran (stopped first): its panel goes on with the first one's answer
+                    turn["methods"] = methods[:len(runs)]
+                if finished or time.perf_counter() - last > 0.05:
+                    last = time.perf_counter()
+                    yield self._view(turns, box, self._stats(runs, methods, answering.stopped, error))
+                    box = gr.skip()
+                if finished:
+                    return
+        finally:
+            self._stop(answering)
+            with self._lock:
+                if self._running.get(key) is answering:
+                    del self._running[key]
+
+    def _stop(self, answering: _Answering) -> None:
+        answering.stopped = True
+        for run in list(answering.runs):
+            self.scheduler.cancel(run.job)
+
+    def stop(self, request: gr.Request):
+        key = request.session_hash if request is not None else "-"
+        with self._lock:
+            answering = self._running.get(key)
+        if answering is not None:
+            self._stop(answering)
+
+    def regenerate(self, turns: list[dict], method_a: str, side: bool, method_b: str, temperature: float,
+                   top_p: float, top_k: float, max_new: float, tree_size: Any, request: gr.Request):
+        if not turns:
+            yield self._view(turns, "", "Nothing to regenerate yet.")
+            return
+        yield from self.respond(turns[-1]["user"], turns[:-1], method_a, side, method_b, temperature, top_p, top_k,
+                                max_new, tree_size, request)
+
+    def clear(self, request: gr.Request):
+        """An empty conversation; an answer that still streams stops first."""
+        key = request.session_hash if request is not None else None
+        with self._lock:
+            answering = self._running.get(key) if key is not None else None
+        if answering is not None:
+            answering.cleared = True
+            self._stop(answering)
+        return self._view([], "", "")
+
+    # ------------------------------------------------------------------ views
+    @staticmethod
+    def _side(turn: dict, side: str) -> str:
+        """Which answer of `turn` the conversation of panel `side` goes on with: its own, or the
+        main one for a turn answered before "Side by side" was on."""
+        return side if len(turn["methods"]) > "ab".index(side) else "a"
+
+    def _messages(self, turns: list[dict], message: str, side: str) -> list[dict]:
+        system = self.model.chat_settings.system_prompt
+        messages = [{"role": "system", "content": system}] if system else []
+        for turn in turns:
+            messages += [{"role": "user", "content": turn["user"]},
+                         {"role": "assistant", "content": turn[self._side(turn, side)]}]
+        return messages + [{"role": "user", "content": message}]
+
+    @classmethod
+    def _chat(cls, turns: list[dict], side: str) -> list[dict]:
+        out = []
+        for turn in turns:
+            answer = turn["html_" + cls._side(turn, side)]
+            out.append({"role": "user", "content": f'<div class="dj-msg">{html.escape(turn["user"])}</div>'})
+            out.append({"role": "assistant", "content": f'<div class="dj-msg">{answer}</div>'})
+        return out
+
+    def _view(self, turns, box: str, stats: str):
+        return turns, self._chat(turns, "a"), self._chat(turns, "b"), box, stats
+
+    @staticmethod
+    def _stats(runs: list[_Run], methods: list[str], stopped: bool = False, error: str | None = None) -> str:
+        lines = [run.summary() for run in runs]
+        for method in methods[len(runs):]:  # side by side: the second method, not started yet
+            if error:
+                state = f"error: {html.escape(error)}"
+            elif stopped:
+                state = "not run (stopped)"
+            else:
+                state = f"waits for {_LABELS.get(methods[0], methods[0])}"
+            lines.append(f"**{_LABELS.get(method, method)}**: {state}")
+        if len(runs) == 2 and runs[1].job.tokens_per_s > 0:
+            lines.append(f"**speedup** {_LABELS.get(runs[0].method)} / {_LABELS.get(runs[1].method)}: "
+                         f"{runs[0].job.tokens_per_s / runs[1].job.tokens_per_s:.2f}x")
+        return "  \n".join(lines)
+
+    # ------------------------------------------------------------------ layout
+    def blocks(self) -> gr.Blocks:
+        methods = [(label, name) for name, label in self.scheduler.methods.items()]
+        sizes = sorted(set(TREE_SIZES) | {self.scheduler.default_tree_size})
+        with gr.Blocks(title=self.title, analytics_enabled=False) as demo:
+            gr.Markdown(f"## {html.escape(self.title)}\nDART speculative decoding: each highlighted chunk is one "
+                        "step's accepted draft (hover for its length). The API is at `/v1` (OpenAI-compatible).")
+            turns = gr.State([])
+            with gr.Row():
+                method_a = gr.Radio(methods, value="dart", label="Method", elem_id="dj-method")
+                side = gr.Checkbox(False, label="Side by side", elem_id="dj-side")
+                method_b = gr.Radio(methods, value="ar", label="Compare with", elem_id="dj-method-b")
+            # messages are our own HTML (escaped text in highlight spans), shown as they are: no
+            # Markdown or LaTeX, which would mangle text cut into spans; no copy/share buttons,
+            # which would copy that HTML rather than the text
+            chat = dict(height=420, feedback_options=None, render_markdown=False, latex_delimiters=[], buttons=[])
+            with gr.Row():
+                chat_a = gr.Chatbot(label="Answer", elem_id="dj-chat-a", **chat)
+                chat_b = gr.Chatbot(label="Side by side", elem_id="dj-chat-b", visible=False, **chat)
+            stats = gr.Markdown("", elem_id="dj-stats", elem_classes="dj-stats")
+            box = gr.Textbox(placeholder="Message (Enter to send)", show_label=False, elem_id="dj-input", lines=1)
+            with gr.Row():
+                send = gr.Button("Send", variant="primary", elem_id="dj-send")
+                stop = gr.Button("Stop", elem_id="dj-stop")
+                again = gr.Button("Regenerate", elem_id="dj-regenerate")
+                clear = gr.Button("Clear", elem_id="dj-clear")
+            with gr.Accordion("Settings", open=False):
+                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                        elem_id="dj-temperature")
+                top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="dj-top-p")
+                top_k = gr.Slider(0, 100, value=0, step=1, label="Top-k (0 = off)", elem_id="dj-top-k")
+                max_new = gr.Slider(8, max(self.scheduler.max_length // 2, 8), value=min(256, self.scheduler.max_length // 2),
+                                    step=8, label="Max new tokens", elem_id="dj-max-new")
+                tree = gr.Dropdown(sizes, value=self.scheduler.default_tree_size, label="Draft tree size (DART)",
+                                   elem_id="dj-tree-size")
+            settings = [method_a, side, method_b, temperature, top_p, top_k, max_new, tree]
+            outputs = [turns, chat_a, chat_b, box, stats]
+            side.change(lambda on: gr.update(visible=on), side, chat_b)
+            send.click(self.respond, [box, turns, *settings], outputs)
+            box.submit(self.respond, [box, turns, *settings], outputs)
+            again.click(self.regenerate, [turns, *settings], outputs)
+            stop.click(self.stop, None, None)  # the answer ends as "stopped", its text so far kept
+            # Clear, or a panel's own trash button (which would otherwise empty that panel alone)
+            for clearing in (clear.click, chat_a.clear, chat_b.clear):
+                clearing(self.clear, None, outputs)
+        return demo
+
+
+def mount(app, scheduler: Scheduler, *, title: str, path: str = "/ui"):
+    """Mount the chat UI on `app` (a FastAPI app) at `path`."""
+    demo = ChatUI(scheduler, title).blocks()
+    demo.queue(default_concurrency_limit=max(scheduler.slots, 1) * 2)
+    theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+    app.state.ui_path = path
+    return gr.mount_gradio_app(app, demo, path=path, css=CSS, theme=theme, footer_links=[])
