@@ -100,8 +100,8 @@ def test_dart_model_refuses_float_ids_and_over_long_prompts(demo_model):
 
 
 def test_commands_answer_bad_arguments_in_one_line_in_a_real_process():
-    cases = [["-m", "dart_jax.generate", "--seed", str(2**70)], ["-m", "dart_jax.generate", "--top-p", "0"],
-             ["-m", "dart_jax.serve", "--slots", "0"], ["-m", "dart_jax.bench", "shapes", "--model", "nope"]]
+    # (each process imports jax: two commands stand for all; the others are checked in-process above)
+    cases = [["-m", "dart_jax.generate", "--seed", str(2**70)], ["-m", "dart_jax.serve", "--slots", "0"]]
     for args in cases:
         r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
         lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from dart_jax.errors import FileFormatError
 from dart_jax.ngram import Trie, build_tree
 from dart_jax.ngram.__main__ import main as ngram_cli
+from trie_oracle import window_counts
 
 SEQS = [[5, 1, 2, 3, 1, 2, 4, 9, 2], [1, 2, 3, 7, 7, 7, 1], [3, 1, 2, 3, 1, 0, 4]]
 ORDER = 3
@@ -34,14 +35,6 @@ WATCHDOG_S = 60  # far above any example; only a hang reaches it
 
 
 # -- oracle: docs/spec.md §5.1 counts and §5.2 probabilities in plain Python ----------------------------
-def window_counts(seqs, order):
-    counts = Counter({(): 0})
-    for seq in seqs:
-        for s in range(len(seq)):
-            window = tuple(seq[s:s + order])
-            for k in range(len(window) + 1):
-                counts[window[:k]] += 1
-    return dict(counts)
 
 
 def oracle_probability(counts, order, context, tokens):

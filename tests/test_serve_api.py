@@ -212,7 +212,7 @@ def test_a_client_that_disconnects_frees_its_slot(server):
 
 
 def test_sigterm_finishes_running_requests_and_exits_cleanly():
-    with live_server("--no-ui", "--slots", "2", "--max-length", "256") as (url, proc):
+    with live_server("--no-ui", "--slots", "1", "--max-length", "256", "--warmup", "quick") as (url, proc):
         body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 120,
                 "temperature": 0, "stream": True, "method": "ar"}
         texts, reasons = [], []

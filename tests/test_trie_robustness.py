@@ -23,20 +23,13 @@ from dart_jax.api.model import load_trie
 from dart_jax.errors import FileFormatError, InputError, ResourceError
 from dart_jax.ngram import MAX_ORDER, Trie, build_tree, _atomic, _memory, _reference
 from dart_jax.ngram.__main__ import main as ngram_cli
+from trie_oracle import window_counts
 
 SEQS = [[5, 1, 2, 3, 1, 2, 4, 9], [1, 2, 3, 7, 7, 7, 1], [3, 1, 2, 3, 1]]
 HEADER_ORDER_AT = 16  # u64 order in both formats
 
 
 # -- oracles: docs/spec.md §5.1 counts and §6 layouts restated in plain Python ------------------------
-def window_counts(seqs, order):
-    counts = Counter({(): 0})
-    for seq in seqs:
-        for s in range(len(seq)):
-            window = tuple(seq[s:s + order])
-            for k in range(len(window) + 1):
-                counts[window[:k]] += 1
-    return dict(counts)
 
 
 def csr_of(counts):

@@ -88,18 +88,12 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = None
     tools: list[Any] | None = None
 
-    @field_validator("logprobs")
+    @field_validator("logprobs", "tools")
     @classmethod
-    def _no_logprobs(cls, value):
+    def _not_supported(cls, value, info):
         if value:
-            raise ValueError("logprobs are not supported by this server")
-        return value
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value):
-        if value:
-            raise ValueError("tools (function calling) are not supported by this server")
+            what = {"logprobs": "logprobs", "tools": "tools (function calling)"}[info.field_name]
+            raise ValueError(f"{what} are not supported by this server")
         return value
 
 
