@@ -95,14 +95,6 @@ def last_logits(target: Qwen3, hidden: jax.Array, length: jax.Array) -> jax.Arra
     return target.lm_logits(last)
 
 
-def _prefill(graphdef, state, ids, prompt_len, cache: KVCache, keys, params: SamplingParams):
-    """ids [B,T] (padded prompts), per-sequence keys [B] and params [B] → first tokens [B]."""
-    target = nnx.merge(graphdef, state)
-    hidden, _, cache = target.extend(ids, cache, jnp.zeros((ids.shape[0],), jnp.int32))
-    keys, now = split_rows(keys)
-    return sample_tokens(now, last_logits(target, hidden, prompt_len), params), cache, keys
-
-
 def _prefill_rows(graphdef, state, ids, prompt_len, start, cache: KVCache, keys, params: SamplingParams):
     """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool →
     first tokens [m]. A row whose `start` is the cache length is left alone: its writes fall past
@@ -139,15 +131,17 @@ class CachePool:
     def __init__(self, make: Callable[[int, int], tuple]):
         self._make, self._held = make, None
 
-    def take(self, length: int, batch: int = 1) -> tuple[int, tuple]:
+    def take(self, length: int, batch: int = 1, *, what: str | None = None,
+             fix: str = "use a smaller max_length (or fewer sequences at once).") -> tuple[int, tuple]:
         """(length of the set, the set) with at least `length` slots for `batch` sequences; a set
-        that would not fit in the device's memory is a ResourceError, before anything is allocated."""
+        that would not fit in the device's memory is a ResourceError (`what` needs …; `fix`),
+        before anything is allocated."""
         held, self._held = self._held, None
         if held is not None and held[0] >= length and held[1] == batch:
             return held[0], held[2]
         del held  # free the old buffers before allocating the new ones
-        check_memory(lambda: self._make(batch, length), f"{batch} sequence(s) of {length} cache positions",
-                     "use a smaller max_length (or fewer sequences at once).")
+        check_memory(lambda: self._make(batch, length), what or f"{batch} sequence(s) of {length} cache positions",
+                     fix)
         return length, self._make(batch, length)
 
     def keep(self, length: int, caches: tuple, batch: int = 1) -> None:
@@ -163,8 +157,7 @@ class AutoregressiveDecoder:
         self.target, self.shapes = target, shapes
         graphdef, self.state = nnx.split(target)
         self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),))
-        self.prefill = jitted(_prefill, graphdef, donate_argnames="cache")
-        self.prefill_rows = jitted(_prefill_rows, graphdef, donate_argnames="cache")
+        self.prefill = jitted(_prefill_rows, graphdef, donate_argnames="cache")
         self.decode = jitted(_decode, graphdef, static_argnames=("window", "live"), donate_argnames="cache")
 
     def decode_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids, *,
@@ -189,7 +182,8 @@ class AutoregressiveDecoder:
         cache, rest = caches[0], caches[1:]
         start = time.perf_counter()
         try:
-            token, cache, keys = self.prefill(self.state, jnp.asarray(padded), jnp.asarray(lens), cache, keys, params)
+            token, cache, keys = self.prefill(self.state, jnp.asarray(padded), jnp.asarray(lens),
+                                              jnp.zeros((b,), jnp.int32), cache, keys, params)
             first = np.asarray(token)
             for s in stats:
                 s.prefill_s = time.perf_counter() - start

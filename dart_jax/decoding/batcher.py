@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .autoregressive import attention_window, check_memory, live_rows
+from .autoregressive import attention_window, live_rows
 from .layout import prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats
 from .sampling import SamplingParams
@@ -77,9 +77,6 @@ class SlotPool:
             raise ValueError(f"max_length must be >= 2, got {max_length}.")
         self.engine, self.slots, self.max_length = engine, int(slots), int(max_length)
         self.length = self._cache_length()
-        check_memory(lambda: engine.new_caches(self.slots, self.length),
-                     f"a pool of {self.slots} slots of {self.length} cache positions",
-                     "use fewer slots (batch size) or a smaller max_length.")
         b = self.slots
         self.cache_len = jnp.zeros((b,), jnp.int32)
         self.keys = jax.random.split(jax.random.key(0), b)  # placeholders: a request brings its own
@@ -225,7 +222,9 @@ class Batcher(SlotPool):
         self.depth, self.k = engine.rows, engine.tree.topk
         self.fields = engine.drafter.proposal_fields(self.depth, self.k)
         self.trees, self.outputs = tree_layout(engine.n_nodes, self.depth), step_layout(self.depth, self.fields)
-        _, (self.cache, self.draft_cache) = engine.pool.take(self.length, self.slots)
+        _, (self.cache, self.draft_cache) = engine.pool.take(
+            self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
+            fix="use fewer slots (batch size) or a smaller max_length.")
         b = self.slots
         self.proposal = {f.name: np.zeros((b, *f.shape), np.float32 if f.dtype == "float32" else np.int32)
                          for f in self.fields}
@@ -321,7 +320,9 @@ class PlainBatcher(SlotPool):
     def __init__(self, engine, slots: int, max_length: int = 2048):
         super().__init__(engine, slots, max_length)
         self.decoder = engine.baseline
-        _, (self.cache, self.draft_cache) = engine.pool.take(self.length, self.slots)
+        _, (self.cache, self.draft_cache) = engine.pool.take(
+            self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
+            fix="use fewer slots (batch size) or a smaller max_length.")
         self.token = jnp.zeros((self.slots,), jnp.int32)  # each slot's last token, not yet in the cache
         self.committed = np.zeros(self.slots, np.int64)
 
@@ -335,7 +336,7 @@ class PlainBatcher(SlotPool):
         d = self.decoder
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
-        first, self.cache, self.keys = d.prefill_rows(d.state, jnp.asarray(ids), jnp.asarray(prompt_len),
+        first, self.cache, self.keys = d.prefill(d.state, jnp.asarray(ids), jnp.asarray(prompt_len),
                                                       jnp.asarray(start), self.cache, self.keys, self.params)
         self._joined(joining, prompt_len)
         m = ids.shape[0]

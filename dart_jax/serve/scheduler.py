@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from dart_jax.api.model import DartModel
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, SlotPool
@@ -158,16 +158,6 @@ class Scheduler:
         self._inbox.put(("wake", None))
         if self._thread.is_alive():
             self._thread.join(timeout)
-
-    def generate(self, prompt_ids, settings: GenerationSettings, **kw) -> Iterator[Event]:
-        """Submit and iterate the job's events in this thread (for the UI and the warm-up)."""
-        q, sink = thread_sink()
-        job = self.submit(prompt_ids, settings, sink, **kw)
-        while True:
-            event = q.get()
-            yield event
-            if event.done:
-                return job
 
     def warmup(self, prompt_ids, max_new_tokens: int = 8, *, full: bool = True) -> None:
         """Compile the shapes of short requests in every method, so that clients wait for nothing:
