@@ -40,6 +40,22 @@ def _leftovers(parent: Path, name: str) -> Iterator[tuple[str, Path]]:
             yield match.group(1), entry
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _open_permissions(folder: Path) -> None:
+    """Give the files written into `folder` the permissions of any new file (0666 less the umask):
+    some writers (safetensors) create theirs 0600, which other users of a shared model folder
+    could not read."""
+    mode = 0o666 & ~_umask()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def clean_leftovers(dest: Path) -> None:
     """Remove what a killed writer of `dest` left; put an old folder back when `dest` is missing
     (the kill fell between moving the old folder away and moving the new one in)."""
@@ -81,6 +97,7 @@ def atomic_folder(dest: str | os.PathLike, owned: Iterable[str], *, make_parents
     os.mkdir(scratch)
     try:
         yield scratch
+        _open_permissions(scratch)
         if dest.exists() or dest.is_symlink():
             old = parent / f".{dest.name}.old-{token}"
             os.rename(dest, old)

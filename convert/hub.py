@@ -46,7 +46,8 @@ def resolve(name: str | os.PathLike, allow_patterns: Sequence[str] | None = None
         raise MissingFileError(
             f"{what} {name!r} was not found in the local Hugging Face cache and the hub cannot be reached "
             f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}). Download it once with "
-            f"`huggingface-cli download {name}` on a machine with internet, or pass a local folder."
+            f"`hf download {name}` (huggingface_hub >= 0.34; older versions: `huggingface-cli download {name}`) on a "
+            "machine with internet, or pass a local folder."
         ) from e
     except Exception as e:  # network errors, unknown repo, gated repo
         if type(e).__name__ in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):

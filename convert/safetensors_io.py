@@ -100,6 +100,18 @@ def read_tensor(fh, path: Path, name: str, *, weight: bool = True) -> np.ndarray
     return array
 
 
+def read_slice(fh, path: Path, name: str, index: tuple) -> np.ndarray:
+    """The block `index` (a tuple of slices) of weight `name` of an open file, read from the file
+    without the rest of the tensor; checked as `read_tensor` checks a weight."""
+    try:
+        array = np.asarray(fh.get_slice(name)[tuple(index)])
+    except (SafetensorError, TypeError, ValueError) as e:
+        raise FileFormatError(path, f"cannot read a slice of tensor {name!r} ({e}); the file is corrupted or stores "
+                                    f"a dtype NumPy cannot hold: download it again.") from e
+    check_weight(array, name, path)
+    return array
+
+
 def check_weight(array: np.ndarray, name: str, path: Path | str) -> None:
     """A FileFormatError naming `name` and `path` unless `array` holds floats, all finite."""
     if array.dtype.name not in _NUMPY_FLOATS:

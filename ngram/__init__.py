@@ -2,8 +2,14 @@
 nothing else of dart_jax but its errors."""
 from __future__ import annotations
 
-from ._format import MAX_ORDER
-from .tree import DraftTree, TreeSettings, build_tree, build_tree_batch
-from .trie import Trie
+from ._numba_cache import refresh as _refresh_numba_cache
 
-__all__ = ["Trie", "MAX_ORDER", "build_tree", "build_tree_batch", "DraftTree", "TreeSettings"]
+_refresh_numba_cache()  # before the kernels below load their cached builds
+
+from ._format import MAX_ORDER  # noqa: E402
+from .compressed import CompressedTrie, compress, load_any  # noqa: E402
+from .tree import DraftTree, TreeSettings, build_tree, build_tree_batch  # noqa: E402
+from .trie import Trie  # noqa: E402
+
+__all__ = ["Trie", "CompressedTrie", "compress", "load_any", "MAX_ORDER", "build_tree", "build_tree_batch",
+           "DraftTree", "TreeSettings"]

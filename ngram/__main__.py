@@ -1,4 +1,4 @@
-"""``python -m dart_jax.ngram {build,convert,info,query,merge,reduce}``: n-gram trie tools.
+"""``python -m dart_jax.ngram {build,convert,compress,info,query,merge,reduce}``: n-gram trie tools.
 
 Every command runs through ``dart_jax.errors.cli_boundary``: a bad file or argument ends as one
 ``error: …`` line and exit code 2. Numeric options are checked against their ranges before any
@@ -18,7 +18,9 @@ import numpy as np
 from dart_jax.errors import FileFormatError, InputError, MissingFileError, cli_boundary
 
 from ._atomic import check_output
+from ._format import looks_like_reference, MAGIC as CSR_MAGIC
 from ._reference import MAX_CHUNK_BYTES
+from .compressed import MAGIC as COMPRESSED_MAGIC, compress, load_any
 from .trie import MAX_ORDER, MAX_TOKEN_ID, Trie
 
 _ID_KEYS = ("input_ids", "token_ids", "tokens", "ids")
@@ -38,17 +40,18 @@ def _load_tokenizer(path):
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
-def _input_files(paths: list[str]) -> list[Path]:
+def _input_files(paths: list[str], suffixes=_SUFFIXES) -> list[Path]:
     files = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _SUFFIXES)
+            files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in suffixes)
         elif p.is_file():
             files.append(p)
         else:
             raise MissingFileError(f"Input {str(p)!r} does not exist.")
     if not files:
-        raise MissingFileError(f"No {'/'.join(_SUFFIXES)} files in {paths}.")
+        raise MissingFileError(f"No {'/'.join(suffixes)} files in {paths}; name the suffixes to read from folders "
+                               "with --suffixes (e.g. --suffixes .py,.md).")
     return files
 
 
@@ -105,6 +108,10 @@ def _sequences(files: list[Path], tokenizer, text_key: str, eos: int | None) -> 
             for n, line in _text_lines(path):
                 if line.strip():
                     yield encode(line.rstrip("\n"), f"{path}:{n}") + tail
+        elif path.suffix != ".jsonl":  # any other file (source code, markdown, ...): one text document
+            text = "".join(line for _, line in _text_lines(path))
+            if text.strip():
+                yield encode(text, str(path)) + tail
         else:
             for n, line in _text_lines(path):
                 if not line.strip():
@@ -159,7 +166,7 @@ def _check_args(args) -> None:
         _check_range("--reduce", args.reduce, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
         _check_range("--eos", args.eos, 0, MAX_TOKEN_ID, " (a token id)")
         check_output(args.output, "--output")
-    elif args.command == "convert":
+    elif args.command in ("convert", "compress"):
         _check_range("--chunk-mb", args.chunk_mb, 1, _MAX_CHUNK_MB, " MiB")
     elif args.command == "query":
         _check_range("--top", args.top, 1)
@@ -175,7 +182,8 @@ def cmd_build(args):
     eos = args.eos
     if eos is None and tokenizer is not None and not args.no_eos:
         eos = tokenizer.eos_token_id
-    seqs = _sequences(_input_files(args.inputs), tokenizer, args.text_key, None if args.no_eos else eos)
+    suffixes = tuple(x if x.startswith(".") else "." + x for x in args.suffixes.split(",") if x)
+    seqs = _sequences(_input_files(args.inputs, suffixes), tokenizer, args.text_key, None if args.no_eos else eos)
     trie = Trie.build(seqs, order=args.order, chunk_tokens=args.chunk_tokens, progress=True)
     if args.reduce is not None:
         trie = trie.reduce(args.reduce)
@@ -188,15 +196,49 @@ def cmd_convert(args):
     print(f"wrote {args.output}: {trie.num_nodes} nodes, order {trie.order}")
 
 
+def cmd_compress(args):
+    """CSR or reference input (told apart by the magic number) -> compressed trie."""
+    path = os.fspath(args.input)
+    if not os.path.isfile(path):
+        raise MissingFileError(f"No trie file at {path!r}; pass a trie written by `ngram build`/`convert` or a "
+                               "reference .trie.")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    out = check_output(args.output, "compressed trie output")
+    if head[:8] == COMPRESSED_MAGIC:
+        raise InputError(f"{path} is already a compressed trie; pass a CSR trie or a reference .trie.")
+    if head[:8] == CSR_MAGIC:
+        trie = Trie.load(path)
+        csr_bytes = os.path.getsize(path)
+        scratch = None
+    elif looks_like_reference(head):
+        scratch = Path(out).with_name(Path(out).name + ".csr.tmp")
+        trie = Trie.from_reference(path, out=scratch, chunk_bytes=args.chunk_mb << 20, progress=True)
+        csr_bytes = os.path.getsize(scratch)
+    else:
+        raise FileFormatError(path, "neither a dart_jax trie nor a reference .trie (unknown header); pass a file "
+                                    "written by `ngram build`/`convert` or a reference .trie.")
+    try:
+        result = compress(trie, out)
+    finally:
+        del trie
+        if scratch is not None and os.path.exists(scratch):
+            os.remove(scratch)
+    size = os.path.getsize(out)
+    print(f"wrote {out}: {result.num_nodes} nodes, order {result.order}, {size} bytes "
+          f"({size / result.num_nodes:.3f} bytes/node; CSR {csr_bytes / result.num_nodes:.3f})")
+
+
 def cmd_info(args):
-    trie = Trie.load(args.trie, verify=args.verify)
-    token, freq, _ = trie.arrays()
+    trie = load_any(args.trie, verify=args.verify)
+    compressed = not isinstance(trie, Trie)
     info = {
         "path": args.trie,
+        "format": "compressed" if compressed else "csr",
         "order": trie.order,
         "num_nodes": trie.num_nodes,
         "nodes_per_depth": trie.level_sizes(),
-        "root_freq": int(freq[0]),
+        "root_freq": int(trie.root_freq if compressed else trie.arrays()[1][0]),
         "file_bytes": os.path.getsize(args.trie),
         "bytes_per_node": round(os.path.getsize(args.trie) / trie.num_nodes, 3),
         "verified": args.verify,
@@ -209,7 +251,9 @@ def cmd_info(args):
 
 
 def cmd_query(args):
-    trie = Trie.load(args.trie)
+    trie = load_any(args.trie)
+    if not isinstance(trie, Trie) and args.tokens is None:
+        trie = trie.to_csr()  # continuations list children: decode (small tries; pass --tokens for big ones)
     tokenizer = _load_tokenizer(args.tokenizer)
     if args.text is not None:
         if tokenizer is None:
@@ -270,7 +314,13 @@ def make_parser() -> argparse.ArgumentParser:
             "reference builder does."
         ),
     )
-    b.add_argument("inputs", nargs="+", help="input files or folders")
+    b.add_argument("inputs", nargs="+", help="input files or folders. By suffix: .jsonl = one JSON value per line (a "
+                   "list of ids, a string, or an object with input_ids/token_ids/tokens/ids or --text-key); .npy = "
+                   "integer arrays; .txt = one text per line; any other file = one plain-text document (needs "
+                   "--tokenizer)")
+    b.add_argument("--suffixes", default=",".join(_SUFFIXES),
+                   help="suffixes of the files read from folders, comma-separated (default .jsonl,.npy,.txt; "
+                   "e.g. .py,.md for source trees)")
     b.add_argument("-o", "--output", required=True, help="output trie file (dart_jax format)")
     b.add_argument("--order", type=int, default=3, help=f"n-gram order, 1..{MAX_ORDER} (default 3, the reference's)")
     b.add_argument("--tokenizer", help="local tokenizer folder for text inputs")
@@ -294,7 +344,20 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument("--chunk-mb", type=int, default=64, help=f"read size in MiB, 1..{_MAX_CHUNK_MB} (default 64)")
     c.set_defaults(func=cmd_convert)
 
-    i = sub.add_parser("info", help="describe a trie file", description="Print the order, node counts and size of a trie.")
+    z = sub.add_parser(
+        "compress",
+        help="write a compressed trie (about 4 bytes per node)",
+        description="Compress a dart_jax CSR trie or a reference .trie (detected by its header) into the compressed "
+        "format (docs/spec.md §6.3): same answers, a quarter of the bytes. Works in chunks (bounded memory); a "
+        "reference .trie is first streamed into a CSR scratch file next to OUTPUT (removed at the end).",
+    )
+    z.add_argument("input", help="CSR trie (ngram build/convert) or reference .trie")
+    z.add_argument("output", help="output file (compressed format)")
+    z.add_argument("--chunk-mb", type=int, default=64, help=f"read size in MiB for a reference input, 1..{_MAX_CHUNK_MB}")
+    z.set_defaults(func=cmd_compress)
+
+    i = sub.add_parser("info", help="describe a trie file (either format)",
+                       description="Print the format, order, node counts and size (bytes per node) of a trie.")
     i.add_argument("trie")
     i.add_argument("--verify", action="store_true", help="also check the tokens (every load checks the children table, the "
                    "frequencies and the depth)")

@@ -47,7 +47,9 @@ def read_header(path: str) -> tuple[int, int, tuple[int, int, int]]:
     """``(order, node count, (token, freq, child_start offsets))`` of a dart_jax trie file, after
     every check on the header and the file size (docs/spec.md §6.2); FileFormatError otherwise."""
     if not os.path.exists(path):
-        raise MissingFileError(f"No trie file at {path!r}.")
+        raise MissingFileError(f"No trie file at {path!r}; pass the path of a trie file (written by `python -m "
+                               "dart_jax.ngram build`, `convert` or `compress`, or a reference .trie), or build one "
+                               "with `python -m dart_jax.ngram build CORPUS -o OUT`.")
     if not os.path.isfile(path):
         raise FileFormatError(path, "is a folder or a special file, not a trie file; pass the trie file itself.")
     size = os.path.getsize(path)

@@ -1,7 +1,10 @@
 """N-gram-guided beam search that turns the head's d top-k rows into a draft tree (docs/spec.md §5).
 
 The search, the pool selection and the tree encoding run in Numba on flat arrays; the Python
-functions only check arguments and allocate the static-shape outputs.
+functions only check arguments and allocate the static-shape outputs (which the kernel fills
+entirely). The trie is read through ``_access.py``'s interface, so the same kernel searches a
+CSR trie (``Trie``) or a compressed one (``CompressedTrie``, docs/spec.md §6.3) with identical
+results.
 
 Search (as the reference's C++ searcher does it, scores in float32):
   * the beam starts as one empty sequence with score 0;
@@ -38,7 +41,7 @@ from numba import njit, prange
 from dart_jax.errors import InputError
 
 from ._format import MAX_ORDER
-from ._query import find_child, find_children, num_valid_nodes, root_child
+from ._access import trie_children, trie_find_child, trie_freq, trie_root_child, trie_size
 
 __all__ = [
     "DraftTree",
@@ -88,60 +91,6 @@ _INT32_MAX = np.iinfo(np.int32).max
 _OK, _BAD_IDS, _BAD_PROBS, _BAD_PRECEDING = 0, 1, 2, 3
 
 
-@njit(cache=True, inline="always")
-def _better(eos_a, score_a, idx_a, eos_b, score_b, idx_b):
-    """Ranking: non-EOS before EOS (when the rule applies), higher score, lower pool number."""
-    if eos_a != eos_b:
-        return not eos_a
-    if score_a != score_b:
-        return score_a > score_b
-    return idx_a < idx_b
-
-
-@njit(cache=True, inline="always")
-def _admits(ranked, n, count, eos_c, score_c, pool_eos, pool_score, use_eos):
-    """Whether an entry numbered after every ranked one would enter the best-``count`` list."""
-    if n < count:
-        return True
-    w = ranked[n - 1]
-    return _better(eos_c, score_c, 1, pool_eos[w] and use_eos, pool_score[w], 0)
-
-
-@njit(cache=True, inline="always")
-def _insert(ranked, n, count, i, pool_eos, pool_score, use_eos):
-    """Insert pool entry ``i`` (admitted, numbered last) into the ranked list; returns its length."""
-    eos_i = pool_eos[i] and use_eos
-    s = pool_score[i]
-    if n == count:
-        pos = n - 1
-    else:
-        pos = n
-        n += 1
-    while pos > 0:
-        w = ranked[pos - 1]
-        if _better(eos_i, s, i, pool_eos[w] and use_eos, pool_score[w], w):
-            ranked[pos] = w
-            pos -= 1
-        else:
-            break
-    ranked[pos] = i
-    return n
-
-
-@njit(cache=True)
-def _path_less(paths, depth, a, b):
-    """Lexicographic order of two nodes' token paths, a prefix first, then node index."""
-    la = depth[a]
-    lb = depth[b]
-    m = min(la, lb)
-    for t in range(m):
-        if paths[a, t] != paths[b, t]:
-            return paths[a, t] < paths[b, t]
-    if la != lb:
-        return la < lb
-    return a < b
-
-
 @njit(cache=True)
 def _check_inputs(topk_ids, topk_probs, preceding, n_preceding):
     for lvl in range(topk_ids.shape[0]):
@@ -158,36 +107,18 @@ def _check_inputs(topk_ids, topk_probs, preceding, n_preceding):
 
 
 @njit(cache=True)
-def _suffix_nodes_of_preceding(token, child_start, root, n_trie, preceding, n_preceding, out):
+def _suffix_nodes_of_preceding(tr, n_trie, preceding, n_preceding, out):
     """out[L] = trie node of the last L preceding ids (-1 when not a path), L = 1 .. len(out)-1."""
     for length in range(1, out.shape[0]):
         out[length] = -1
         if length > n_preceding:
             continue
-        node = root_child(token, child_start, n_trie, root, preceding[n_preceding - length])
+        node = trie_root_child(tr, n_trie, preceding[n_preceding - length])
         for t in range(n_preceding - length + 1, n_preceding):
             if node < 0:
                 break
-            node = find_child(token, child_start, n_trie, node, preceding[t])
+            node = trie_find_child(tr, n_trie, node, preceding[t])
         out[length] = node
-
-
-@njit(cache=True, inline="always")
-def _fill_slot(token, freq, child_start, n_trie, node, inv, cands, child, p, ng):
-    """Look every candidate up under ``node`` at once; p_ngram of the children found.
-
-    All frequencies are read in one pass, so their cache misses overlap.
-    """
-    find_children(token, child_start, n_trie, node, cands, child, cands.shape[0])
-    one = np.float32(1.0)
-    for i in range(cands.shape[0]):
-        ng[i] = one
-        ch = child[i]
-        if ch >= 0:
-            pn = np.float32(freq[ch]) * inv
-            if not pn <= one:  # also a NaN from a corrupted trie: scores stay finite
-                pn = one
-            p[i] = pn
 
 
 @njit(cache=True, error_model="numpy")
@@ -196,10 +127,7 @@ def _search_one(
     topk_probs,
     preceding,
     n_preceding,
-    token,
-    freq,
-    child_start,
-    root,
+    tr,
     order,
     use_ngram,
     ngram_weight,
@@ -216,23 +144,34 @@ def _search_one(
 ):
     """Search one sequence and write its padded tree into the ``out_*`` arrays.
 
-    Returns (status, num_nodes, num_leaves); status is ``_OK`` or names the bad input.
-    ``out_*`` must be allocated as the Python wrappers do (zeros, parents and retrieve -1).
+    ``tr`` is the trie as the tuple ``trie_access.py`` reads (either format). Returns (status,
+    num_nodes, num_leaves); status is ``_OK`` or names the bad input. ``out_*`` must be
+    allocated as the Python wrappers do (zeros, parents and retrieve -1).
 
-    Same result as scoring the whole pool and sorting it, with two shortcuts:
-      * the beam of the row and the global best-``keep`` list are kept up to date as entries
-        are made; an entry whose score bound (its score with the n-gram term taken as 0,
-        which is the largest it can be) would enter neither is dropped before its n-gram
-        lookup — the lists' thresholds only rise, so it could never have entered later;
+    Same result as scoring the whole pool and sorting it, with these shortcuts:
+      * the beam of the row and the global best-``keep`` list are kept sorted as entries are
+        made, their last entries' keys cached as thresholds; an entry whose score bound (its
+        score with the n-gram term taken as 0, the largest it can be) would enter neither is
+        dropped before its n-gram lookup, as the lists' thresholds only rise; when a row's
+        logit terms do not increase along the columns (top-k rows as the head gives them) the
+        rest of that beam entry's candidates cannot enter either, so the loop stops there (after
+        a non-EOS candidate: a later EOS one ranks lower still in the beam, but a later non-EOS
+        one may beat an EOS threshold);
       * n-gram probabilities (docs/spec.md §5, as ``ngram_probs`` of trie.py) come from per-entry
         suffix nodes: each beam entry carries the trie nodes of its last 1 .. order-1 ids,
         found from its parent's lookups, and the lookups under a node are shared by every beam
-        entry of the row with that suffix node: the first time a row needs a node, all k
-        candidates are looked up under it at once (``find_children``, binary searches in
-        lockstep, far cheaper than one after another), and depth-1 nodes come from the
-        trie's root table (``Trie.root_table``) when it has one.
+        entry of the row with that suffix node (a memo slot per distinct node, found by a small
+        hash): the first time a row needs a node, all k candidates are looked up under it at
+        once (binary searches in lockstep, far cheaper than one after another);
+      * the hot loop touches only flat arrays indexed in place (no array views, no helper calls
+        taking arrays), so Numba emits no reference counting inside it.
     """
     d, k = topk_ids.shape
+    out_tokens[:] = 0
+    out_positions[:] = 0
+    out_parents[:] = -1
+    out_mask[:, :] = False
+    out_retrieve[:, :] = -1
     status = _check_inputs(topk_ids, topk_probs, preceding, n_preceding)
     if status != _OK:
         return status, 0, 0
@@ -244,18 +183,20 @@ def _search_one(
         cap += width * k
     pool_score = np.empty(cap, np.float32)
     pool_parent = np.empty(cap, np.int32)
-    pool_token = np.empty(cap, np.int64)
+    pool_token = np.empty(cap, np.int32)
     pool_depth = np.empty(cap, np.int32)
     pool_eos = np.empty(cap, np.bool_)
     pool_slot = np.empty(cap, np.int32)  # beam rank of the parent
     pool_col = np.empty(cap, np.int32)  # candidate column
 
-    beam = np.empty(beam_width, np.int64)
-    row_best = np.empty(beam_width, np.int64)
+    W = beam_width
+    ranks = np.empty((2, W), np.int64)  # ranks[p]: this row's beam, ranks[1 - p]: the next one
     best = np.empty(keep, np.int64)
-    beam[0] = -1
+    p = 0
+    ranks[0, 0] = -1
     n_beam = 1
     n_best = 0
+    best_thr = np.float32(0.0)  # score of best[keep - 1] once the list is full
 
     one = np.float32(1.0)
     tiny = np.float32(1e-10)
@@ -264,130 +205,187 @@ def _search_one(
     for lvl in range(d):
         gw = np.float32(logit_w[lvl])
         for j in range(k):
-            p = min(np.float32(topk_probs[lvl, j]), one)
-            logit_term[lvl, j] = np.float32(math.log(p + tiny)) * gw
+            pr = min(np.float32(topk_probs[lvl, j]), one)
+            logit_term[lvl, j] = np.float32(math.log(pr + tiny)) * gw
 
-    n_trie = num_valid_nodes(token, freq, child_start)
+    n_trie = trie_size(tr)
     m = order - 1 if (use_ngram and ngram_weight > 0 and n_trie > 0 and order > 1) else 0
     miss_term = np.float32(math.log(tiny)) * ngw
-    beam_ctx = np.full((beam_width, m + 1), -1, np.int64)
-    next_ctx = np.full((beam_width, m + 1), -1, np.int64)
-    _suffix_nodes_of_preceding(token, child_start, root, n_trie, preceding, n_preceding, beam_ctx[0])
-    memo_cap = max(beam_width * m, 1)
+    ctx = np.full((2, W, m + 1), -1, np.int64)  # ctx[p, b, L]: trie node of beam entry b's last L ids
+    _suffix_nodes_of_preceding(tr, n_trie, preceding, n_preceding, ctx[0, 0])
+    memo_cap = max(W * m, 1)
     memo_node = np.empty(memo_cap, np.int64)
     memo_inv = np.empty(memo_cap, np.float32)
     memo_done = np.empty(memo_cap, np.bool_)
     memo_child = np.empty((memo_cap, k), np.int64)  # child of the slot's node per candidate, or -1
-    memo_p = np.empty((memo_cap, k), np.float32)  # p_ngram of each found child
+    memo_freq = np.empty((memo_cap, k), np.float32)  # float32 freq of each found child
     memo_ng = np.empty((memo_cap, k), np.float32)  # its n-gram term; 1 (never a term) until needed
-    beam_memo = np.full((beam_width, m + 1), -1, np.int64)
+    beam_memo = np.full((W, m + 1), -1, np.int64)
+    hash_size = 4
+    while hash_size < 2 * memo_cap:
+        hash_size *= 2
+    hash_slot = np.full(hash_size, -1, np.int64)
 
     n_pool = 0
     for lvl in range(d):
+        q = 1 - p
         lw = np.float32(level_w[lvl])
         with_ngram = m > 0 and lvl > 0
         to_beam = lvl + 1 < d
+        monotone = True
+        for j in range(1, k):
+            if logit_term[lvl, j] > logit_term[lvl, j - 1]:
+                monotone = False
         if m > 0:
             n_memo = 0
             for bi in range(n_beam):
                 for length in range(1, m + 1):
-                    node = beam_ctx[bi, length]
+                    node = ctx[p, bi, length]
                     slot = -1
                     if node >= 0:
-                        for s in range(n_memo):
+                        h = (node * 0x9E3779B1) & (hash_size - 1)
+                        while True:
+                            s = hash_slot[h]
+                            if s < 0:
+                                slot = n_memo
+                                n_memo += 1
+                                hash_slot[h] = slot
+                                memo_node[slot] = node
+                                memo_inv[slot] = one / np.float32(trie_freq(tr, node))
+                                memo_done[slot] = False
+                                break
                             if memo_node[s] == node:
                                 slot = s
                                 break
-                        if slot < 0:
-                            slot = n_memo
-                            n_memo += 1
-                            memo_node[slot] = node
-                            memo_inv[slot] = one / np.float32(freq[node])
-                            memo_done[slot] = False
+                            h = (h + 1) & (hash_size - 1)
                     beam_memo[bi, length] = slot
+            for s in range(n_memo):  # empty the hash for the next row
+                h = (memo_node[s] * 0x9E3779B1) & (hash_size - 1)
+                while hash_slot[h] >= 0:
+                    hash_slot[h] = -1
+                    h = (h + 1) & (hash_size - 1)
         n_row = 0
+        row_thr_eos = False  # key of ranks[q, W - 1] once the next beam is full
+        row_thr = np.float32(0.0)
         for bi in range(n_beam):
-            parent = beam[bi]
+            parent = ranks[p, bi]
             base = np.float32(0.0) if parent < 0 else pool_score[parent]
             for j in range(k):
                 tok = topk_ids[lvl, j]
                 is_eos = tok == eos_id
                 term = logit_term[lvl, j]
+                score = base + lw * term
+                # an entry numbered after every listed one enters a full list only by a strictly
+                # better key: (non-EOS first,) higher score
+                enters_beam = to_beam and (
+                    n_row < W or (row_thr_eos and not is_eos) or (row_thr_eos == is_eos and score > row_thr)
+                )
+                enters_best = n_best < keep or score > best_thr
+                if not (enters_beam or enters_best):
+                    if monotone and not (to_beam and is_eos):
+                        break
+                    continue
                 if with_ngram:
-                    bound = base + lw * term
-                    if not (
-                        (to_beam and _admits(row_best, n_row, beam_width, is_eos, bound, pool_eos, pool_score, True))
-                        or _admits(best, n_best, keep, False, bound, pool_eos, pool_score, False)
-                    ):
-                        continue
                     ng = miss_term
                     for length in range(m, 0, -1):
                         slot = beam_memo[bi, length]
                         if slot < 0:
                             continue
                         if not memo_done[slot]:
-                            _fill_slot(token, freq, child_start, n_trie, memo_node[slot], memo_inv[slot],
-                                       topk_ids[lvl], memo_child[slot], memo_p[slot], memo_ng[slot])
+                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot)
+                            for c in range(k):
+                                memo_ng[slot, c] = one
                             memo_done[slot] = True
                         if memo_child[slot, j] >= 0:
                             ng = memo_ng[slot, j]
                             if ng > 0:
-                                ng = np.float32(math.log(memo_p[slot, j] + tiny)) * ngw
+                                pn = memo_freq[slot, j] * memo_inv[slot]
+                                if not pn <= one:  # also a NaN from a corrupted trie: scores stay finite
+                                    pn = one
+                                ng = np.float32(math.log(pn + tiny)) * ngw
                                 memo_ng[slot, j] = ng
                             break
-                    term = term + ng
-                score = base + lw * term
-                enters_beam = to_beam and _admits(row_best, n_row, beam_width, is_eos, score, pool_eos, pool_score, True)
-                enters_best = _admits(best, n_best, keep, False, score, pool_eos, pool_score, False)
-                if not (enters_beam or enters_best):
-                    continue
-                pool_score[n_pool] = score
-                pool_parent[n_pool] = parent
-                pool_token[n_pool] = tok
-                pool_depth[n_pool] = lvl + 1
-                pool_eos[n_pool] = is_eos
-                pool_slot[n_pool] = bi
-                pool_col[n_pool] = j
-                if enters_beam:
-                    n_row = _insert(row_best, n_row, beam_width, n_pool, pool_eos, pool_score, True)
-                if enters_best:
-                    n_best = _insert(best, n_best, keep, n_pool, pool_eos, pool_score, False)
+                    score = base + lw * (term + ng)
+                    enters_beam = to_beam and (
+                        n_row < W or (row_thr_eos and not is_eos) or (row_thr_eos == is_eos and score > row_thr)
+                    )
+                    enters_best = n_best < keep or score > best_thr
+                    if not (enters_beam or enters_best):
+                        continue
+                i = n_pool
                 n_pool += 1
+                pool_score[i] = score
+                pool_parent[i] = parent
+                pool_token[i] = tok
+                pool_depth[i] = lvl + 1
+                pool_eos[i] = is_eos
+                pool_slot[i] = bi
+                pool_col[i] = j
+                if enters_beam:
+                    if n_row == W:
+                        pos = W - 1
+                    else:
+                        pos = n_row
+                        n_row += 1
+                    while pos > 0:
+                        w = ranks[q, pos - 1]
+                        if pool_eos[w] != is_eos:
+                            if is_eos:
+                                break
+                        elif not score > pool_score[w]:
+                            break
+                        ranks[q, pos] = w
+                        pos -= 1
+                    ranks[q, pos] = i
+                    if n_row == W:
+                        w = ranks[q, W - 1]
+                        row_thr_eos = pool_eos[w]
+                        row_thr = pool_score[w]
+                if enters_best:
+                    if n_best == keep:
+                        pos = keep - 1
+                    else:
+                        pos = n_best
+                        n_best += 1
+                    while pos > 0 and score > pool_score[best[pos - 1]]:
+                        best[pos] = best[pos - 1]
+                        pos -= 1
+                    best[pos] = i
+                    if n_best == keep:
+                        best_thr = pool_score[best[keep - 1]]
         if to_beam:
             if m > 0:
                 for r in range(n_row):
-                    e = row_best[r]
+                    e = ranks[q, r]
                     bi = pool_slot[e]
                     j = pool_col[e]
-                    next_ctx[r, 1] = root_child(token, child_start, n_trie, root, topk_ids[lvl, j])
+                    ctx[q, r, 1] = trie_root_child(tr, n_trie, topk_ids[lvl, j])
                     for length in range(2, m + 1):
                         slot = beam_memo[bi, length - 1]
                         if slot < 0:
-                            next_ctx[r, length] = -1
+                            ctx[q, r, length] = -1
                             continue
                         if not memo_done[slot]:
-                            _fill_slot(token, freq, child_start, n_trie, memo_node[slot], memo_inv[slot],
-                                       topk_ids[lvl], memo_child[slot], memo_p[slot], memo_ng[slot])
+                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot)
+                            for c in range(k):
+                                memo_ng[slot, c] = one
                             memo_done[slot] = True
-                        next_ctx[r, length] = memo_child[slot, j]
-                beam_ctx, next_ctx = next_ctx, beam_ctx
-            beam, row_best = row_best, beam
+                        ctx[q, r, length] = memo_child[slot, j]
+            p = q
             n_beam = n_row
 
-    chosen = best
-    n_sel = n_best
-
     # Nodes sorted by depth (stable: within a depth by selection rank).
+    n_sel = n_best
     n_nodes = n_sel + 1
     node_of = np.full(n_pool, -1, np.int32)
     depth_count = np.zeros(d + 2, np.int64)
     for r in range(n_sel):
-        depth_count[pool_depth[chosen[r]] + 1] += 1
+        depth_count[pool_depth[best[r]] + 1] += 1
     for t in range(1, d + 2):
         depth_count[t] += depth_count[t - 1]
     order_nodes = np.empty(n_sel, np.int64)
     for r in range(n_sel):
-        pi = chosen[r]
+        pi = best[r]
         dd = pool_depth[pi]
         slot = depth_count[dd]
         depth_count[dd] += 1
@@ -417,6 +415,7 @@ def _search_one(
     for i in range(n_nodes, out_tokens.shape[0]):
         out_mask[i, i] = True
 
+    # Leaves in lexicographic order of their paths (a prefix first), ties by node index.
     leaves = np.empty(n_nodes, np.int64)
     n_leaves = 0
     for i in range(1, n_nodes):
@@ -424,8 +423,18 @@ def _search_one(
             continue
         pos = n_leaves
         n_leaves += 1
-        while pos > 0 and _path_less(paths, depth, i, leaves[pos - 1]):
-            leaves[pos] = leaves[pos - 1]
+        while pos > 0:
+            a = leaves[pos - 1]  # does node i sort before node a?
+            la = depth[i]
+            lb = depth[a]
+            less = la < lb
+            for t in range(min(la, lb)):
+                if paths[i, t] != paths[a, t]:
+                    less = paths[i, t] < paths[a, t]
+                    break
+            if not less:  # equal paths: i > a keeps a first
+                break
+            leaves[pos] = a
             pos -= 1
         leaves[pos] = i
     for r in range(n_leaves):
@@ -443,10 +452,7 @@ def _search_batch(
     topk_probs,
     preceding,
     preceding_len,
-    token,
-    freq,
-    child_start,
-    root,
+    tr,
     order,
     use_ngram,
     ngram_weight,
@@ -470,10 +476,7 @@ def _search_batch(
             topk_probs[b],
             preceding[b],
             preceding_len[b],
-            token,
-            freq,
-            child_start,
-            root,
+            tr,
             order,
             use_ngram,
             ngram_weight,
@@ -583,15 +586,19 @@ _NO_TRIE = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(2, np.int64),
 
 
 def _trie_arrays(trie):
+    """(the tuple the kernels read, order, whether there is a trie): ``search_arrays()`` of a
+    trie that has it (either format, see ``_access.py``), else the CSR arrays of ``arrays()``."""
     if trie is None:
-        return (*_NO_TRIE, 1, False)
+        return _NO_TRIE, 1, False
     # the search keeps order-1 suffix nodes per beam entry: a huge order must not size buffers
     order = trie.order
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= MAX_ORDER:
         raise InputError(f"trie.order must be an integer in [1, {MAX_ORDER}]; got {order!r}.")
+    if hasattr(trie, "search_arrays"):
+        return trie.search_arrays(), int(order), True
     token, freq, child_start = trie.arrays()
     root = trie.root_table() if hasattr(trie, "root_table") else _NO_ROOT_TABLE
-    return token, freq, child_start, root, int(order), True
+    return (token, freq, child_start, root), int(order), True
 
 
 def build_tree(
@@ -631,16 +638,16 @@ def build_tree(
     d = ids.shape[0]
     level_w = _level_weights(level_weight, default_level_weight, d, "level_weight")
     logit_w = _level_weights(logit_weight, default_logit_weight, d, "logit_weight")
-    token, freq, child_start, root, order, use_ngram = _trie_arrays(trie)
+    tr, order, use_ngram = _trie_arrays(trie)
 
     n = keep + 1
-    tokens = np.zeros(n, np.int32)
-    positions = np.zeros(n, np.int32)
-    parents = np.full(n, -1, np.int32)
-    mask = np.zeros((n, n), np.bool_)
-    retrieve = np.full((keep, d + 1), -1, np.int32)
+    tokens = np.empty(n, np.int32)
+    positions = np.empty(n, np.int32)
+    parents = np.empty(n, np.int32)
+    mask = np.empty((n, n), np.bool_)
+    retrieve = np.empty((keep, d + 1), np.int32)
     status, num_nodes, num_leaves = _search_one(
-        ids, probs, preceding, preceding.shape[0], token, freq, child_start, root, order, use_ngram,
+        ids, probs, preceding, preceding.shape[0], tr, order, use_ngram,
         float(ngram_weight), level_w, logit_w, eos, int(beam_width), int(keep),
         tokens, positions, parents, mask, retrieve,
     )
@@ -686,19 +693,19 @@ def build_tree_batch(
     eos = _check_search_args(beam_width, keep, ngram_weight, eos_id)
     level_w = _level_weights(level_weight, default_level_weight, d, "level_weight")
     logit_w = _level_weights(logit_weight, default_logit_weight, d, "logit_weight")
-    token, freq, child_start, root, order, use_ngram = _trie_arrays(trie)
+    tr, order, use_ngram = _trie_arrays(trie)
 
     n = keep + 1
-    tokens = np.zeros((bsz, n), np.int32)
-    positions = np.zeros((bsz, n), np.int32)
-    parents = np.full((bsz, n), -1, np.int32)
-    mask = np.zeros((bsz, n, n), np.bool_)
-    retrieve = np.full((bsz, keep, d + 1), -1, np.int32)
+    tokens = np.empty((bsz, n), np.int32)
+    positions = np.empty((bsz, n), np.int32)
+    parents = np.empty((bsz, n), np.int32)
+    mask = np.empty((bsz, n, n), np.bool_)
+    retrieve = np.empty((bsz, keep, d + 1), np.int32)
     num_nodes = np.zeros(bsz, np.int32)
     num_leaves = np.zeros(bsz, np.int32)
     status = np.zeros(bsz, np.int64)
     _search_batch(
-        ids, probs, preceding, lens, token, freq, child_start, root, order, use_ngram,
+        ids, probs, preceding, lens, tr, order, use_ngram,
         float(ngram_weight), level_w, logit_w, eos, int(beam_width), int(keep),
         tokens, positions, parents, mask, retrieve, status, num_nodes, num_leaves,
     )

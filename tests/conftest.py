@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -7,3 +9,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# One persistent XLA compilation cache for the whole run, shared by the xdist workers (they inherit
+# the variable from the controller, which imports this file first): the tiny models' programs are
+# the same in every worker and module, so each compiles once. Compile counters count its hits.
+_XLA_CACHE = os.environ.setdefault("DART_JAX_TEST_XLA_CACHE", tempfile.mkdtemp(prefix="dart_jax_test_xla_"))
+jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) cleans up
+        shutil.rmtree(_XLA_CACHE, ignore_errors=True)

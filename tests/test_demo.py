@@ -21,7 +21,7 @@ def test_demo_cli_is_lossless_and_accepts_long_runs():
     env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [sys.executable, "-m", "dart_jax.generate", "--compare-ar", "--json", "--no-warmup", "--max-new-tokens", "48",
-         "--prompt", "How is a head trained?"],
+         "--prompt", "How is a head trained?", "--keep", "16"],  # a fixed tree: every step drafts
         capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)

@@ -38,7 +38,8 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("engine")
     base, head, trie = make_tiny_setup(folder, vocab_size=VOCAB, draft_length=3, shuffle_d2t=True,
                                        num_hidden_layers=4, seed=2)
-    model = DartModel.from_pretrained(base, head, trie, min_bucket=64)
+    # a fixed tree size: these tests pin the engine's behaviour step by step (keep="auto" has its own below)
+    model = DartModel.from_pretrained(base, head, trie, min_bucket=64, keep=60)
     hf = Qwen3ForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     return SimpleNamespace(base=base, head=head, trie_path=trie, model=model, hf=hf, folder=folder)
 
@@ -51,9 +52,10 @@ def hf_generate(tiny, prompt, max_new_tokens, eos=EOS):
     return out[0, len(prompt):].tolist()
 
 
-def engine_for(tiny, trie=None, *, eos=(EOS,), **tree):
+def engine_for(tiny, trie=None, *, eos=(EOS,), adaptive=False, **tree):
     return Engine(tiny.model.target, DartDrafter(tiny.model.head), trie if trie is not None else tiny.model.engine.trie,
-                  eos_ids=eos, tree_eos_id=EOS, tree=TreeSettings(**tree), shapes=ShapeSettings(min_bucket=64))
+                  eos_ids=eos, tree_eos_id=EOS, tree=TreeSettings(**tree), shapes=ShapeSettings(min_bucket=64),
+                  adaptive=adaptive)
 
 
 def run(steps_fn, prompt, **kwargs):
@@ -68,18 +70,25 @@ def run(steps_fn, prompt, **kwargs):
 
 @contextlib.contextmanager
 def compilations():
-    """The XLA compilations that happen inside the block (a list that fills as they happen)."""
+    """The XLA compilations that happen inside the block (a list that fills as they happen),
+    executables loaded from the persistent compilation cache (tests/conftest.py) included."""
     compiles = []
 
     def listener(event, duration, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(duration)
 
+    def cache_hit(event, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            compiles.append("loaded from the persistent cache")
+
     jax.monitoring.register_event_duration_secs_listener(listener)
+    jax.monitoring.register_event_listener(cache_hit)
     try:
         yield compiles
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+        jax.monitoring.unregister_event_listener(cache_hit)
 
 
 def cheating_trie(tiny, n=40):
@@ -123,6 +132,8 @@ def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     eos_engine = engine_for(tiny, trie, eos=(full[j],))
     stopped, _, _ = run(eos_engine.generate_steps, prompt, max_new_tokens=30)
     assert stopped == full[: j + 1] == hf_generate(tiny, prompt, 30, eos=full[j])
+    # the baseline's device loop stops on EOS inside a chunk of tokens too
+    assert run(eos_engine.generate_ar_steps, prompt, max_new_tokens=30)[0] == stopped
 
     s, c = next((s, c) for s, c in zip(starts, counts) if c >= 3)
     cut, _, _ = run(engine.generate_steps, prompt, max_new_tokens=int(s) + 1)
@@ -628,3 +639,96 @@ def test_batched_autoregressive_decoding_equals_each_alone(tiny):
     settings = [GenerationSettings(max_new_tokens=n) for n in (12, 3, 20)]
     alone = [run(engine.generate_ar_steps, p, max_new_tokens=s.max_new_tokens)[0] for p, s in zip(prompts, settings)]
     assert engine.baseline.generate_batch(prompts, settings, engine.eos_ids) == alone
+
+
+# ------------------------------------------------------------------------------------------------
+# the adaptive tree budget (keep="auto"): the engine's mechanics under scripted choices
+
+
+class ScriptedSizer:
+    """Plays a fixed cycle of tree sizes (0: a chunk of plain decoding), whatever the timings."""
+
+    adaptive = True
+
+    def __init__(self, plan):
+        self.plan, self.calls, self.observed = plan, 0, []
+
+    def choose(self, rows, measure):
+        size = self.plan[self.calls % len(self.plan)]
+        self.calls += 1
+        return size
+
+    def observe(self, size, rows, accepted, seconds):
+        self.observed.append((size, accepted))
+
+
+def adaptive_engine(tiny, plan, trie=None, **kw):
+    engine = engine_for(tiny, trie, adaptive=True, keep=8, **kw)
+    assert engine.tree_sizes == (0, 3, 8)
+    engine.sizer = ScriptedSizer(plan)
+    return engine
+
+
+def test_adaptive_sizes_and_plain_chunks_keep_the_greedy_output(tiny):
+    trie = cheating_trie(tiny)
+    for plan in ([0, 3, 8, 0], [8, 0]):
+        engine = adaptive_engine(tiny, plan, trie)
+        for prompt in PROMPTS:
+            ids, _, stats = run(engine.generate_steps, prompt, max_new_tokens=40)
+            assert ids == hf_generate(tiny, prompt, 40)
+            assert {0, 8} <= set(stats.tree_sizes), stats.tree_sizes
+            assert len(stats.tree_sizes) == len(stats.accept_lengths) == stats.steps
+        sizes = [size for size, _ in engine.sizer.observed]
+        plain = [accepted for size, accepted in engine.sizer.observed if size == 0]
+        assert set(sizes) == set(plan) and max(plain) == engine.plain_chunk  # a full chunk in one call
+    # a plain chunk stops on EOS and on max_new_tokens inside the chunk, as plain decoding does
+    full = hf_generate(tiny, PROMPTS[1], 30, eos=None)
+    stop = full[5]
+    stopping = adaptive_engine(tiny, [0], trie, eos=(stop,))
+    assert run(stopping.generate_steps, PROMPTS[1], max_new_tokens=30)[0] == hf_generate(tiny, PROMPTS[1], 30, eos=stop)
+    assert run(adaptive_engine(tiny, [0, 3]).generate_steps, PROMPTS[2], max_new_tokens=7)[0] == \
+        hf_generate(tiny, PROMPTS[2], 7)
+
+
+def test_adaptive_sizes_in_a_batch_decode_each_sequence_as_alone(tiny):
+    engine = adaptive_engine(tiny, [0, 8, 0, 3], cheating_trie(tiny))
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    limits = (30, 5, 21)
+    outs = [[] for _ in prompts]
+    for rows in engine.decode_batch(prompts, [GenerationSettings(max_new_tokens=n) for n in limits],
+                                    [Stats() for _ in prompts]):
+        for out, (kept, _) in zip(outs, rows):
+            out.extend(kept)
+    assert outs == [hf_generate(tiny, p, n) for p, n in zip(prompts, limits)]
+
+
+def test_plain_chunks_sample_what_the_baseline_samples(tiny):
+    """Size 0 runs the baseline's token loop with the same keys: the same seed gives the same
+    sample (the baseline's distribution is checked against the exact one above)."""
+    engine = adaptive_engine(tiny, [0])
+    for seed in range(4):
+        kw = dict(max_new_tokens=24, temperature=1.1, top_p=0.9, seed=seed)
+        assert run(engine.generate_steps, PROMPTS[0], **kw)[0] == run(engine.generate_ar_steps, PROMPTS[0], **kw)[0]
+
+
+def test_keep_auto_is_the_default_and_its_options(tiny):
+    model = DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path)
+    assert model.engine.adaptive and model.engine.tree_sizes == (0, 3, 15, 60)
+    assert DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, keep="auto", max_keep=20).engine.tree_sizes \
+        == (0, 3, 15, 20)
+    fixed = DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, keep=16).engine
+    assert not fixed.adaptive and fixed.tree_sizes == (16,)
+    with pytest.raises(ValueError, match="max_keep"):
+        DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, keep=16, max_keep=20)
+    with pytest.raises(ValueError, match="auto"):
+        DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, keep="big")
+
+
+def test_adaptive_budget_compiles_nothing_after_its_first_generation(tiny):
+    engine = engine_for(tiny, cheating_trie(tiny), adaptive=True, keep=8)
+    run(engine.generate_steps, PROMPTS[0], max_new_tokens=24)  # times every size: each compiles once
+    with compilations() as compiles:
+        for prompt in PROMPTS:
+            assert run(engine.generate_steps, prompt, max_new_tokens=24)[0] == hf_generate(tiny, prompt, 24)
+    assert compiles == []
+    assert set(engine.sizer.summary()["step_ms_by_size"][1]) == {0, 3, 8}

@@ -18,8 +18,7 @@ from dart_jax.api.model import DartModel
 
 from serving import live_server
 
-# one server for the module per pytest-xdist worker; the group asks --dist loadgroup to keep them on one
-# worker, which the CI runs of 2026-11-23 showed it does not yet do (each worker starts its own server)
+# one server for the module: the group keeps its tests on one pytest-xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("serve_api")
 KEY = "test-key-123"
 NAME = "dart-jax-demo"
@@ -29,7 +28,8 @@ PROMPTS = ["What is speculative decoding?", "Why does the draft tree help?", "Te
 
 @pytest.fixture(scope="module")
 def server():
-    with live_server("--no-ui", "--api-key", KEY, "--slots", "4", "--max-length", "384") as (url, proc):
+    # a fixed tree: the streamed accepted lengths are compared with the in-process model's
+    with live_server("--no-ui", "--api-key", KEY, "--slots", "4", "--max-length", "384", "--keep", "60") as (url, proc):
         yield url, proc
 
 
@@ -41,7 +41,7 @@ def client(server):
 @pytest.fixture(scope="module")
 def model():
     base, head, trie = _demo_paths()
-    return DartModel.from_pretrained(base, head, trie)
+    return DartModel.from_pretrained(base, head, trie, keep=60)
 
 
 def oracle(model, prompt, n, chat=True):
@@ -213,7 +213,7 @@ def test_a_client_that_disconnects_frees_its_slot(server):
 
 
 def test_sigterm_finishes_running_requests_and_exits_cleanly():
-    with live_server("--no-ui", "--slots", "1", "--max-length", "256", "--warmup", "quick") as (url, proc):
+    with live_server("--no-ui", "--slots", "1", "--max-length", "256", "--warmup", "quick", "--keep", "60") as (url, proc):
         body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 120,
                 "temperature": 0, "stream": True, "method": "ar"}
         texts, reasons = [], []

@@ -121,7 +121,7 @@ def test_tiny_head_overfits_regenerated_data_and_exports_a_lossless_head(base, t
 
     from dart_jax.api.model import DartModel
 
-    model = DartModel.from_pretrained(str(base), str(out / "head"), ngram=False)
+    model = DartModel.from_pretrained(str(base), str(out / "head"), ngram=False, keep=60)  # every step drafts
     assert int(model.head.config.draft_vocab_size) == 64
     tok = load_tokenizer(base)
     regenerated = [json.loads(line)["messages"] for line in (out / "regenerated.jsonl").read_text().splitlines()]

@@ -10,9 +10,7 @@ A micro-step index fixes the data position: epoch = step // batches_per_epoch, b
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 
@@ -25,59 +23,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from dart_jax.convert.dart_head import DartHeadConfig
-from dart_jax.errors import InputError
 from dart_jax.models.head import TRAINABLE, DartHead
 
 from .data import Dataset, batches_per_epoch, make_batch
 from .forward import shifted_ids, train_draft_logits
 from .loss import annealed_kl, expected_length, row_accuracy
+from .settings import TrainSettings
 from .vocab import vocab_from_used
-
-
-@dataclasses.dataclass
-class TrainSettings:
-    """Everything (besides the files) that decides the result of a run."""
-
-    draft_length: int = 7
-    draft_vocab: int = 32000
-    max_length: int = 2048
-    anchors_per_seq: int = 64
-    batch_size: int = 1
-    grad_accum: int = 1
-    lr: float = 2e-5
-    warmup_steps: int | None = None
-    weight_decay: float = 0.0
-    clip: float = 0.5
-    epochs: int = 3
-    gamma: float = 0.6
-    seed: int = 0
-    rope_theta: float = 10000.0
-
-    def __post_init__(self):
-        """Each value checked once, with the command's flag named (`--draft-vocab` for draft_vocab)."""
-        def flag(name):
-            return "--" + name.replace("_", "-")
-        for name in ("draft_length", "draft_vocab", "max_length", "anchors_per_seq", "batch_size", "grad_accum",
-                     "epochs", "seed", "warmup_steps"):
-            value = getattr(self, name)
-            if value is None and name == "warmup_steps":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InputError(f"{flag(name)} must be an integer, got {value!r}.")
-            low = 0 if name in ("seed", "warmup_steps") else 1
-            if value < low:
-                raise InputError(f"{flag(name)} must be >= {low}, got {value}.")
-        for name, low, inclusive in (("lr", 0.0, False), ("weight_decay", 0.0, True), ("clip", 0.0, False),
-                                     ("gamma", 0.0, False), ("rope_theta", 0.0, False)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(value) or value < low or (value == low and not inclusive):
-                raise InputError(f"{flag(name)} must be a finite number {'>=' if inclusive else '>'} {low:g}, "
-                                 f"got {value!r}.")
-        if self.gamma > 1:
-            raise InputError(f"--gamma must lie in (0, 1], got {self.gamma}.")
-        if self.max_length < 3:
-            raise InputError("--max-length must be at least 3 (an anchor, the root token and one target).")
 
 
 def head_config_for(target_config, draft_length: int, draft_vocab: int, rope_theta: float) -> DartHeadConfig:

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from dart_jax.api.generate import tree_size
 from dart_jax.bench.e2e import ModelSet, Workload, run_batch, run_e2e, run_phases
 from dart_jax.bench.host import CORPORA, run_ngram, run_search
 from dart_jax.bench.shapes import run_shapes
@@ -38,7 +39,8 @@ from dart_jax.ngram import MAX_ORDER
 
 # the columns each mode's table shows, in order (the JSON rows hold these and possibly more)
 TABLE_COLUMNS = {
-    "e2e": ["id", "category", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau"],
+    "e2e": ["id", "category", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau", "eagle3_tok_s",
+            "eagle3_speedup", "eagle3_tau"],
     "phases": ["phase", "median_ms", "share"],
     "batch": ["batch", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau"],
     "search": ["keep", "beam", "median_ms", "min_ms", "max_ms", "nodes", "batch", "ms_per_tree"],
@@ -97,8 +99,11 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + generation limit (default 2048)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--keep", type=int, help="tree budget (nodes besides the root); default: the engine's")
+    p.add_argument("--keep", type=tree_size, help="tree budget (nodes besides the root) or 'auto' (per-step choice "
+                                                  "by measured speed); default: the model's default, auto")
     p.add_argument("--no-chat", action="store_true", help="feed the prompts without the chat template")
+    p.add_argument("--mesh", metavar="SPEC", help="shard the model over devices: 'model=4' or 'data=2,model=4' "
+                                                  "(default: one device)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "mean accepted length τ and the accepted-length histogram, per prompt and per "
                                    "category. Random weights give timings only (τ ≈ 1); τ needs a trained head.")
     _model_options(p)
+    p.add_argument("--methods", default="dart,ar",
+                   help="decoders to compare, comma-separated: dart, ar and optionally eagle3 (default dart,ar)")
+    p.add_argument("--eagle3", metavar="PATH",
+                   help="EAGLE-3 head (hub id or folder) for --methods eagle3; default over the demo or random target: "
+                        "a random head (timing only)")
     _common(p, reps=1, warmup=1)
 
     p = sub.add_parser("phases", help="per-step time of each phase of a DART step",
@@ -185,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default 512)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 elsewhere")
+    p.add_argument("--mesh", metavar="SPEC", help="shard weights and cache over devices: 'model=4' or "
+                                                  "'data=2,model=4' (default: one device)")
     _common(p, reps=10, warmup=2)
     return parser
 
@@ -220,16 +232,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode == "shapes":
         return run_shapes(model=args.model, config_path=args.config_path, tiny=args.tiny, layers=args.layers,
                           vocab=args.vocab, budgets=parse_int_list(args.budgets, name="--budgets"),
-                          context=args.context, batch=args.batch, dtype=args.dtype, **common)
+                          context=args.context, batch=args.batch, dtype=args.dtype, mesh=args.mesh, **common)
     models = ModelSet(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram,
                       random=args.random, random_layers=args.random_layers, random_hidden=args.random_hidden,
-                      random_shape=args.random_shape, keep=args.keep)
+                      random_shape=args.random_shape, keep=args.keep, eagle3=getattr(args, "eagle3", None),
+                      mesh=args.mesh)
     work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
                     max_new_tokens=args.max_new_tokens, max_length=args.max_length, temperature=args.temperature,
                     chat=not args.no_chat)
     if args.mode == "batch":
         return run_batch(models, work, batches=parse_int_list(args.batches, name="--batches"), **common)
-    return (run_e2e if args.mode == "e2e" else run_phases)(models, work, **common)
+    if args.mode == "e2e":
+        return run_e2e(models, work, methods=[m.strip() for m in args.methods.split(",") if m.strip()], **common)
+    return run_phases(models, work, **common)
 
 
 def _fmt(value: Any) -> str:

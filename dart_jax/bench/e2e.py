@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import tempfile
 import time
@@ -23,12 +24,19 @@ import numpy as np
 
 from dart_jax.api.model import DartModel
 from dart_jax.bench.shapes import KNOWN_SHAPES
-from dart_jax.bench.tiny import build_random_assets
+from dart_jax.bench.tiny import build_random_assets, make_tiny_eagle3
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 
 PHASES = ("verify_draft_device", "topk_transfer", "tree_search", "host_overhead")
+
+
+def tree_label(engine) -> int | str:
+    """The engine's tree size as reported: an integer, or "auto (sizes …)"."""
+    if engine.adaptive:
+        return f"auto (sizes {', '.join(map(str, engine.tree_sizes))})"
+    return engine.tree.keep
 
 
 def default_prompts_path() -> Path:
@@ -95,7 +103,9 @@ class ModelSet:
     random_layers: int = 4
     random_hidden: int = 64
     random_shape: str | None = None
-    keep: int | None = None
+    keep: int | str | None = None
+    eagle3: str | None = None  # an EAGLE-3 head; a random one over the demo / random target when "random"
+    mesh: str | None = None  # shard the model over devices ("model=4", "data=2,model=4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +136,27 @@ class Workload:
 
 
 @contextlib.contextmanager
+def _eagle3_opts(m: ModelSet, base, seed: int) -> Iterator[dict[str, Any]]:
+    """The `from_pretrained` options of the EAGLE-3 head (none without one; a random head over
+    `base` in a temporary folder for m.eagle3 == "random")."""
+    if m.eagle3 is None:
+        yield {}
+    elif m.eagle3 == "random":
+        with tempfile.TemporaryDirectory(prefix="dart_jax_bench_eagle3_") as tmp:
+            yield {"eagle3": make_tiny_eagle3(Path(tmp) / "eagle3", base, seed=seed)}
+    else:
+        yield {"eagle3": m.eagle3}
+
+
+@contextlib.contextmanager
 def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[str, Any]]]:
     """Yield (DartModel, description of the model set); a random set lives as long as the block."""
     m = models
     opts = {} if m.keep is None else {"keep": m.keep}
+    if m.mesh:
+        opts["mesh"] = m.mesh
+    if m.eagle3 == "random" and m.dart:
+        raise ValueError("--dart needs a trained EAGLE-3 head beside it: pass --eagle3 PATH")
     random = m.random
     if m.random_shape:
         if m.random_shape not in KNOWN_SHAPES:
@@ -140,37 +167,60 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
     if not m.dart and (m.base or m.ngram):
         raise ValueError("--base/--ngram need --dart (the DART head checkpoint)")
     if m.dart:
-        yield (DartModel.from_pretrained(m.base, m.dart, m.ngram, small_ngram=m.small_ngram, **opts),
-               {"kind": "given", "base": m.base, "dart": m.dart, "ngram": m.ngram})
+        with _eagle3_opts(m, m.base, seed) as eagle3:
+            yield (DartModel.from_pretrained(m.base, m.dart, m.ngram, small_ngram=m.small_ngram, **opts, **eagle3),
+                   {"kind": "given", "base": m.base, "dart": m.dart, "ngram": m.ngram, "eagle3": m.eagle3})
         return
     demo = None if random else _demo_assets()
     if demo:
-        yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **opts),
-               {"kind": "demo", **{k: str(v) for k, v in demo.items()}})
+        with _eagle3_opts(m, demo["base"], seed) as eagle3:
+            yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **opts, **eagle3),
+                   {"kind": "demo", **{k: str(v) for k, v in demo.items()}, "eagle3": m.eagle3})
         return
     with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:
         shape = KNOWN_SHAPES[m.random_shape] if m.random_shape else None
         paths = build_random_assets(tmp, layers=m.random_layers, hidden=m.random_hidden, shape=shape, seed=seed)
         config = json.loads((paths["base"] / "config.json").read_text())
-        yield (DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], **opts),
-               {"kind": "random", "shape": m.random_shape or "small", "layers": m.random_layers,
-                "hidden": config["hidden_size"], "vocab": config["vocab_size"]})
+        with _eagle3_opts(m, paths["base"], seed) as eagle3:
+            yield (DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], **opts, **eagle3),
+                   {"kind": "random", "shape": m.random_shape or "small", "layers": m.random_layers,
+                    "hidden": config["hidden_size"], "vocab": config["vocab_size"], "eagle3": m.eagle3})
+
+
+METHODS = ("dart", "eagle3", "ar")
+
+
+def check_methods(methods) -> tuple[str, ...]:
+    """The e2e methods, checked: METHODS' dart and ar (the speedups' baseline), optionally eagle3."""
+    methods = tuple(dict.fromkeys(methods))
+    bad = [m for m in methods if m not in METHODS]
+    if bad or "ar" not in methods or "dart" not in methods:
+        raise ValueError(f"--methods takes a comma list of {', '.join(METHODS)} that names dart and ar, got "
+                         f"{','.join(methods)!r}")
+    return methods
 
 
 def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1, seed: int = 0,
-            show_progress: bool = True) -> dict[str, Any]:
-    """Tokens/s of DART and of autoregressive decoding per prompt (wall clock, prefill included),
-    their ratio, τ and the accepted-length histogram; medians over `reps` after `warmup` runs."""
+            show_progress: bool = True, methods=("dart", "ar")) -> dict[str, Any]:
+    """Tokens/s of each method (DART, EAGLE-3, autoregressive decoding) per prompt (wall clock,
+    prefill included), each speculative method's speedup over "ar", τ and DART's accepted-length
+    histogram; medians over `reps` after `warmup` runs. Rows keep `dart_tok_s`, `ar_tok_s`,
+    `speedup`, `tau`, `same_output` for DART and add `<method>_tok_s`, `<method>_speedup`,
+    `<method>_tau`, `<method>_same` for the others."""
     check_reps(reps, warmup)
+    methods = check_methods(methods)
+    if "eagle3" in methods and models.eagle3 is None:
+        models = dataclasses.replace(models, eagle3="random")
     items, settings = work.items(), work.settings(seed)
     kwargs = {**dataclasses.asdict(settings), "chat": work.chat}
     rows, hist = [], Counter()
     with open_model(models, seed) as (model, source):
-        bar = progress(len(items) * 2 * (reps + warmup), "e2e", show_progress)
+        bar = progress(len(items) * len(methods) * (reps + warmup), "e2e", show_progress)
         for item in items:
-            rates = {"dart": [], "ar": []}
+            rates = {name: [] for name in methods}
             results = {}
-            for name, fn in (("dart", model.generate), ("ar", model.generate_ar)):
+            for name in methods:
+                fn = functools.partial(model.generate, method=name)
                 for _ in range(warmup):
                     fn(item["prompt"], **kwargs)
                     bar.update()
@@ -182,20 +232,28 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
             dart_res, ar_res = results["dart"], results["ar"]
             hist.update(dart_res.accept_lengths)
             dart_rate, ar_rate = median(rates["dart"]), median(rates["ar"])
-            rows.append({"id": item["id"], "category": item["category"], "prompt_tokens": len(dart_res.prompt_ids),
-                         "new_tokens": len(dart_res.token_ids), "steps": len(dart_res.accept_lengths),
-                         "dart_tok_s": dart_rate, "ar_tok_s": ar_rate, "speedup": dart_rate / ar_rate,
-                         "tau": float(np.mean(dart_res.accept_lengths)) if dart_res.accept_lengths else float("nan"),
-                         "same_output": dart_res.token_ids == ar_res.token_ids})
+            row = {"id": item["id"], "category": item["category"], "prompt_tokens": len(dart_res.prompt_ids),
+                   "new_tokens": len(dart_res.token_ids), "steps": len(dart_res.accept_lengths),
+                   "dart_tok_s": dart_rate, "ar_tok_s": ar_rate, "speedup": dart_rate / ar_rate,
+                   "tau": _tau(dart_res), "same_output": dart_res.token_ids == ar_res.token_ids}
+            for name in methods:
+                if name not in ("dart", "ar"):
+                    rate = median(rates[name])
+                    row.update({f"{name}_tok_s": rate, f"{name}_speedup": rate / ar_rate, f"{name}_tau": _tau(results[name]),
+                                f"{name}_steps": len(results[name].accept_lengths),
+                                f"{name}_same": results[name].token_ids == ar_res.token_ids})
+            rows.append(row)
         bar.close()
-        keep = model.engine.tree.keep
+        keep = tree_label(model.engine)
+    others = [m for m in methods if m not in ("dart", "ar")]
     per_category = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
-        per_category[cat] = _aggregate([r for r in rows if r["category"] == cat])
-    summary = {**_aggregate(rows), "per_category": per_category,
+        per_category[cat] = _with_methods(_aggregate([r for r in rows if r["category"] == cat]),
+                                          [r for r in rows if r["category"] == cat], others)
+    summary = {**_with_methods(_aggregate(rows), rows, others), "per_category": per_category,
                "accept_hist": {str(k): int(v) for k, v in sorted(hist.items())}}
     config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "reps": reps,
-              "warmup": warmup}
+              "warmup": warmup, "methods": ",".join(methods)}
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
 
 
@@ -247,8 +305,24 @@ def run_batch(models: ModelSet, work: Workload, *, batches=(1, 2, 4, 8, 16), rep
     summary = {"speedup": {str(r["batch"]): r["speedup"] for r in rows},
                "all_same_output": all(r["same_output"] for r in rows)}
     config = {"model": source, "num_prompts": len(items), **work.config(seed), "batches": list(batches),
-              "keep": model.engine.tree.keep, "reps": reps, "warmup": warmup}
+              "keep": tree_label(model.engine), "reps": reps, "warmup": warmup}
     return {"mode": "batch", "config": config, "rows": rows, "summary": summary}
+
+
+def _tau(result) -> float:
+    return float(np.mean(result.accept_lengths)) if result.accept_lengths else float("nan")
+
+
+def _with_methods(summary: dict[str, Any], rows: list[dict[str, Any]], methods: list[str]) -> dict[str, Any]:
+    """`summary` with the medians of each other method's tokens/s and speedup and its τ over all steps."""
+    for m in methods:
+        steps = sum(r[f"{m}_steps"] for r in rows)
+        summary.update({f"{m}_tok_s": median([r[f"{m}_tok_s"] for r in rows]),
+                        f"{m}_speedup": median([r[f"{m}_speedup"] for r in rows]),
+                        f"{m}_tau": sum(r[f"{m}_tau"] * r[f"{m}_steps"] for r in rows if r[f"{m}_steps"]) / steps
+                        if steps else float("nan"),
+                        f"{m}_all_same": all(r[f"{m}_same"] for r in rows)})
+    return summary
 
 
 def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -317,7 +391,7 @@ def run_phases(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int =
                     step_ms.append(wall)
                 bar.update()
         bar.close()
-        keep = engine.tree.keep
+        keep = tree_label(engine)
     if not step_ms:
         raise ValueError("no decoding step ran (every generation stopped at its first token); "
                          "raise --max-new-tokens or use other prompts")

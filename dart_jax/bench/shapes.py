@@ -22,6 +22,7 @@ from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_wi
 from dart_jax.decoding.engine import verify_tree
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.models.qwen3 import Qwen3, init_cache
+from dart_jax.models.sharding import check_fits, make_mesh, model_sizes, shard_module, sharded_caches
 
 _QWEN3_COMMON = {"vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                  "max_position_embeddings": 40960, "head_dim": 128, "num_key_value_heads": 8,
@@ -90,9 +91,10 @@ def param_count(f: dict[str, Any]) -> int:
     return L * per_layer + v * h * (1 if f.get("tie_word_embeddings") else 2) + h
 
 
-def _check_memory(fields: dict[str, Any], itemsize: int, cache_bytes: int) -> None:
-    """Refuse shapes that cannot fit before allocating them, with the flags that make them fit."""
-    need = param_count(fields) * itemsize + cache_bytes
+def _check_memory(fields: dict[str, Any], itemsize: int, cache_bytes: int, devices: int = 1) -> None:
+    """Refuse shapes that cannot fit before allocating them, with the flags that make them fit
+    (spread over `devices` devices of a mesh: about an equal share on each)."""
+    need = (param_count(fields) * itemsize + cache_bytes) / devices
     device = jax.devices()[0]
     limit = None
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
@@ -108,8 +110,9 @@ def _check_memory(fields: dict[str, Any], itemsize: int, cache_bytes: int) -> No
 def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny: bool = False,
                layers: int | None = None, vocab: int | None = None, budgets=(1, 8, 16, 32, 60), context: int = 512,
                batch: int = 1, dtype: str | None = None, reps: int = 10, warmup: int = 2, seed: int = 0,
-               show_progress: bool = True) -> dict[str, Any]:
-    """Median time of a verify step (root + `budget` nodes) per budget, and of a 1-token decode step."""
+               show_progress: bool = True, mesh=None) -> dict[str, Any]:
+    """Median time of a verify step (root + `budget` nodes) per budget, and of a 1-token decode step;
+    with `mesh` (a spec such as "model=4" or a Mesh) the weights and the cache are sharded over it."""
     if context < 1 or batch < 1:
         raise ValueError(f"--context and --batch must be >= 1, got {context} and {batch}")
     label, fields = shape_fields(model=model, config_path=config_path, tiny=tiny, layers=layers, vocab=vocab)
@@ -118,13 +121,17 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     jdtype = jnp.dtype(dtype)
     config = Qwen3Config.from_hf(fields)
+    mesh = make_mesh(mesh, option="--mesh")
+    check_fits(mesh, model_sizes(config), option="--mesh")
     max_len = context + max(budgets) + 1
     kv_heads, head_dim = fields["num_key_value_heads"], fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
     cache_bytes = 2 * fields["num_hidden_layers"] * batch * max_len * kv_heads * head_dim * jdtype.itemsize
-    _check_memory(fields, jdtype.itemsize, cache_bytes)
+    _check_memory(fields, jdtype.itemsize, cache_bytes, mesh.size if mesh is not None else 1)
 
     bar = progress(1 + (1 + len(budgets)) * (reps + warmup), "shapes", show_progress)
     target = Qwen3(config, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(seed))
+    if mesh is not None:
+        shard_module(target, mesh)
     decoder = AutoregressiveDecoder(target)
     graphdef, state = nnx.split(target)
     bar.update()
@@ -137,7 +144,10 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     verify = jax.jit(verify)
     rng = np.random.default_rng(seed)
     cache_len = jnp.full((batch,), context, jnp.int32)
-    holder = {"cache": init_cache(config, batch, max_len, jdtype)}
+    if mesh is None:
+        holder = {"cache": init_cache(config, batch, max_len, jdtype)}
+    else:
+        holder = {"cache": sharded_caches(lambda: (init_cache(config, batch, max_len, jdtype),), mesh)[0]}
     params, keys = GenerationSettings.sampling_rows([GenerationSettings(seed=seed)] * batch)
     window = attention_window(context + 1, max_len)
 
@@ -165,7 +175,8 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
                      "ratio_to_decode": t["median_ms"] / base["median_ms"]})
     bar.close()
     config_out = {"shape": label, "fields": fields, "params": param_count(fields), "dtype": dtype,
-                  "context": context, "batch": batch, "reps": reps, "warmup": warmup, "seed": seed}
+                  "context": context, "batch": batch, "reps": reps, "warmup": warmup, "seed": seed,
+                  "mesh": None if mesh is None else dict(mesh.shape), "backend": jax.default_backend()}
     summary = {"decode_ms": base["median_ms"],
                "verify_ms": {str(r["budget"]): r["median_ms"] for r in rows[1:]},
                "ratio_to_decode": {str(r["budget"]): r["ratio_to_decode"] for r in rows[1:]}}

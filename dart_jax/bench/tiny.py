@@ -19,6 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from dart_jax.bench.util import zipf_tokens
 from dart_jax.convert.dart_head import DartHeadConfig, tensor_table as head_tensor_table, write_dart_head
+from dart_jax.convert.eagle3 import Eagle3Config, tensor_table as eagle3_tensor_table, write_eagle3_head
 from dart_jax.convert.qwen3 import Qwen3Config, save_qwen3, tensor_table as qwen3_tensor_table
 from dart_jax.ngram import Trie
 
@@ -141,6 +142,28 @@ def make_tiny_head(folder, base_folder, *, draft_length=3, draft_vocab_size=None
     tensors["d2t"] = used - np.arange(draft_vocab)
     tensors["t2d"] = np.isin(np.arange(vocab), used)
     return write_dart_head(folder, config, tensors, dtype)
+
+
+def make_tiny_eagle3(folder, base_folder, *, draft_vocab_size=None, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, intermediate_size=96, std=0.1, seed=0) -> Path:
+    """A random EAGLE-3 head (published layout, written by `write_eagle3_head`) for the target in
+    `base_folder`, of the target's width, sharing its embedding; the draft vocabulary holds the
+    first `draft_vocab_size` target ids (default: all). Untrained: τ stays near 1."""
+    base = json.loads((Path(base_folder) / "config.json").read_text())
+    vocab, hidden = int(base["vocab_size"]), int(base["hidden_size"])
+    draft_vocab = int(draft_vocab_size or vocab)
+    config = Eagle3Config.from_hf({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": intermediate_size, "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads, "head_dim": head_dim, "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
+        "max_position_embeddings": int(base.get("max_position_embeddings", 2048)), "hidden_act": "silu"})
+    shapes = {name: shape for name, (_, shape, _) in eagle3_tensor_table(config).items() if name not in ("d2t", "t2d")}
+    tensors = random_tensors(shapes, np.random.default_rng(seed), std)
+    if draft_vocab != vocab:
+        tensors["d2t"] = np.zeros(draft_vocab, np.int64)
+        tensors["t2d"] = np.arange(vocab) < draft_vocab
+    return write_eagle3_head(folder, config, tensors)
 
 
 def make_tiny_setup(folder, *, vocab_size=256, draft_length=3, draft_vocab_size=None, shuffle_d2t=False,

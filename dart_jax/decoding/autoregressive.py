@@ -8,6 +8,7 @@ sequence (`attention_window`), so its cost follows the sequence length, not the 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from typing import Callable, Iterator
@@ -60,8 +61,15 @@ def device_memory_bytes() -> int | None:
 
 def check_memory(make: Callable[[], object], what: str, fix: str) -> None:
     """A ResourceError, before anything is allocated, when the arrays `make()` would build (sized
-    with `jax.eval_shape`) need more than 80% of what the device holds."""
-    need = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(make)))
+    with `jax.eval_shape`) need more than 80% of what the device holds; arrays sharded over a mesh
+    count with the shard each device holds."""
+
+    def per_device(leaf) -> int:
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+        return math.prod(shape) * leaf.dtype.itemsize
+
+    need = sum(per_device(leaf) for leaf in jax.tree.leaves(jax.eval_shape(make)))
     have = device_memory_bytes()
     if have and need > 0.8 * have:
         raise ResourceError(f"{what} needs {need / 2**30:.2f} GiB of caches but the device has "
@@ -123,6 +131,38 @@ def _decode(graphdef, state, token, cache: KVCache, cache_len, keys, params: Sam
     return token.at[:m].set(new), cache, cache_len.at[:m].add(1), keys.at[:m].set(after)
 
 
+def _decode_chunk(graphdef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, remaining, eos,
+                  *, window: int, chunk: int):
+    """Up to `chunk` tokens for every sequence in one call, without the host: a device loop of
+    one-token steps (the same keys, so the same samples, as `_decode` step by step). A sequence
+    stops on an id of `eos` [E] or after `remaining` [B] more tokens (0: it is done already); its
+    later entries are -1 and its length stops moving. The loop ends as soon as every sequence is
+    done. → (tokens int32[B,chunk], last token [B], cache, lengths, keys, remaining)."""
+    target = nnx.merge(graphdef, state)
+    b = token.shape[0]
+    out = jnp.full((b, chunk), -1, jnp.int32)
+
+    def body(carry):
+        i, token, cache, cache_len, keys, remaining, out = carry
+        active = remaining > 0
+        hidden, _, cache_w = target.extend(token[:, None], window_view(cache, window), cache_len)
+        cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
+        after, now = split_rows(keys)
+        new = sample_tokens(now, target.lm_logits(hidden[:, 0]), params)
+        out = out.at[:, i].set(jnp.where(active, new, -1))
+        stop = jnp.any(new[:, None] == eos[None, :], axis=1)
+        remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
+        return (i + 1, jnp.where(active, new, token), cache, cache_len + active.astype(cache_len.dtype),
+                after, remaining, out)
+
+    def more(carry):
+        return (carry[0] < chunk) & jnp.any(carry[5] > 0)
+
+    _, token, cache, cache_len, keys, remaining, out = jax.lax.while_loop(
+        more, body, (jnp.int32(0), token, cache, cache_len, keys, remaining, out))
+    return out, token, cache, cache_len, keys, remaining
+
+
 class CachePool:
     """Caches reused across generations: the last set is kept when it has the batch size and is
     long enough (a shape already compiled), else it is freed before `make(batch, length)` makes a
@@ -159,12 +199,17 @@ class AutoregressiveDecoder:
         self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),))
         self.prefill = jitted(_prefill_rows, graphdef, donate_argnames="cache")
         self.decode = jitted(_decode, graphdef, static_argnames=("window", "live"), donate_argnames="cache")
+        self.decode_chunk = jitted(_decode_chunk, graphdef, static_argnames=("window", "chunk"),
+                                   donate_argnames="cache")
+
+    chunk = 32  # tokens per device loop: one host round trip per chunk, not per token
 
     def decode_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids, *,
                      cache_length: int | None = None, stats: list | None = None) -> Iterator[list[list[int]]]:
-        """B prompts together, one jitted token step for all of them, each within its own budget (a
-        finished sequence idles): yields the new ids of every sequence at each step ([first] from the
-        prefill, then one token; [] once done) until all are done. `cache_length` defaults to what
+        """B prompts together, each within its own budget (a finished sequence idles): yields the new
+        ids of every sequence per device call ([first] from the prefill, then up to `chunk` tokens
+        decoded in one jitted loop that checks EOS and the budgets on the device; [] once done)
+        until all are done. `cache_length` defaults to what
         the longest request needs; `stats` (one `Stats` per sequence) get prefill_s, device_s,
         steps, accept_lengths and total_s."""
         prompts = [np.asarray(p, np.int32) for p in prompts]
@@ -189,18 +234,27 @@ class AutoregressiveDecoder:
                 s.prefill_s = time.perf_counter() - start
             yield [budget.take([t]) for budget, t in zip(budgets, first)]
             cache_len, committed = jnp.asarray(lens), int(lens.max())
+            remaining = jnp.asarray([0 if budget.done else budget.limit - len(budget.out) for budget in budgets],
+                                    jnp.int32)
+            eos_row = jnp.asarray(sorted(eos) or [-1], jnp.int32)
             while not all(budget.done for budget in budgets):
                 t0 = time.perf_counter()
-                token, cache, cache_len, keys = self.decode(self.state, token, cache, cache_len, keys, params,
-                                                            window=attention_window(committed + 1, length))
-                committed += 1
-                host = np.asarray(token)
-                for s, budget in zip(stats, budgets):
-                    if not budget.done:
-                        s.device_s += time.perf_counter() - t0
-                        s.steps += 1
-                        s.accept_lengths.append(1)
-                yield [budget.take([t]) for budget, t in zip(budgets, host)]
+                chunk = self.chunk
+                out, token, cache, cache_len, keys, remaining = self.decode_chunk(
+                    self.state, token, cache, cache_len, keys, params, remaining, eos_row,
+                    window=attention_window(committed + chunk, length), chunk=chunk)
+                host = np.asarray(out)
+                elapsed = time.perf_counter() - t0
+                committed += chunk
+                rows = []
+                for s, budget, row in zip(stats, budgets, host):
+                    kept = budget.take(row[row >= 0]) if not budget.done else []
+                    if kept:
+                        s.device_s += elapsed
+                        s.steps += len(kept)
+                        s.accept_lengths.extend([1] * len(kept))
+                    rows.append(kept)
+                yield rows
         finally:
             for s in stats:
                 s.total_s = time.perf_counter() - start

@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .adaptive import median_time
 from .autoregressive import attention_window, live_rows
-from .layout import prefill_layout, step_layout, tree_layout
+from .layout import plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats
 from .sampling import SamplingParams
 from .settings import GenerationSettings
@@ -220,8 +221,10 @@ class Batcher(SlotPool):
     def __init__(self, engine, slots: int, max_length: int = 2048):
         super().__init__(engine, slots, max_length)
         self.depth, self.k = engine.rows, engine.tree.topk
-        self.fields = engine.drafter.proposal_fields(self.depth, self.k)
-        self.trees, self.outputs = tree_layout(engine.n_nodes, self.depth), step_layout(self.depth, self.fields)
+        self.fields = engine.drafter.proposal_fields(self.depth, self.k, engine.n_nodes)
+        self.outputs = step_layout(self.depth, self.fields)
+        self.trees = {size: tree_layout(size + 1, self.depth) for size in engine.tree_sizes if size}
+        self.plain = plain_layout(engine.plain_chunk, self.fields)
         _, (self.cache, self.draft_cache) = engine.pool.take(
             self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
             fix="use fewer slots (batch size) or a smaller max_length.")
@@ -231,7 +234,7 @@ class Batcher(SlotPool):
         self.preceding = np.zeros((b, self.depth + 1), np.int64)
         self.preceding_len = np.ones(b, np.int64)
         self.committed = np.zeros(b, np.int64)
-        self._empty = self._empty_trees()
+        self._empty = {size: self._empty_trees(size + 1) for size in engine.tree_sizes if size}
 
     def _cache_length(self) -> int:
         return self.engine.cache_length(self.max_length - 1, self.max_length)
@@ -245,7 +248,7 @@ class Batcher(SlotPool):
         joining, ids, prompt_len, start = self._joining(free)
         packed, self.cache, self.draft_cache, self.keys = engine._prefill(
             engine._state, jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.cache,
-            self.draft_cache, self.keys, self.params, rows=self.depth, k=self.k)
+            self.draft_cache, self.keys, self.params, rows=self.depth, k=self.k, nodes=engine.n_nodes)
         self._joined(joining, prompt_len)
         out = prefill_layout(self.fields).unpack(np.asarray(packed))
         elapsed = time.perf_counter() - start_time
@@ -267,24 +270,20 @@ class Batcher(SlotPool):
             self.params, self._stale_params = self._params(), False
         rows = [i for i, r in enumerate(self.busy) if r is not None]
         m = self._live()  # rows past m are free and not computed
+        committed = int(self.committed[rows].max())
+        window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
+        size = engine.sizer.choose(m, lambda m: self._measure(m, committed))
+        if size == 0:
+            return self._advance_plain(rows, m)
         t0 = time.perf_counter()
-        found = engine.drafter.tree({name: a[rows] for name, a in self.proposal.items()}, self.preceding[rows],
-                                    self.preceding_len[rows], engine.trie, engine.tree, engine.tree_eos_id)
-        if len(rows) == m:
-            trees = {name: getattr(found, name) for name in self._empty}
-        else:  # free slots among the first m get a root-only tree
-            trees = {name: array[:m].copy() for name, array in self._empty.items()}
-            for name in trees:
-                trees[name][rows] = getattr(found, name)
-        packed_tree = self.trees.pack(trees)
+        packed_tree = self._search(size, rows, m)
         t1 = time.perf_counter()
-        reach = engine.drafter.reach(self.depth + 1)
-        window = attention_window(int(self.committed[rows].max()) + reach, self.length)
         packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine._step(
             engine._state, jax.device_put(packed_tree), self.cache, self.draft_cache, self.cache_len, self.keys,
-            self.params, n=engine.n_nodes, depth=self.depth, k=self.k, window=window)
+            self.params, n=size + 1, depth=self.depth, k=self.k, window=window)
         out = self.outputs.unpack(np.asarray(packed))
         t2 = time.perf_counter()
+        engine.sizer.observe(size, m, float(out["count"][rows].mean()), t2 - t0)
         events = []
         for slot in rows:
             request, count = self.busy[slot], int(out["count"][slot])
@@ -298,16 +297,106 @@ class Batcher(SlotPool):
             s.device_s += t2 - t1
             s.steps += 1
             s.accept_lengths.append(count)
+            s.tree_sizes.append(size)
             events.append(self._take(request, fed.tolist(), count))
         return events
+
+    def _advance_plain(self, rows: list[int], m: int) -> list[tuple[Request, list[int], int]]:
+        """Tree size 0: a chunk of plain decoding for every busy slot (dart_jax.decoding.adaptive)."""
+        engine, chunk = self.engine, self.engine.plain_chunk
+        t0 = time.perf_counter()
+        remaining = np.zeros(m, np.int32)
+        for slot in rows:
+            budget = self.busy[slot].budget
+            remaining[slot] = budget.limit - len(budget.out)
+        window = attention_window(int(self.committed[rows].max()) + engine.drafter.reach(chunk), self.length)
+        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine._plain(
+            engine._state, jnp.asarray(self._roots(m)), self.cache, self.draft_cache, self.cache_len, self.keys,
+            self.params, jnp.asarray(remaining), engine.eos_row, chunk=chunk, depth=self.depth, k=self.k,
+            window=window)
+        out = self.plain.unpack(np.asarray(packed))
+        t1 = time.perf_counter()
+        counts = out["count"][rows]
+        if int(counts.max()) == chunk:  # a chunk cut short by a budget or EOS says little about plain decoding
+            engine.sizer.observe(0, m, float(counts.mean()), t1 - t0)
+        events = []
+        for slot in rows:
+            request, count = self.busy[slot], int(out["count"][slot])
+            for f in self.fields:
+                self.proposal[f.name][slot] = out[f.name][slot]
+            fed = out["tokens"][slot, :count]
+            self._set_preceding(slot, fed[-(self.depth + 1):])
+            self.committed[slot] += count
+            s = request.stats
+            s.device_s += t1 - t0
+            s.steps += count
+            s.accept_lengths.extend([1] * count)
+            s.tree_sizes.extend([0] * count)
+            events.append(self._take(request, fed.tolist(), 1))
+        return events
+
+    def _search(self, size: int, rows: list[int], m: int) -> np.ndarray:
+        """The busy rows' draft trees of `size` nodes besides the root, packed for the first m rows
+        (free slots among them get a root-only tree)."""
+        engine = self.engine
+        found = engine.drafter.tree({name: a[rows] for name, a in self.proposal.items()}, self.preceding[rows],
+                                    self.preceding_len[rows], engine.trie, engine.tree_settings(size),
+                                    engine.tree_eos_id)
+        empty = self._empty[size]
+        if len(rows) == m:
+            trees = {name: getattr(found, name) for name in empty}
+        else:
+            trees = {name: array[:m].copy() for name, array in empty.items()}
+            for name in trees:
+                trees[name][rows] = getattr(found, name)
+        return self.trees[size].pack(trees)
+
+    def _roots(self, m: int) -> np.ndarray:
+        """Each of the first m rows' pending token (the last one, not yet in the cache)."""
+        return self.preceding[np.arange(m), self.preceding_len[:m] - 1].astype(np.int32)
+
+    def _measure(self, m: int, committed: int, repeats: int = 3) -> dict[int, float]:
+        """Seconds per step of each tree size for the first m rows (the tree search on the busy rows'
+        last proposals, the transfers and the device step), timed on this pool's caches (see
+        dart_jax.decoding.adaptive): the step's results are dropped — its writes land at and past
+        each row's committed length, which the next real step overwrites, and the lengths and keys
+        stay."""
+        engine, costs = self.engine, {}
+        if 0 in engine.tree_sizes:
+            chunk = engine.plain_chunk
+            roots, full = jnp.asarray(self._roots(m)), jnp.full((m,), chunk, jnp.int32)
+            plain_window = attention_window(committed + engine.drafter.reach(chunk), self.length)
+
+            def plain():
+                packed, self.cache, self.draft_cache, _, _ = engine._plain(
+                    engine._state, roots, self.cache, self.draft_cache, self.cache_len, self.keys, self.params, full,
+                    engine.eos_row, chunk=chunk, depth=self.depth, k=self.k, window=plain_window)
+                np.asarray(packed)
+
+            plain()
+            costs[0] = median_time(plain, repeats)  # the time of `chunk` tokens: the sizer divides
+        window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
+        rows = [i for i, r in enumerate(self.busy[:m]) if r is not None]
+        for size in (s for s in engine.tree_sizes if s):
+
+            def run():
+                tree = jax.device_put(self._search(size, rows, m))
+                packed, self.cache, self.draft_cache, _, _ = engine._step(
+                    engine._state, tree, self.cache, self.draft_cache, self.cache_len, self.keys, self.params,
+                    n=size + 1, depth=self.depth, k=self.k, window=window)
+                np.asarray(packed)
+
+            run()  # compiles the size's step where it is new
+            costs[size] = median_time(run, repeats)
+        return costs
 
     def _set_preceding(self, slot: int, ids: np.ndarray) -> None:
         self.preceding[slot, :ids.size] = ids
         self.preceding_len[slot] = ids.size
 
-    def _empty_trees(self) -> dict[str, np.ndarray]:
-        """The tree of a free slot: its root alone (no search, nothing to accept but the bonus)."""
-        b, n, depth = self.slots, self.engine.n_nodes, self.depth
+    def _empty_trees(self, n: int) -> dict[str, np.ndarray]:
+        """The trees of free slots, `n` node slots: the root alone (no search, nothing to accept but the bonus)."""
+        b, depth = self.slots, self.depth
         return {"tokens": np.zeros((b, n), np.int32), "positions": np.zeros((b, n), np.int32),
                 "parents": np.full((b, n), -1, np.int32), "mask": np.broadcast_to(np.eye(n, dtype=bool), (b, n, n)).copy(),
                 "retrieve": np.full((b, n - 1, depth + 1), -1, np.int32)}

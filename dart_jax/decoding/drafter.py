@@ -27,6 +27,7 @@ class Drafter(abc.ABC):
     module merged from the traced state."""
 
     module: nnx.Module
+    adaptive_tree = True  # whether `keep="auto"` may vary its tree size per step
 
     @property
     @abc.abstractmethod
@@ -41,6 +42,10 @@ class Drafter(abc.ABC):
     @abc.abstractmethod
     def reach(self, real_rows: int) -> int:
         """Cache slots past the committed length that a call over `real_rows` rows writes."""
+
+    def check_tree(self, tree: TreeSettings) -> TreeSettings:
+        """`tree` checked against this drafter (a ValueError naming what does not fit)."""
+        return tree.check_fits(self.rows, self.vocab_size)
 
     @abc.abstractmethod
     def init_cache(self, batch: int, length: int, dtype):
@@ -59,12 +64,13 @@ class Drafter(abc.ABC):
 
     @staticmethod
     @abc.abstractmethod
-    def proposal_fields(rows: int, k: int) -> tuple[Field, ...]:
-        """The per-sequence arrays a draft sends to the host."""
+    def proposal_fields(rows: int, k: int, nodes: int = 0) -> tuple[Field, ...]:
+        """The per-sequence arrays a draft sends to the host (`nodes`: the tree's node slots, root
+        included, for a drafter whose proposal is the tree)."""
 
     @staticmethod
     @abc.abstractmethod
-    def prefill(module, taps, next_ids, cache, start, n_real, *, rows: int, k: int):
+    def prefill(module, taps, next_ids, cache, start, n_real, *, rows: int, k: int, nodes: int = 0):
         """First draft after the prompt: taps [B,T,3H] of the (padded) prompt, next_ids [B,T]
         (the token that follows each position), n_real [B] real positions, written from `start`
         [B] (0, or the cache length for a row that is not being prefilled: such writes must be
@@ -72,7 +78,7 @@ class Drafter(abc.ABC):
 
     @staticmethod
     @abc.abstractmethod
-    def extend(module, taps, next_ids, cache, cache_len, n_real, *, rows: int, k: int):
+    def extend(module, taps, next_ids, cache, cache_len, n_real, *, rows: int, k: int, nodes: int = 0):
         """Draft after a step: taps and next ids of the accepted nodes [B,D+1,·], of which
         n_real [B] are real, appended after `cache_len` [B] committed tokens → (proposal, cache)."""
 
@@ -112,15 +118,15 @@ class DartDrafter(Drafter):
         return HeadCache(k=put_window(cache.k, part.k), v=put_window(cache.v, part.v))
 
     @staticmethod
-    def proposal_fields(rows: int, k: int) -> tuple[Field, ...]:
+    def proposal_fields(rows: int, k: int, nodes: int = 0) -> tuple[Field, ...]:
         return (Field("cand_ids", (rows, k)), Field("cand_probs", (rows, k), "float32"))
 
     @staticmethod
-    def prefill(module, taps, next_ids, cache, start, n_real, *, rows: int, k: int):
+    def prefill(module, taps, next_ids, cache, start, n_real, *, rows: int, k: int, nodes: int = 0):
         return DartDrafter.extend(module, taps, next_ids, cache, start, n_real, rows=rows, k=k)
 
     @staticmethod
-    def extend(module, taps, next_ids, cache, cache_len, n_real, *, rows: int, k: int):
+    def extend(module, taps, next_ids, cache, cache_len, n_real, *, rows: int, k: int, nodes: int = 0):
         logits, cache = module.extend(taps, next_ids, cache, cache_len, n_real)
         # the tree search scores each row's top-k by the softmax over those k logits only
         values, idx = jax.lax.top_k(logits[:, :rows].astype(jnp.float32), k)  # [B,rows,k]

@@ -27,6 +27,8 @@ whatever it appends, e.g. DART's m mask slots) from `cache_len`, and advancing b
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
 from typing import Iterator, Sequence
 
@@ -35,14 +37,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, write_cache
-from dart_jax.models.sharding import shard_cache
+from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inputs_on_mesh, make_mesh,
+                                      shard_module, sharded_caches)
 from dart_jax.ngram import TreeSettings
 
+from .adaptive import TreeSizer, auto_sizes
 from .autoregressive import (AutoregressiveDecoder, CachePool, jitted, last_logits, param_rows, put_window,
                              window_view)
 from .batcher import Batcher
 from .drafter import Drafter
-from .layout import prefill_layout, step_layout, tree_layout
+from .layout import plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Stats, check_prompt
 from .sampling import accept_trees, sample_tokens, split_rows
 from .settings import GenerationSettings, ShapeSettings
@@ -65,7 +69,7 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
 
 
 def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCache, draft_cache, keys, params, *,
-             rows: int, k: int):
+             rows: int, k: int, nodes: int):
     """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool:
     ids int32[m,T] (padded to the bucket), prompt_len int32[m], the pool's PRNG keys and sampling
     params [B] → packed `prefill_layout` [m]. A row whose `start` is the cache length is left
@@ -87,9 +91,9 @@ def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCach
         shifted = jnp.where(jnp.arange(t)[None, :] == (prompt_len - 1)[:, None], first[:, None], shifted)
         draft_view = drafter_cls.cache_window(draft_cache, None, m)
         proposal, draft_view = drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, prompt_len,
-                                                   rows=rows, k=k)
+                                                   rows=rows, k=k, nodes=nodes)
         draft_cache = drafter_cls.cache_put(draft_cache, draft_view)
-    packed = prefill_layout(drafter_cls.proposal_fields(rows, k)).pack({"first": first, **proposal})
+    packed = prefill_layout(drafter_cls.proposal_fields(rows, k, nodes)).pack({"first": first, **proposal})
     return packed, cache, draft_cache, keys
 
 
@@ -122,14 +126,78 @@ def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache
         follow = jnp.where(jnp.arange(depth + 1)[None, :] == (count - 1)[:, None], bonus[:, None], follow)
         draft_w = drafter_cls.cache_window(draft_cache, window, m)
         proposal, draft_w = drafter_cls.extend(pair.drafter, accepted_taps, follow, draft_w, length, count,
-                                               rows=depth, k=k)
+                                               rows=depth, k=k, nodes=n)
         draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
-    layout = step_layout(depth, drafter_cls.proposal_fields(depth, k))
+    layout = step_layout(depth, drafter_cls.proposal_fields(depth, k, n))
     packed = layout.pack({"count": count, "path_tokens": path_tokens, "bonus": bonus, **proposal})
     return packed, cache, draft_cache, cache_len.at[:m].add(count), keys
 
 
+def _plain(graphdef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
+           *, chunk: int, depth: int, k: int, window: int):
+    """Up to `chunk` tokens of plain decoding for the first m = token.shape[0] sequences, then one
+    drafter call over them (what the tree size 0 of the adaptive budget runs: no tree, as fast
+    as the baseline, and the drafter stays ready for the next speculative step). `token` [m] is
+    each row's pending token (the last one, not yet in the cache: a tree's root); a row stops on
+    an id of `eos` or after `remaining` [m] tokens. → packed `plain_layout` [m], caches, lengths,
+    keys. The same keys as the baseline's loop, so the same samples."""
+    pair = nnx.merge(graphdef, state)
+    m = token.shape[0]
+    length = cache_len[:m]
+    view = window_view(cache, window, m)
+    hidden_size = 3 * pair.target.config.hidden_size
+    start = (jnp.int32(0), token, view, keys[:m], remaining, jnp.zeros((m,), jnp.int32),
+             jnp.full((m, chunk), -1, jnp.int32), jnp.zeros((m, chunk, hidden_size), pair.target.dtype))
+
+    def body(carry):
+        i, token, view, keys, remaining, count, out, taps = carry
+        active = remaining > 0
+        hidden, tap, view = pair.target.extend(token[:, None], view, length + count, return_taps=True)
+        after, now = split_rows(keys)
+        new = sample_tokens(now, pair.target.lm_logits(hidden[:, 0]), param_rows(params, m))
+        out = out.at[:, i].set(jnp.where(active, new, -1))
+        taps = taps.at[:, i].set(tap[:, 0])
+        stop = jnp.any(new[:, None] == eos[None, :], axis=1)
+        remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
+        return (i + 1, jnp.where(active, new, token), view, after, remaining, count + active.astype(jnp.int32), out,
+                taps)
+
+    with jax.named_scope("plain_target"):
+        _, token, view, step_keys, _, count, out, taps = jax.lax.while_loop(
+            lambda c: (c[0] < chunk) & jnp.any(c[4] > 0), body, start)
+        cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
+        keys = keys.at[:m].set(step_keys)
+    with jax.named_scope("draft"):
+        # fed at position i: the token decoded there, followed by out[:, i]; a row's count >= 1
+        draft_w = drafter_cls.cache_window(draft_cache, window, m)
+        proposal, draft_w = drafter_cls.extend(pair.drafter, taps, out, draft_w, length, jnp.maximum(count, 1),
+                                               rows=depth, k=k)
+        draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
+    packed = plain_layout(chunk, drafter_cls.proposal_fields(depth, k)).pack({"count": count, "tokens": out,
+                                                                               **proposal})
+    return packed, cache, draft_cache, cache_len.at[:m].add(count), keys
+
+
 _DONATE = ("cache", "draft_cache")
+
+
+@functools.lru_cache(maxsize=None)
+def _pinned(fn, mesh):
+    """`fn` (`_prefill`, `_step`, `_plain`: outputs 1 and 2 are the target and drafter caches) with
+    both caches pinned to their shardings on `mesh`, so that a donated cache comes back as it went
+    in (no gather, no second compilation), and the rest replicated: the packed answer, which every
+    host of a multi-host mesh reads whole, and the lengths and keys (as `inputs_on_mesh` feeds
+    them back); `fn` itself without a mesh."""
+    if mesh is None:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return (constrain_replicated(out[0], mesh), constrain_cache(out[1], mesh), constrain_cache(out[2], mesh),
+                *constrain_replicated(out[3:], mesh))
+
+    return run
 
 
 class Engine:
@@ -137,29 +205,54 @@ class Engine:
     (None: the drafter's scores alone) under `tree` settings. Also runs the autoregressive baseline
     over the same cache set."""
 
+    plain_chunk = 16  # tokens per call of the adaptive budget's size 0 (plain decoding)
+
     def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
-                 mesh=None):
-        self.target, self.drafter, self.trie, self.mesh = target, drafter, trie, mesh
-        self.tree = tree.check_fits(drafter.rows, drafter.vocab_size)
+                 mesh=None, adaptive: bool = False):
+        self.target, self.drafter, self.trie, self.mesh = target, drafter, trie, make_mesh(mesh)
+        if self.mesh is not None:  # loaders place the weights already (then this moves nothing)
+            shard_module(target, self.mesh)
+            shard_module(drafter.module, self.mesh)
+        self.tree = drafter.check_tree(tree)
         self.shapes = shapes
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.tree_eos_id = tree_eos_id
         self.rows = tree.rows_used(drafter.rows)
-        self.n_nodes = tree.keep + 1
+        self.n_nodes = tree.keep + 1  # the biggest tree
+        # keep="auto": each step picks among a few tree sizes up to tree.keep (dart_jax.decoding.adaptive)
+        self.adaptive = bool(adaptive) and drafter.adaptive_tree
+        # size 0: a chunk of plain decoding, chosen where drafting does not pay
+        self.tree_sizes = (0,) + auto_sizes(tree.keep) if self.adaptive else (tree.keep,)
+        self.sizer = TreeSizer(self.tree_sizes, plain_tokens=self.plain_chunk, depth=self.rows)
+        self._tree_settings = {size: dataclasses.replace(self.tree, keep=size) for size in self.tree_sizes if size}
+        self.eos_row = jnp.asarray(sorted(self.eos_ids) or [-1], jnp.int32)
         graphdef, self._state = nnx.split(_Pair(target, drafter.module))
         cls = type(drafter)
-        self._prefill = jitted(_prefill, graphdef, cls, static_argnames=("rows", "k"), donate_argnames=_DONATE)
-        self._step = jitted(_step, graphdef, cls, static_argnames=("n", "depth", "k", "window"),
-                            donate_argnames=_DONATE)
+        # with a mesh: host-made inputs go onto it, and the caches come back with their shardings
+        self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), graphdef, cls,
+                                              static_argnames=("rows", "k", "nodes"), donate_argnames=_DONATE),
+                                       self.mesh)
+        self._step = inputs_on_mesh(jitted(_pinned(_step, self.mesh), graphdef, cls,
+                                           static_argnames=("n", "depth", "k", "window"), donate_argnames=_DONATE),
+                                    self.mesh)
+        self._plain = inputs_on_mesh(jitted(_pinned(_plain, self.mesh), graphdef, cls,
+                                            static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
+                                     self.mesh)
         self.pool = CachePool(self._make_caches)
         self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
 
-    def with_tree(self, tree: TreeSettings) -> "Engine":
+    def with_tree(self, tree: TreeSettings, adaptive: bool | None = None) -> "Engine":
         """An engine over the same target, drafter and trie with other tree settings (another tree
-        size is another compiled step; the weights are shared, not copied)."""
+        size is another compiled step; the weights are shared, not copied); `adaptive` (default:
+        this engine's) chooses the size per step up to tree.keep."""
         return Engine(self.target, self.drafter, self.trie, eos_ids=sorted(self.eos_ids), tree_eos_id=self.tree_eos_id,
-                      tree=tree, shapes=self.shapes, mesh=self.mesh)
+                      tree=tree, shapes=self.shapes, mesh=self.mesh,
+                      adaptive=self.adaptive if adaptive is None else adaptive)
+
+    def tree_settings(self, size: int) -> TreeSettings:
+        """The tree settings of a step that uses a tree of `size` nodes besides the root."""
+        return self._tree_settings[size]
 
     def check_request(self, prompt_ids, settings: GenerationSettings):
         """The prompt as int32 ids, or an InputError naming what is wrong (see `check_prompt`);
@@ -181,7 +274,8 @@ class Engine:
         S <= max_length-2 reads the tree's N nodes beside the cache and writes the drafter's
         reach(rows + 1) from S."""
         bucket = self.shapes.bucket(prompt_len)
-        need = max(self.drafter.reach(bucket), max_length + max(self.n_nodes, self.drafter.reach(self.rows + 1)))
+        step = max(self.n_nodes, self.drafter.reach(self.rows + 1), self.drafter.reach(self.plain_chunk))
+        need = max(self.drafter.reach(bucket), max_length + step)
         return self.shapes.cache_length(need)
 
     def new_caches(self, batch: int, length: int) -> tuple:
@@ -190,10 +284,9 @@ class Engine:
                 self.drafter.init_cache(batch, length, self.target.dtype))
 
     def _make_caches(self, batch: int, length: int) -> tuple:
-        cache, draft_cache = self.new_caches(batch, length)
-        if self.mesh is not None:
-            cache = shard_cache(cache, self.mesh)
-        return cache, draft_cache
+        if self.mesh is None:
+            return self.new_caches(batch, length)
+        return sharded_caches(lambda: self.new_caches(batch, length), self.mesh)
 
     # ------------------------------------------------------------------ decoding loops
     def generate_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
@@ -234,6 +327,7 @@ class Engine:
                                           cache_length=self.cache_length(ids.size, settings.max_length), stats=[stats])
         stats.token_ids = []
         for step, (kept,) in enumerate(rows):
-            stats.token_ids.extend(kept)
-            stats.new_tokens = len(stats.token_ids)
-            yield kept, min(step, 1)
+            for token in kept:  # a device call decodes a chunk of tokens: hand them on one by one
+                stats.token_ids.append(token)
+                stats.new_tokens = len(stats.token_ids)
+                yield [token], min(step, 1)

@@ -89,3 +89,9 @@ def step_layout(depth: int, proposal: tuple[Field, ...]) -> Layout:
     """What a step returns: accepted nodes (root included) `count`, the tokens of the accepted path
     (entries past `count` are junk), the bonus token, and the drafter's next proposal."""
     return Layout((Field("count", ()), Field("path_tokens", (depth + 1,)), Field("bonus", ())) + proposal)
+
+
+def plain_layout(chunk: int, proposal: tuple[Field, ...]) -> Layout:
+    """What a plain chunk (no tree) sends to the host: the tokens it decoded per sequence (count of
+    them real, -1 after) and the drafter's proposal after them."""
+    return Layout((Field("count", ()), Field("tokens", (chunk,))) + proposal)

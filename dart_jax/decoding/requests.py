@@ -1,6 +1,7 @@
 """Host-side bookkeeping of a request: its prompt's checks, its output budget, its figures."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Sequence
 
@@ -61,6 +62,7 @@ class Stats:
     device_s: float = 0.0  # per-step verify + draft on the device, incl. both transfers
     tree_s: float = 0.0  # tree construction on the CPU
     accept_lengths: list[int] = dataclasses.field(default_factory=list)
+    tree_sizes: list[int] = dataclasses.field(default_factory=list)  # per speculative step, nodes besides the root
     token_ids: list[int] = dataclasses.field(default_factory=list)  # the generated ids so far
 
     @property
@@ -78,4 +80,16 @@ class Stats:
     def as_dict(self) -> dict[str, Any]:
         return {"new_tokens": self.new_tokens, "steps": self.steps, "prompt_tokens": self.prompt_tokens,
                 "tokens_per_s": self.tokens_per_s, "tau": self.mean_accept_length, "total_s": self.total_s,
-                "prefill_s": self.prefill_s, "device_s": self.device_s, "tree_s": self.tree_s, "host_s": self.host_s}
+                "prefill_s": self.prefill_s, "device_s": self.device_s, "tree_s": self.tree_s, "host_s": self.host_s,
+                **self.tree_figures()}
+
+    def tree_figures(self) -> dict[str, Any]:
+        """With an adaptive tree budget: the tokens that came from plain-decoding chunks (size 0),
+        τ over the speculative steps alone, and how many steps used each tree size."""
+        if not self.tree_sizes:
+            return {}
+        drafted = [a for a, size in zip(self.accept_lengths, self.tree_sizes) if size]
+        sizes = collections.Counter(size for size in self.tree_sizes if size)
+        return {"plain_tokens": len(self.tree_sizes) - len(drafted),
+                "draft_tau": float(np.mean(drafted)) if drafted else 0.0,
+                "tree_size_steps": {int(k): v for k, v in sorted(sizes.items())}}

@@ -1,4 +1,4 @@
-"""Modules from checkpoints and back: `load_qwen3`, `load_dart_head`, `save_dart_head`.
+"""Modules from checkpoints and back: `load_qwen3`, `load_dart_head`, `save_dart_head`, `load_eagle3_head`.
 
 `dart_jax.convert` reads and checks the files (names, shapes, configs) and hands over named
 arrays; this module builds the modules abstractly (`nnx.eval_shape`) and fills them parameter by
@@ -17,15 +17,17 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from dart_jax.convert import dart_head as head_format
+from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert import qwen3 as qwen3_format
 from dart_jax.convert.dart_head import DartHeadConfig
-from dart_jax.convert.safetensors_io import cast_weight, open_safetensors, read_tensor
+from dart_jax.convert.safetensors_io import cast_weight, open_safetensors, read_slice, read_tensor, tensor_index
 from dart_jax.errors import FileFormatError, InputError
 
+from .eagle3 import Eagle3Head, eagle3_rope
 from .head import DartHead, head_rope
 from .layers import rope_inv_freq
 from .qwen3 import Qwen3, default_dtype
-from .sharding import DEFAULT_RULES, named_sharding
+from .sharding import DEFAULT_RULES, check_fits, make_mesh, model_sizes, named_sharding, place
 
 
 def _variable(module: nnx.Module, path: tuple) -> nnx.Variable:
@@ -45,18 +47,31 @@ def _check_rope(inv_freq: np.ndarray, scale: float, config_file: Path) -> None:
                                            "checkpoint's original RoPE settings.")
 
 
-def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mesh | None = None,
+def _put(var: nnx.Variable, array: np.ndarray, mesh, rules) -> jax.Array:
+    """A host array as the value of `var`: on the default device, or straight onto its shards."""
+    if mesh is None:
+        return jnp.asarray(array)
+    axes = var.get_metadata().get("logical_axes") or (None,) * array.ndim
+    return jax.device_put(array, named_sharding(axes, array.shape, mesh, rules))
+
+
+def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mesh | str | None = None,
                rules=DEFAULT_RULES) -> Qwen3:
     """A `Qwen3` with the weights of a HF Qwen3 checkpoint (local folder or hub id).
 
     Parameters are stored in `dtype` (default: `default_dtype()`), which is also the compute dtype.
-    With a `mesh`, each parameter is placed with the NamedSharding its logical axes give under `rules`.
+    With a `mesh` (a Mesh or a spec such as "model=4", see `sharding.make_mesh`), each parameter
+    is read slice by slice straight onto its shards (the NamedSharding its logical axes give
+    under `rules`): no device and no host buffer holds more than one whole tensor; a mesh that
+    does not divide the head counts, MLP width or vocabulary is an InputError before any read.
     Everything about the files is checked before the model is built (config values, tensor
     names, shapes, float dtypes, from the headers) and each weight as it is read (finite values,
     also after conversion to `dtype`); a problem is a FileFormatError naming the file.
     """
     folder = qwen3_format.checkpoint_folder(path_or_id)
     config = qwen3_format.load_qwen3_config(folder)
+    mesh = make_mesh(mesh)
+    check_fits(mesh, model_sizes(config), rules=rules)
     # a bad RoPE fails before any read
     with np.errstate(all="ignore"):
         tables = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling_dict)
@@ -66,11 +81,6 @@ def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mes
     dtype = jnp.dtype(dtype or default_dtype())
     model = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
 
-    def place(arr: np.ndarray, var: nnx.Variable) -> jax.Array:
-        if mesh is None:
-            return jnp.asarray(arr)
-        return jax.device_put(arr, named_sharding(var.get_metadata()["logical_axes"], arr.shape, mesh, rules))
-
     by_file: dict[Path, list[str]] = {}
     for name in table:
         by_file.setdefault(index[name][0], []).append(name)
@@ -79,22 +89,43 @@ def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mes
             with open_safetensors(f) as fh:
                 for name in names:
                     path, _, transpose = table[name]
-                    arr = cast_weight(read_tensor(fh, f, name), dtype, name, f)
                     var = _variable(model, path)
-                    var.set_value(place(np.ascontiguousarray(arr.T) if transpose else arr, var))
+                    if mesh is None:
+                        arr = cast_weight(read_tensor(fh, f, name), dtype, name, f)
+                        var.set_value(jnp.asarray(np.ascontiguousarray(arr.T) if transpose else arr))
+                    else:
+                        var.set_value(_place_tensor(fh, f, name, transpose, var, dtype, mesh, rules))
                     bar.update()
     return model
 
 
-def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None) -> DartHead:
+def _place_tensor(fh, f: Path, name: str, transpose: bool, var: nnx.Variable, dtype, mesh, rules) -> jax.Array:
+    """Tensor `name` of an open file on the shards of `var`, each shard read as a slice of the file
+    (a transposed weight [out, in] is read at the transposed index)."""
+
+    def read(index: tuple) -> np.ndarray:
+        block = cast_weight(read_slice(fh, f, name, index[::-1] if transpose else index), dtype, name, f)
+        return np.ascontiguousarray(block.T) if transpose else block
+
+    return place(var.get_value().shape, var.get_metadata()["logical_axes"], mesh, read, rules)
+
+
+def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None, mesh: jax.sharding.Mesh | str | None = None,
+                   rules=DEFAULT_RULES) -> DartHead:
     """A DartHead for `target` (a Qwen3 module: its `.config` and shared `.embed_tokens`).
 
     `dtype` sets both the parameter and the compute dtype; None takes the target's compute dtype
     (`target.dtype`, else the dtype of its embedding). The head is checked as
     `dart_jax.convert.dart_head.read_head` does (config, names, shapes, dtypes, finite weights,
     a one-to-one d2t with a matching t2d, the fit to the target); a problem is a FileFormatError
-    naming the head's file.
+    naming the head's file. With a `mesh`, each parameter goes straight onto its shards (the head,
+    one layer, is read whole first: its checks need whole tensors); a mesh that does not divide
+    its head counts, MLP width or draft vocabulary is an InputError before any read.
     """
+    mesh = make_mesh(mesh)
+    if mesh is not None:
+        check_fits(mesh, model_sizes(target.config, head_format.read_head_config(head_format.head_folder(path_or_id))),
+                   rules=rules)
     folder, config, tensors = head_format.read_head(path_or_id, target.config)
     with np.errstate(all="ignore"):
         tables = head_rope(config)
@@ -107,13 +138,14 @@ def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None) -> DartHea
     for name, (path, _, transpose) in head_format.tensor_table(config).items():
         array = np.asarray(tensors[name])
         if name == "d2t":
-            value = jnp.asarray(array.astype(np.int32))
+            array = array.astype(np.int32)
         elif name == "t2d":
-            value = jnp.asarray(array.astype(np.bool_))
+            array = array.astype(np.bool_)
         else:
             array = cast_weight(array, jnp.dtype(dtype), name, weights[name][0])
-            value = jnp.asarray(array.T if transpose else array)
-        _variable(head, path).set_value(value)
+            array = np.ascontiguousarray(array.T) if transpose else array
+        var = _variable(head, path)
+        var.set_value(_put(var, array, mesh, rules))
     return head
 
 
@@ -141,3 +173,42 @@ def save_dart_head(folder: str | os.PathLike, config: DartHeadConfig, params, dt
     if dtype not in head_format.SAVE_DTYPES:
         raise InputError(f"dtype must be one of {sorted(head_format.SAVE_DTYPES)}, got {dtype!r}.")
     return head_format.write_dart_head(folder, config, head_tensors(config, params), dtype)
+
+
+def load_eagle3_head(path_or_id: str | os.PathLike, target, dtype=None, mesh: jax.sharding.Mesh | str | None = None,
+                     rules=DEFAULT_RULES) -> Eagle3Head:
+    """An EAGLE-3 head (published layout: hub id or folder) for `target` (a Qwen3 module: its
+    `.config` and, unless the checkpoint has an embedding of its own, its shared `.embed_tokens`).
+    With a `mesh`, each parameter goes onto its shards as `load_dart_head` places them.
+
+    `dtype` sets the parameter and compute dtype; None takes the target's. Checked as
+    `dart_jax.convert.eagle3.read_eagle3` does; a problem is an error naming the head's file."""
+    mesh = make_mesh(mesh)
+    folder, config, tensors = eagle3_format.read_eagle3(path_or_id, target.config)
+    if mesh is not None:
+        check_fits(mesh, model_sizes(target.config, config), rules=rules)
+    with np.errstate(all="ignore"):
+        tables = eagle3_rope(config)
+    _check_rope(*tables, folder / eagle3_format.CONFIG_NAME)
+    if dtype is None:
+        dtype = getattr(target, "dtype", None) or target.embed_tokens.embedding.get_value().dtype
+    own = eagle3_format.EMBEDDING in tensors
+    head = nnx.eval_shape(lambda: Eagle3Head(config, None if own else target.embed_tokens, dtype=dtype,
+                                             param_dtype=dtype, rngs=None))
+    if not own:
+        head.embed_tokens = target.embed_tokens
+    head.d2t.set_value(jnp.zeros((config.draft_vocab_size,), jnp.int32))
+    head.t2d.set_value(jnp.ones((config.vocab_size,), jnp.bool_))
+    weights = tensor_index(folder)
+    for name, (path, _, transpose) in eagle3_format.tensor_table(config, own_embedding=own).items():
+        array = np.asarray(tensors[name])
+        if name == "d2t":
+            array = array.astype(np.int32)
+        elif name == "t2d":
+            array = array.astype(np.bool_)
+        else:
+            array = cast_weight(array, jnp.dtype(dtype), name, weights[name][0])
+            array = np.ascontiguousarray(array.T) if transpose else array
+        var = _variable(head, path)
+        var.set_value(_put(var, array, mesh, rules))
+    return head

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import sys
-from pathlib import Path
 
 from dart_jax.api.generate import DEMO_PROMPT, add_model_options, load_model
 from dart_jax.errors import InputError, cli_boundary

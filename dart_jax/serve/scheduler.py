@@ -6,7 +6,9 @@ into the pools and steps them in turn:
 - method "dart": one `Batcher` pool of `slots` sequences per draft-tree size (the server's default
   size, plus any other size a request asks for, made on first use);
 - method "ar": a `PlainBatcher` pool of `slots` sequences, plain autoregressive decoding of the
-  target (one token per sequence and step, all sequences in one call).
+  target (one token per sequence and step, all sequences in one call);
+- method "eagle3" (a model loaded with an EAGLE-3 head): one `Batcher` pool over the EAGLE-3 engine
+  (its tree size is the head's, fixed).
 A job that is cancelled (the client went away, a stop string was met, the UI's Stop button) leaves
 its pool at once and its slot takes the next job. Every event goes to the job's sink: a
 `queue.Queue` for threads, or an asyncio queue fed through its event loop.
@@ -103,6 +105,8 @@ class Scheduler:
         self.model, self.slots, self.max_length = model, int(slots), int(max_length)
         self.default_tree_size = model.engine.tree.keep
         self.methods = dict(METHODS)
+        if model.eagle3_engine is not None:  # loaded with --eagle3: its own pool, its tree size fixed
+            self.methods["eagle3"] = "EAGLE-3"
         self._inbox: queue.Queue = queue.Queue()
         self._pools: dict[tuple[str, int | None], SlotPool] = {}  # (method, tree size) → pool
         self._jobs: dict[Any, Job] = {}  # a pool's request → its job
@@ -187,9 +191,11 @@ class Scheduler:
             engine = self.model.engine
             if method == "ar":
                 self._pools[key] = PlainBatcher(engine, self.slots, self.max_length)
+            elif method == "eagle3":
+                self._pools[key] = Batcher(self.model.engine_for("eagle3"), self.slots, self.max_length)
             else:
                 if tree_size != engine.tree.keep:
-                    engine = engine.with_tree(dataclasses.replace(engine.tree, keep=tree_size))
+                    engine = engine.with_tree(dataclasses.replace(engine.tree, keep=tree_size), adaptive=False)
                 self._pools[key] = Batcher(engine, self.slots, self.max_length)
         return self._pools[key]
 

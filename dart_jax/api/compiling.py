@@ -1,0 +1,211 @@
+"""Compilation as users see it: how long it took (so that speeds leave it out), a notice while
+it runs, and the persistent XLA cache the command lines turn on (a second run of the same shapes
+loads its executables instead of compiling them again).
+
+JAX reports the start (a scalar event holding the start time) and the duration of every trace,
+lowering and backend compilation through `jax.monitoring`, Numba the start and end of each
+compilation of the tree search (the first run after installing or upgrading); listeners,
+installed once, add them up per thread, outermost event only (a function compiled inside
+another's compilation is part of its time).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import TextIO
+
+import jax
+from numba.core import event as numba_event
+
+_NUMBA = "numba:compile"
+_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+           "/jax/core/compile/backend_compile_duration", _NUMBA)
+# the jitted functions of dart_jax.decoding, in words
+_NAMES = {"_step": "the DART decode step", "_prefill": "the DART prefill", "_decode": "the plain decode step",
+          "_plain": "the plain-decoding chunk (tree size 0)", "_decode_chunk": "the plain decode loop",
+          "_prefill_rows": "the plain prefill", _NUMBA: "the tree search (Numba)"}
+
+_lock = threading.Lock()
+_installed = False
+_local = threading.local()
+_busy: dict[int, tuple[float, str]] = {}  # thread id → (start, function) of the compilation running in it
+
+
+def _state():
+    if not hasattr(_local, "depth"):
+        _local.depth, _local.start, _local.timers = 0, 0.0, []
+    return _local
+
+
+def _on_start(event: str, value, **kwargs) -> None:
+    if event not in _EVENTS:
+        return
+    state = _state()
+    state.depth += 1
+    if state.depth == 1:
+        state.start = time.perf_counter()
+        _busy[threading.get_ident()] = (time.monotonic(), str(kwargs.get("fun_name", "")))
+
+
+def _on_duration(event: str, duration: float, **kwargs) -> None:
+    if event not in _EVENTS:
+        return
+    state = _state()
+    if state.depth == 0:  # a compilation that began before the listener was installed
+        return
+    state.depth -= 1
+    if state.depth == 0:
+        spent = time.perf_counter() - state.start
+        _busy.pop(threading.get_ident(), None)
+        for timer in state.timers:
+            timer.seconds += spent
+            timer.compilations += 1
+
+
+class _NumbaCompiles(numba_event.Listener):
+    def on_start(self, event) -> None:
+        _on_start(_NUMBA, 0, fun_name=_NUMBA)
+
+    def on_end(self, event) -> None:
+        _on_duration(_NUMBA, 0.0)
+
+
+def install() -> None:
+    """Listen to JAX's and Numba's compilation events (idempotent; the listeners cost nothing
+    between compilations)."""
+    global _installed
+    with _lock:
+        if not _installed:
+            jax.monitoring.register_scalar_listener(_on_start)
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            numba_event.register(_NUMBA, _NumbaCompiles())
+            _installed = True
+
+
+class CompileTimer:
+    """`with timer:` adds up the seconds this thread spends compiling (tracing, lowering, XLA or
+    loading from the persistent cache) inside the block, and `wall` the block's own seconds;
+    re-entering keeps adding."""
+
+    def __init__(self):
+        install()
+        self.seconds = 0.0
+        self.wall = 0.0
+        self.compilations = 0
+        self.last_wall = self.last_seconds = 0.0
+        self._entered = self._before = 0.0
+
+    def __enter__(self) -> "CompileTimer":
+        _state().timers.append(self)
+        self._entered, self._before = time.perf_counter(), self.seconds
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.last_wall = time.perf_counter() - self._entered
+        self.last_seconds = self.seconds - self._before  # compilation inside the block just ended
+        self.wall += self.last_wall
+        _state().timers.remove(self)
+
+
+def default_cache_dir() -> Path:
+    """Where the command lines keep compiled executables: $XDG_CACHE_HOME/dart_jax/xla
+    (~/.cache/dart_jax/xla when XDG_CACHE_HOME is unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "dart_jax" / "xla"
+
+
+def use_compile_cache(path: str | os.PathLike | None = None) -> Path | None:
+    """Turn on JAX's persistent compilation cache in `path` (default `default_cache_dir()`).
+    Takes effect only before this process's first compilation. Returns the folder, or None (with a
+    warning) when it cannot be created."""
+    folder = Path(path) if path is not None else default_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"no compilation cache: cannot create {folder} ({e.strerror}); every run compiles again. "
+                      "Set XDG_CACHE_HOME to a writable folder, or pass --no-compile-cache.", stacklevel=2)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    # the steps and their helpers (which add up to seconds on a CPU), not every eager operation
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    return folder
+
+
+class CompileNotice:
+    """While a compilation has run for more than `after` seconds, shows "compiling <what> for this
+    shape… N s" on `stream` (updated in place on a terminal), and once compilation has been idle
+    for a moment (or at `settle()`), how long it took. For the command lines: `with CompileNotice(): ...`."""
+
+    def __init__(self, stream: TextIO | None = None, *, after: float = 1.0, idle: float = 0.5,
+                 cache: Path | None = None):
+        install()
+        self.stream = stream if stream is not None else sys.stderr
+        self.after, self.idle, self.cache = after, idle, cache
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._shown_since: float | None = None  # when the notice went up
+        self._last_busy = 0.0
+        self._thread = threading.Thread(target=self._watch, name="dart_jax-compile-notice", daemon=True)
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def __enter__(self) -> "CompileNotice":
+        _notices.append(self)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        _notices.remove(self)
+        with self._lock:
+            self._close(time.monotonic())
+
+    def settle(self) -> None:
+        """End the notice's line now when nothing is compiling (before the command prints more)."""
+        with self._lock:
+            if not _busy:
+                self._close(self._last_busy)
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed stream: the notice is not worth an error
+            pass
+
+    def _close(self, end: float) -> None:
+        if self._shown_since is not None:
+            self._write(("\r\x1b[K" if self._tty else "") + f"compiled in {end - self._shown_since:.1f} s\n")
+            self._shown_since = None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            with self._lock:
+                now = time.monotonic()
+                running = list(_busy.values())
+                if running:
+                    self._last_busy = now
+                    start, name = min(running)
+                    what = _NAMES.get(name, "a helper")
+                    if self._shown_since is None and now - start >= self.after:
+                        self._shown_since = start
+                        where = f"; cached in {self.cache}" if self.cache else ""
+                        self._write(f"compiling {what} for this shape (once per prompt length bucket and cache "
+                                    f"size{where})…" + ("" if self._tty else "\n"))
+                    if self._shown_since is not None and self._tty:
+                        self._write(f"\rcompiling {what} for this shape… {now - self._shown_since:.0f} s\x1b[K")
+                elif now - self._last_busy >= self.idle:
+                    self._close(self._last_busy)
+
+
+_notices: list[CompileNotice] = []
+
+
+def settle() -> None:
+    """End the line of every running `CompileNotice` whose compilations are over."""
+    for notice in list(_notices):
+        notice.settle()

@@ -1,0 +1,140 @@
+"""The adaptive tree budget (`keep="auto"`): each step uses the draft tree size that is expected to
+give the most tokens per second on this device.
+
+Why: a bigger tree accepts more tokens per step (the best tree of `s` nodes is the first `s` of
+the best-first selection, so it contains every smaller one) but costs more to verify. On a GPU a
+60-node verify costs about one decode step, so the biggest tree pays; on a CPU the cost grows with
+the tree and a big tree only pays when the drafts are good. Which size wins depends on the
+device, the model, the batch and the text, so it is measured, not guessed:
+
+- **cost**: the first time a pool steps with a given number of live rows, every size's whole
+  step (tree search, transfers, device work) is timed on the pool's own caches (dry steps whose
+  results are dropped: their writes land past the committed length, which the next real step
+  overwrites); size 0 is a chunk of plain decoding. While decoding, a size's own steps replace its
+  entry with their exponential average, and the sizes not used lately follow the average ratio of
+  observed to timed steps, so the table tracks the growing attention window and the machine's load.
+- **acceptance**: an exponential average per size of the mean accepted length of the steps that
+  used it (for size 0, the tokens per chunk). A size not tried yet gets an optimistic bound: the
+  average of the next bigger size tried (its tree contains this one), else the most a step of it
+  can accept (min(size, depth) + 1). Every `explore_every` steps (every quarter of that while
+  plain chunks win) a size that could still beat the current choice even at its most accepted is
+  tried once, so that a change in acceptance is seen, and a size that cannot is never paid for.
+
+The choice maximises accepted tokens (+1 bonus counted) per predicted second. Every size is one
+compiled variant of the step (a handful of sizes), so nothing compiles after the first steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def auto_sizes(keep: int) -> tuple[int, ...]:
+    """The tree sizes (nodes besides the root) that `keep="auto"` chooses among, up to `keep`:
+    3, 15, 63, … (node counts 4, 16, 64 with the root: each size costs a compilation, so they are
+    spaced by 4×) and `keep` itself."""
+    sizes = [s for s in (3, 15, 63, 255) if s < keep]
+    return tuple(sizes) + (int(keep),)
+
+
+@dataclasses.dataclass
+class TreeSizer:
+    """The per-step choice of a tree size among `sizes` (ascending), for one engine: its running
+    figures carry over from one generation (or pool) to the next."""
+
+    sizes: tuple[int, ...]
+    plain_tokens: int = 0  # tokens per call of size 0 (a chunk of plain decoding), when it is a choice
+    depth: int | None = None  # the deepest tree (draft rows): a step accepts at most min(size, depth) + 1
+    explore_every: int = 16
+    smoothing: float = 0.2  # weight of the newest observation in the running averages
+    _costs: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
+    _tau: dict[int, float] = dataclasses.field(default_factory=dict)
+    _scale: float = 1.0
+    _seconds: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)  # (rows, size) → observed
+    _steps: int = 0
+    _last: int | None = None
+
+    def __post_init__(self):
+        if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 0:
+            raise ValueError(f"tree sizes must be distinct integers >= 0 in ascending order, got {self.sizes}.")
+        if 0 in self.sizes and self.plain_tokens < 1:
+            raise ValueError("size 0 (plain decoding) needs plain_tokens >= 1.")
+
+    @property
+    def adaptive(self) -> bool:
+        return len(self.sizes) > 1
+
+    def costs(self, rows: int, measure: Callable[[int], dict[int, float]]) -> dict[int, float]:
+        """Seconds per device step of each size for a pool step over `rows` rows: measured once
+        (`measure(rows)`), then kept."""
+        if rows not in self._costs:
+            self._costs[rows] = measure(rows)
+        return self._costs[rows]
+
+    def most_accepted(self, size: int) -> float:
+        """What one step of `size` can give at best: a whole plain chunk, or a path down a tree of
+        `size` nodes (at most `depth` deep) and the bonus token."""
+        if size == 0:
+            return float(self.plain_tokens)
+        return float(min(size, self.depth if self.depth else size) + 1)
+
+    def expected_accept(self, size: int) -> float:
+        """The running mean accepted length of `size`; for a size not tried yet an optimistic
+        bound: what a bigger size tried accepts (its tree contains this one), else the most it can."""
+        if size in self._tau:
+            return self._tau[size]
+        bigger = [self._tau[s] for s in self.sizes if s > size and s in self._tau]
+        return min(bigger[0], self.most_accepted(size)) if bigger and size else self.most_accepted(size)
+
+    def choose(self, rows: int, measure: Callable[[int], dict[int, float]]) -> int:
+        """The size for the next step of a pool computing `rows` rows; `measure(rows)` times every
+        size the first time a row count is seen."""
+        if not self.adaptive:
+            return self.sizes[0]
+        costs = self.costs(rows, measure)
+        cost = {s: self._seconds.get((rows, s), self._scale * costs[s]) for s in self.sizes}
+        rate = {s: self.expected_accept(s) / cost[s] for s in self.sizes}
+        best = max(self.sizes, key=lambda s: (rate[s], -s))
+        self._steps += 1
+        # now and then a size that could still beat the best one (at its most accepted) is tried,
+        # so that a change in acceptance is seen; sooner while plain chunks (many tokens a call) win
+        every = max(self.explore_every // 4, 1) if best == 0 else self.explore_every
+        if self._steps % every == 0:
+            hopeful = [s for s in self.sizes if s != best and self.most_accepted(s) / cost[s] > rate[best]]
+            if hopeful:
+                return max(hopeful, key=lambda s: (rate[s], -s))
+        return best
+
+    def observe(self, size: int, rows: int, accepted: float, seconds: float) -> None:
+        """What a step of `size` did: the mean accepted length over its sequences (bonus included,
+        or the tokens of a plain chunk) and its time (tree search, transfers, device work)."""
+        if not self.adaptive:
+            return
+        a = self.smoothing
+        self._tau[size] = accepted if size not in self._tau else (1 - a) * self._tau[size] + a * accepted
+        ratio = seconds / max(self._costs[rows][size], 1e-9)
+        self._scale = ratio if self._last is None else (1 - a) * self._scale + a * ratio
+        key = (rows, size)
+        self._seconds[key] = seconds if key not in self._seconds else (1 - a) * self._seconds[key] + a * seconds
+        self._last = size
+
+    def summary(self) -> dict[str, object]:
+        """The running figures (for stats and benchmarks)."""
+        return {"tau_by_size": {s: round(t, 3) for s, t in sorted(self._tau.items())},
+                "step_ms_by_size": {rows: {s: round(1e3 * c, 3) for s, c in costs.items()}
+                                    for rows, costs in self._costs.items()},
+                "observed_ms": {f"{rows}x{size}": round(1e3 * t, 3) for (rows, size), t in sorted(self._seconds.items())},
+                "scale": round(self._scale, 3)}
+
+
+def median_time(run: Callable[[], object], repeats: int) -> float:
+    """The median wall time of `repeats` calls of `run` (which must block until its work is done)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))

@@ -1,0 +1,172 @@
+"""The EAGLE-3 draft head (docs/spec.md §9): one Llama decoder layer over (token embedding, hidden).
+
+A row pairs the hidden state of position p with the embedding of the token at p+1. For a row of
+the target, the hidden state is `fc` of the target's three taps [3Ht] → H; for a row of the
+draft tree it is the layer's own output at the parent row. The layer normalises the embedding
+(`input_layernorm`) and the hidden state (`hidden_norm`), attends with the 2H-wide
+concatenation as the input of q/k/v, adds the attention output to the (un-normalised) hidden
+state, then a SwiGLU MLP after `post_attention_layernorm`. Logits over the draft vocabulary are
+`lm_head(norm(h))`; `d2t` maps a draft id to its target id. Parameter names follow the published
+checkpoints (`dart_jax.convert.eagle3.tensor_table`).
+
+`layer` is the head's one layer; the drafter (`dart_jax.decoding.eagle3`) lays out the rows, the
+positions and what each query sees.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dart_jax.convert.eagle3 import Eagle3Config
+
+from .head import _ACTIVATION_FNS, Buffer
+from .layers import Linear, RMSNorm, apply_rope, attention, rope_cos_sin, rope_inv_freq
+from .qwen3 import Embed
+
+# attend(q [B,Q,Hq,D], k, v [B,T,KVH,D] of the layer's T input rows) → attention output [B,Q,Hq,D]
+Attend = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+@functools.lru_cache(maxsize=16)
+def eagle3_rope(config: Eagle3Config) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [head_dim//2] and cos/sin scale, as the reference head builds them."""
+    theta, scaling = config.rope_arguments()
+    return rope_inv_freq(config.head_dim, theta, scaling)
+
+
+class _Attention(nnx.Module):
+    def __init__(self, config: Eagle3Config, *, dtype, param_dtype, rngs):
+        h2, d = 2 * config.hidden_size, config.head_dim
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = Linear(h2, config.num_attention_heads * d, ("embed", "heads"), **kw)
+        self.k_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
+        self.v_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
+        self.o_proj = Linear(config.num_attention_heads * d, config.hidden_size, ("heads", "embed"), **kw)
+
+
+class _MLP(nnx.Module):
+    def __init__(self, config: Eagle3Config, *, dtype, param_dtype, rngs):
+        h, i = config.hidden_size, config.intermediate_size
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Linear(h, i, ("embed", "mlp"), **kw)
+        self.up_proj = Linear(h, i, ("embed", "mlp"), **kw)
+        self.down_proj = Linear(i, h, ("mlp", "embed"), **kw)
+        self.act = config.hidden_act
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(_ACTIVATION_FNS[self.act](self.gate_proj(x)) * self.up_proj(x))  # [..,I] -> [..,H]
+
+
+class _MidLayer(nnx.Module):
+    def __init__(self, config: Eagle3Config, *, dtype, param_dtype, rngs):
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.hidden_norm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.input_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.post_attention_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.self_attn = _Attention(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = _MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+class Eagle3Head(nnx.Module):
+    """The EAGLE-3 head. `embed_tokens` is the target's embedding module (shared, only its
+    `.embedding` [V, H] is read), or None for a head with an embedding of its own."""
+
+    def __init__(self, config: Eagle3Config, embed_tokens=None, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs | None):
+        h = config.hidden_size
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        if embed_tokens is None:
+            embed_tokens = Embed(config.vocab_size, h, **kw)
+        shape = tuple(embed_tokens.embedding.get_value().shape)
+        if shape != (config.vocab_size, h):
+            raise ValueError(f"the embedding is {shape} but the EAGLE-3 head needs [vocab_size, hidden_size] = "
+                             f"{(config.vocab_size, h)}: this head was trained for another target.")
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = embed_tokens
+        self.fc = Linear(config.fc_in, h, (None, "embed"), **kw)
+        self.midlayer = _MidLayer(config, **kw)
+        self.norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
+        self.lm_head = Linear(h, config.draft_vocab_size, ("embed", "vocab"), **kw)
+        # identity offsets when the draft vocabulary is the target's (the reference then has no d2t)
+        self.d2t = Buffer(jnp.zeros((config.draft_vocab_size,), jnp.int32), logical_axes=("vocab",))
+        self.t2d = Buffer(jnp.ones((config.vocab_size,), jnp.bool_), logical_axes=("vocab",))
+
+    def to_target(self, draft_ids: jax.Array) -> jax.Array:
+        """Draft-vocabulary ids → target ids."""
+        return draft_ids + self.d2t[...][draft_ids]
+
+    def embed(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embed_tokens.embedding[...], ids, axis=0).astype(self.dtype)  # [...,H]
+
+    def project(self, taps: jax.Array) -> jax.Array:
+        """The target's taps [..., 3Ht] → the hidden input of a row [..., H]."""
+        return self.fc(taps)
+
+    def layer(self, emb: jax.Array, hidden: jax.Array, positions: jax.Array, attend: Attend,
+              rows: jax.Array | None = None) -> jax.Array:
+        """The head's layer over T input rows: emb [B,T,H] (the next token's embedding), hidden
+        [B,T,H], RoPE positions [B,T]. Every row gives a key and a value; the rows at indices
+        `rows` [B,Q] (all: None) also a query, and `attend` says what each sees. → [B,Q,H]."""
+        cfg, mid = self.config, self.midlayer
+        attn = mid.self_attn
+        b, t, _ = emb.shape
+        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        with jax.named_scope("eagle3_attention"):
+            x = jnp.concatenate([mid.input_layernorm(emb), mid.hidden_norm(hidden)], axis=-1)  # [B,T,2H]
+            cos, sin = rope_cos_sin(positions, *eagle3_rope(cfg))                               # [B,T,D]
+            keys = apply_rope(attn.k_proj(x).reshape(b, t, kvh, hd), cos, sin)                   # [B,T,KVH,D]
+            values = attn.v_proj(x).reshape(b, t, kvh, hd)
+            if rows is not None:
+                at = rows[..., None]
+                x, hidden = jnp.take_along_axis(x, at, axis=1), jnp.take_along_axis(hidden, at, axis=1)
+                cos, sin = jnp.take_along_axis(cos, at, axis=1), jnp.take_along_axis(sin, at, axis=1)
+            q_count = x.shape[1]
+            q = apply_rope(attn.q_proj(x).reshape(b, q_count, cfg.num_attention_heads, hd), cos, sin)
+            out = attend(q, keys, values)                                                        # [B,Q,Hq,D]
+            h = hidden + attn.o_proj(out.reshape(b, q_count, -1))                                # [B,Q,H]
+        with jax.named_scope("eagle3_mlp"):
+            return h + mid.mlp(mid.post_attention_layernorm(h))
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """The layer's output [..., H] → float32 logits over the draft vocabulary [..., Vd]."""
+        return self.lm_head(self.norm(h)).astype(jnp.float32)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.config.head_dim)
+
+    def __call__(self, taps: jax.Array, ids: jax.Array) -> jax.Array:
+        """Draft logits [B,n,Vd] of n target rows (taps [B,n,3Ht], the following ids [B,n]) at
+        positions 0…n−1, each row seeing the rows up to itself; no cache."""
+        b, n = ids.shape
+        causal = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (b, n, n))
+        positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+        h = self.layer(self.embed(ids), self.project(taps), positions,
+                       lambda q, k, v: attention(q, k, v, causal, self.scale))
+        return self.logits(h)
+
+
+def two_block_attention(q, k1, v1, mask1, k2, v2, mask2, scale: float) -> jax.Array:
+    """Attention of q [B,Q,Hq,D] over two key blocks with one softmax: k1/v1 [B,S,KVH,D] where
+    mask1 [B,Q,S] and k2/v2 [B,T,KVH,D] where mask2 [B,Q,T] (a cache and a draft tree beside it,
+    without concatenating the cache)."""
+    b, t, hq, d = q.shape
+    hkv = k1.shape[2]
+    s = k1.shape[1]
+    qg = q.reshape(b, t, hkv, hq // hkv, d)
+    scores = jnp.concatenate([jnp.einsum("btkgd,bskd->bkgts", qg, k1.astype(q.dtype), preferred_element_type=jnp.float32),
+                              jnp.einsum("btkgd,bskd->bkgts", qg, k2.astype(q.dtype), preferred_element_type=jnp.float32)],
+                             axis=-1) * scale  # [B,KVH,G,Q,S+T]
+    mask = jnp.concatenate([mask1, mask2], axis=-1)[:, None, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0).astype(q.dtype)
+    out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v1.astype(q.dtype), preferred_element_type=jnp.float32)
+           + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v2.astype(q.dtype), preferred_element_type=jnp.float32))
+    return out.astype(q.dtype).reshape(b, t, hq, d)

@@ -1,0 +1,121 @@
+"""One query interface over both trie formats, for Numba code (the tree search).
+
+A trie reaches the kernels as a tuple of its arrays: the CSR format's
+``(token, freq, child_start, root_table)`` (``Trie.search_arrays()``) or the compressed
+format's tuple (``CompressedTrie.search_arrays()``, see ``_compressed.py``). Each function
+below is a Numba overload that picks the implementation by the tuple's type, so one search
+kernel compiles once per format and the CSR path keeps its own code.
+
+Nodes are numbered breadth-first with children sorted by token in both formats, so node ids,
+frequencies and therefore every answer are the same whichever format is read.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba.core import types
+from numba.extending import overload
+
+from ._compressed import ef_children, ef_find_child, ef_freq, ef_root_child, ef_size
+from ._query import find_child, find_children, num_valid_nodes, root_child
+
+__all__ = ["trie_size", "trie_freq", "trie_root_child", "trie_find_child", "trie_children"]
+
+
+def _is_csr(tr) -> bool:
+    return isinstance(tr, types.BaseTuple) and len(tr) == 4
+
+
+def _is_compressed(tr) -> bool:
+    return isinstance(tr, types.BaseTuple) and len(tr) != 4
+
+
+def trie_size(tr):
+    """Number of nodes the lookups may return (0 for an empty or unusable trie)."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+def trie_freq(tr, node):
+    """freq of ``node`` (an int64)."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+def trie_root_child(tr, n, tok):
+    """Child of the root with token ``tok``, or -1 (``n`` = ``trie_size(tr)``)."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+def trie_find_child(tr, n, node, tok):
+    """Child of ``node`` with token ``tok``, or -1."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+def trie_children(tr, n, node, cands, row, out_child, out_freq, slot):
+    """For every candidate ``cands[row, i]``: ``out_child[slot, i]`` = its child under ``node``
+    or -1, and ``out_freq[slot, i]`` = float32 of that child's freq (unset where -1)."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+@overload(trie_size, inline="always")
+def _trie_size(tr):
+    if _is_csr(tr):
+        def impl(tr):
+            return num_valid_nodes(tr[0], tr[1], tr[2])
+        return impl
+    if _is_compressed(tr):
+        def impl(tr):
+            return ef_size(tr)
+        return impl
+
+
+@overload(trie_freq, inline="always")
+def _trie_freq(tr, node):
+    if _is_csr(tr):
+        def impl(tr, node):
+            return np.int64(tr[1][node])
+        return impl
+    if _is_compressed(tr):
+        def impl(tr, node):
+            return ef_freq(tr, node)
+        return impl
+
+
+@overload(trie_root_child, inline="always")
+def _trie_root_child(tr, n, tok):
+    if _is_csr(tr):
+        def impl(tr, n, tok):
+            return root_child(tr[0], tr[2], n, tr[3], tok)
+        return impl
+    if _is_compressed(tr):
+        def impl(tr, n, tok):
+            return ef_root_child(tr, n, tok)
+        return impl
+
+
+@overload(trie_find_child, inline="always")
+def _trie_find_child(tr, n, node, tok):
+    if _is_csr(tr):
+        def impl(tr, n, node, tok):
+            return find_child(tr[0], tr[2], n, node, tok)
+        return impl
+    if _is_compressed(tr):
+        def impl(tr, n, node, tok):
+            return ef_find_child(tr, n, node, tok)
+        return impl
+
+
+@overload(trie_children)
+def _trie_children(tr, n, node, cands, row, out_child, out_freq, slot):
+    if _is_csr(tr):
+        def impl(tr, n, node, cands, row, out_child, out_freq, slot):
+            token, freq, child_start = tr[0], tr[1], tr[2]
+            k = cands.shape[1]
+            find_children(token, child_start, n, node, cands[row], out_child[slot], k)
+            for i in range(k):
+                ch = out_child[slot, i]
+                if ch >= 0:
+                    out_freq[slot, i] = np.float32(freq[ch])
+        return impl
+    if _is_compressed(tr):
+        def impl(tr, n, node, cands, row, out_child, out_freq, slot):
+            ef_children(tr, n, node, cands, row, out_child, out_freq, slot, np.empty(cands.shape[1], np.int64))
+        return impl

@@ -1,0 +1,390 @@
+"""The compressed trie file (docs/spec.md §6.3): ``CompressedTrie`` (load, queries, the tuple the
+tree search reads), ``compress`` (from a CSR trie, streamed in chunks) and ``load_any`` (either
+format, told apart by the magic number).
+
+File, little-endian: a header ``struct "<8sIIQQQQQ"`` (magic ``DJNGCTRI``, u32 version 1, u32
+header size, u64 order, u64 node count N, u64 remap width V (largest token + 1), u64 section
+count 14, u64 file size), then 14 × (u64 offset, u64 byte length), then the sections at 64-byte
+aligned offsets in the order of ``SECTIONS``.
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+from numba import njit
+
+from dart_jax.errors import FileFormatError, InputError, MissingFileError
+
+from ._access import trie_children, trie_find_child, trie_freq, trie_root_child, trie_size
+from ._atomic import atomic_path, check_output
+from ._compressed import (
+    CHECK_MESSAGES, C_OK, DENSE_MAX, SAMPLE_SHIFT, check_compressed, ef_freq, ef_select_pair, pack_bits, pack_ef, read_bits,
+    remap_ranks,
+)
+from ._format import MAX_ORDER, REBUILD
+from .trie import Trie, _as_ids
+
+__all__ = ["CompressedTrie", "compress", "load_any", "MAGIC"]
+
+MAGIC = b"DJNGCTRI"
+VERSION = 1
+HEADER = struct.Struct("<8sIIQQQQQ")
+SECTION = struct.Struct("<QQ")
+# name, dtype; the tuple the kernels read is ``meta``, these, then the start of each level's token table
+SECTIONS = (
+    ("level_start", "<i8"), ("tok_width", "<i8"), ("tok_bit", "<i8"), ("tok_count", "<i8"),
+    ("cnt_width", "<i8"), ("cnt_bit", "<i8"), ("cnt_tab_start", "<i8"), ("cnt_table", "<i8"),
+    ("remap", "<i4"), ("ef", "<u8"), ("samples", "<i8"), ("tok_words", "<u8"), ("cnt_words", "<u8"),
+    ("tok_table", "<i4"),
+)
+_ALIGN = 64
+_CHUNK = 1 << 22  # nodes encoded at a time: bounded memory whatever the trie's size
+
+
+def _aligned(x: int) -> int:
+    return (x + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _bits(count: int) -> int:
+    """Bits of a rank into a table of ``count`` entries."""
+    return max(int(count) - 1, 0).bit_length()
+
+
+def _words(bits: int) -> int:
+    return bits // 64 + 2  # one spare word: a read of the last value may touch the next word
+
+
+class CompressedTrie:
+    """A memory-mapped compressed trie: the same nodes, numbering and answers as the CSR ``Trie``
+    it was made from (``probability``, ``search_arrays`` for the tree search)."""
+
+    def __init__(self, order: int, num_nodes: int, vocab: int, sections: dict[str, np.ndarray]):
+        self._order = int(order)
+        self._n = int(num_nodes)
+        self._vocab = int(vocab)
+        self._s = sections
+        meta = np.array([self._n, self._vocab, self._order], np.int64)
+        remap = sections["remap"].reshape(self._order, -1 if sections["remap"].size else 0)
+        tok_tab_start = np.concatenate([[0], np.cumsum(sections["tok_count"])]).astype(np.int64)
+        self._tr = (meta, *(remap if name == "remap" else sections[name] for name, _ in SECTIONS), tok_tab_start)
+
+    @property
+    def order(self) -> int:
+        return self._order
+
+    @property
+    def num_nodes(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self._s.values()))
+
+    @property
+    def root_freq(self) -> int:
+        return int(self._s["cnt_table"][0]) if self._s["cnt_table"].size else 0
+
+    def level_sizes(self) -> list[int]:
+        ls = self._s["level_start"]
+        return [int(ls[i + 1] - ls[i]) for i in range(len(ls) - 1)]
+
+    def search_arrays(self) -> tuple:
+        """The tuple the Numba lookups read (``_access.py``)."""
+        return self._tr
+
+    def __repr__(self) -> str:
+        return f"CompressedTrie(order={self._order}, num_nodes={self._n})"
+
+    def probability(self, context, tokens) -> tuple[np.ndarray, np.ndarray]:
+        """(P, matched length) of each token after ``context``: docs/spec.md §5.2, as ``Trie.probability``."""
+        ctx = np.ascontiguousarray(_as_ids(context, "context"), np.int64)
+        cands = np.ascontiguousarray(_as_ids(tokens, "tokens"), np.int64)
+        out_p = np.zeros(cands.shape[0], np.float32)
+        out_len = np.zeros(cands.shape[0], np.int64)
+        if cands.size:
+            ngram_probs_any(self._tr, self._order, ctx, cands, out_p, out_len)
+        return out_p, out_len
+
+    def check(self, *, full: bool = True, path: str = "<memory>") -> None:
+        status, node = check_compressed(self._tr, full)
+        if status != C_OK:
+            raise FileFormatError(path, f"corrupted compressed trie: {CHECK_MESSAGES[status].format(node=node)}; "
+                                        f"compress it again (`python -m dart_jax.ngram compress`) or {REBUILD}.")
+
+    def to_csr(self) -> Trie:
+        """Decode into an in-memory CSR ``Trie`` (16 bytes per node)."""
+        token = np.zeros(self._n, np.int32)
+        freq = np.zeros(self._n, np.int64)
+        child_start = np.zeros(self._n + 1, np.int64)
+        _decode(self._tr, self._s["tok_table"], token, freq, child_start)
+        if self._n and (freq[1:].max(initial=0) > np.iinfo(np.int32).max):
+            raise InputError("this trie's frequencies exceed int32, which the CSR format cannot hold.")
+        return Trie(token, freq.astype(np.int32), child_start, self._order)
+
+    # -- files -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path, *, verify: bool = False) -> "CompressedTrie":
+        """Memory-map a compressed trie and check it: the header and section table (O(1)), the
+        small tables, and in one pass over the nodes the children ranges, ranks and
+        frequencies (``verify``: also the sibling order). FileFormatError naming the file."""
+        path = os.fspath(path)
+        order, n, vocab, sections = _read(path)
+        trie = cls(order, n, vocab, sections)
+        trie.check(full=verify, path=path)
+        return trie
+
+
+# ------------------------------------------------------------------------------------ queries
+
+@njit(cache=True, error_model="numpy")
+def ngram_probs_any(tr, order, context, cands, out_p, out_len):
+    """``ngram_probs`` (docs/spec.md §5.2) through the query interface of either format."""
+    k = cands.shape[0]
+    c = context.shape[0]
+    n = trie_size(tr)
+    if c == 0 or n == 0:
+        return
+    cand2 = cands.reshape((1, k))
+    child = np.empty((1, k), np.int64)
+    fr = np.empty((1, k), np.float32)
+    for length in range(min(order - 1, c), 0, -1):
+        node = trie_root_child(tr, n, context[c - length])
+        for j in range(c - length + 1, c):
+            if node < 0:
+                break
+            node = trie_find_child(tr, n, node, context[j])
+        if node < 0:
+            continue
+        inv = np.float32(1.0) / np.float32(trie_freq(tr, node))
+        trie_children(tr, n, node, cand2, 0, child, fr, 0)
+        for i in range(k):
+            if child[0, i] >= 0 and out_len[i] == 0:
+                out_p[i] = fr[0, i] * inv
+                out_len[i] = length
+
+
+@njit(cache=True)
+def _decode(tr, tok_table, token, freq, child_start):
+    level_start = tr[1]
+    tok_width, tok_bit, tok_count = tr[2], tr[3], tr[4]
+    n = token.shape[0]
+    base = 0
+    for lvl in range(level_start.shape[0] - 1):
+        for node in range(level_start[lvl], level_start[lvl + 1]):
+            if lvl > 0:
+                r = read_bits(tr[12], tok_bit[lvl] + (node - level_start[lvl]) * tok_width[lvl], tok_width[lvl])
+                token[node] = tok_table[base + r]
+            freq[node] = ef_freq(tr, node)
+            lo, hi = ef_select_pair(tr[10], tr[11], node)
+            child_start[node] = lo
+        base += tok_count[lvl]
+    child_start[n] = n
+
+
+# ------------------------------------------------------------------------------------ file
+
+def _layout(sizes: list[int]) -> tuple[list[int], int]:
+    off = _aligned(HEADER.size + SECTION.size * len(SECTIONS))
+    offsets = []
+    for nbytes in sizes:
+        offsets.append(off)
+        off = _aligned(off + nbytes)
+    return offsets, off
+
+
+def _read(path: str):
+    if not os.path.exists(path):
+        raise MissingFileError(f"No trie file at {path!r}; pass the path of a trie written by "
+                               "`python -m dart_jax.ngram build`, `convert` or `compress`.")
+    if not os.path.isfile(path):
+        raise FileFormatError(path, "is a folder or a special file, not a trie file; pass the trie file itself.")
+    size = os.path.getsize(path)
+    table_end = HEADER.size + SECTION.size * len(SECTIONS)
+    with open(path, "rb") as f:
+        head = f.read(table_end)
+    if head[:8] != MAGIC:
+        raise FileFormatError(path, "not a compressed dart_jax trie (bad magic number); pass a file written by "
+                                    "`python -m dart_jax.ngram compress`.")
+    if len(head) < table_end:
+        raise FileFormatError(path, f"truncated: {size} bytes, shorter than the {table_end}-byte header; "
+                                    "copy or compress the trie again.")
+    _, version, header_size, order, n, vocab, count, file_size = HEADER.unpack_from(head)
+    bad = "corrupted header: {}; compress the trie again (`python -m dart_jax.ngram compress`)."
+    if version != VERSION:
+        raise FileFormatError(path, f"compressed trie format version {version}; this dart_jax reads version "
+                                    f"{VERSION}. Compress the trie again with this version.")
+    if header_size != HEADER.size or count != len(SECTIONS):
+        raise FileFormatError(path, bad.format(f"header size {header_size} / {count} sections, expected "
+                                               f"{HEADER.size} / {len(SECTIONS)}"))
+    if not 1 <= order <= MAX_ORDER:
+        raise FileFormatError(path, bad.format(f"order {order}, outside 1..{MAX_ORDER}"))
+    if not 1 <= n <= size * 8 or not 1 <= vocab <= 1 << 31:
+        raise FileFormatError(path, bad.format(f"{n} nodes / remap width {vocab} impossible for a {size}-byte file"))
+    if size != file_size:
+        raise FileFormatError(path, f"{size} bytes but its header says {file_size}: the file is "
+                                    f"{'truncated' if size < file_size else 'followed by extra data'}; "
+                                    "copy or compress it again.")
+    fixed = {"level_start": order + 2, "tok_width": order + 1, "tok_bit": order + 1, "tok_count": order + 1,
+             "cnt_width": order + 1, "cnt_bit": order + 1, "cnt_tab_start": order + 2,
+             "remap": order * vocab if vocab <= DENSE_MAX else 0,
+             "samples": (n + 1 + (1 << SAMPLE_SHIFT) - 1) >> SAMPLE_SHIFT, "ef": _words(2 * n + 2)}
+    sections = {}
+    prev_end = table_end
+    for i, (name, dtype) in enumerate(SECTIONS):
+        off, nbytes = SECTION.unpack_from(head, HEADER.size + SECTION.size * i)
+        item = np.dtype(dtype).itemsize
+        if off % _ALIGN or off < prev_end or nbytes % item or off + nbytes > size:
+            raise FileFormatError(path, bad.format(f"section {name} at {off} with {nbytes} bytes lies outside "
+                                                   "the file or overlaps another"))
+        if name in fixed and nbytes // item != fixed[name]:
+            raise FileFormatError(path, bad.format(f"section {name} holds {nbytes // item} values, expected "
+                                                   f"{fixed[name]} for order {order} and {n} nodes"))
+        prev_end = off + nbytes
+        sections[name] = np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=off, shape=(nbytes // item,))) \
+            if nbytes else np.zeros(0, dtype)
+    problem = _table_problem(order, n, vocab, sections)
+    if problem:
+        raise FileFormatError(path, bad.format(problem))
+    return int(order), int(n), int(vocab), sections
+
+
+def _table_problem(order, n, vocab, s) -> str | None:
+    """What is wrong with the small per-level tables (O(order)), or None."""
+    ls = s["level_start"]
+    if ls[0] != 0 or ls[1] != 1 or ls[-1] != n or np.any(np.diff(ls) < 0):
+        return "level starts are not 0, 1, ... non-decreasing ..., node count"
+    tw, cw = s["tok_width"], s["cnt_width"]
+    if np.any(tw < 0) or np.any(tw > 62) or np.any(cw < 0) or np.any(cw > 62):
+        return "a field width outside 0..62 bits"
+    sizes = np.diff(ls)
+    tok_bit = np.concatenate([[0], np.cumsum(sizes * tw)])
+    cnt_bit = np.concatenate([[0], np.cumsum(sizes * cw)])
+    if not np.array_equal(tok_bit[:-1], s["tok_bit"]) or not np.array_equal(cnt_bit[:-1], s["cnt_bit"]):
+        return "per-level bit offsets do not follow from the level sizes and widths"
+    if len(s["tok_words"]) < _words(int(tok_bit[-1])) or len(s["cnt_words"]) < _words(int(cnt_bit[-1])):
+        return "a packed section is shorter than its levels need"
+    tc = s["tok_count"]
+    if np.any(tc < 0) or tc.sum() != len(s["tok_table"]) or np.any(tc > (1 << tw.astype(np.int64))) or tc[0] != 1:
+        return "per-level token table sizes do not match the token table or the widths"
+    cts = s["cnt_tab_start"]
+    if cts[0] != 0 or cts[-1] != len(s["cnt_table"]) or np.any(np.diff(cts) < 1):
+        return "per-level frequency table offsets are not increasing from 0 to the table's size"
+    if np.any(np.diff(cts) > (1 << cw.astype(np.int64))):
+        return "a frequency table larger than its rank width"
+    return None
+
+
+def compress(trie: Trie, path, *, chunk: int = _CHUNK, progress=None) -> CompressedTrie:
+    """Write ``trie`` (a CSR ``Trie``, typically memory-mapped by ``Trie.load``) as a compressed
+    trie file at ``path`` and return it loaded. Works on ``chunk`` nodes at a time (memory
+    bounded by the chunk, the per-level tables and the remap tables, not by the trie's size);
+    written atomically."""
+    path = check_output(path, "compressed trie output")
+    trie.check(full=True)  # sorted siblings and sound offsets: what the encoding relies on
+    token, freq, child_start = trie.arrays()
+    order, n = int(trie.order), int(trie.num_nodes)
+    depth_sizes = trie.level_sizes()
+    levels = order + 1
+    depth_sizes = (list(depth_sizes) + [0] * levels)[:levels]
+    ls = np.concatenate([[0], np.cumsum(depth_sizes)]).astype(np.int64)
+    if ls[-1] != n:
+        raise InputError(f"the trie's levels hold {ls[-1]} nodes, not {n}: check it (`ngram info --verify`).")
+    # pass 1: the distinct tokens and frequencies of every level
+    top = 0
+    for a in range(1, n, chunk):
+        top = max(top, int(token[a:min(a + chunk, n)].max()))
+    vocab = top + 1
+    dense = vocab <= DENSE_MAX
+    remap = np.zeros((order, vocab if dense else 0), np.int32)
+    tok_tables, cnt_tables = [np.zeros(1, np.int32)], []
+    for lvl in range(levels):
+        lo, hi = int(ls[lvl]), int(ls[lvl + 1])
+        counts = np.zeros(0, np.int64)
+        present = np.zeros(0, np.int32)
+        for a in range(lo, hi, chunk):
+            b = min(a + chunk, hi)
+            counts = np.union1d(counts, np.asarray(freq[a:b], np.int64))
+            if lvl > 0 and dense:
+                remap[lvl - 1, np.asarray(token[a:b])] = 1
+            elif lvl > 0:
+                present = np.union1d(present, np.asarray(token[a:b])).astype(np.int32)
+        cnt_tables.append(counts if counts.size else np.zeros(1, np.int64))
+        if lvl > 0:
+            if dense:
+                present = np.flatnonzero(remap[lvl - 1]).astype(np.int32)
+                remap[lvl - 1, present] = np.arange(1, present.size + 1, dtype=np.int32)
+            tok_tables.append(present)
+    tok_count = np.array([t.size for t in tok_tables], np.int64)
+    tok_width = np.array([0] + [_bits(c) for c in tok_count[1:]], np.int64)
+    cnt_width = np.array([_bits(t.size) for t in cnt_tables], np.int64)
+    sizes = np.diff(ls)
+    tok_bit_all = np.concatenate([[0], np.cumsum(sizes * tok_width)]).astype(np.int64)
+    cnt_bit_all = np.concatenate([[0], np.cumsum(sizes * cnt_width)]).astype(np.int64)
+    cnt_tab_start = np.concatenate([[0], np.cumsum([t.size for t in cnt_tables])]).astype(np.int64)
+    small = {
+        "level_start": ls, "tok_width": tok_width, "tok_bit": tok_bit_all[:-1], "tok_count": tok_count,
+        "cnt_width": cnt_width, "cnt_bit": cnt_bit_all[:-1], "cnt_tab_start": cnt_tab_start,
+        "cnt_table": np.concatenate(cnt_tables), "remap": remap.reshape(-1), "tok_table": np.concatenate(tok_tables),
+    }
+    counts = {"ef": _words(2 * n + 2), "samples": (n + 1 + (1 << SAMPLE_SHIFT) - 1) >> SAMPLE_SHIFT,
+              "tok_words": _words(int(tok_bit_all[-1])), "cnt_words": _words(int(cnt_bit_all[-1]))}
+    nbytes = [(small[name].size if name in small else counts[name]) * np.dtype(dt).itemsize for name, dt in SECTIONS]
+    offsets, file_size = _layout(nbytes)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(HEADER.pack(MAGIC, VERSION, HEADER.size, order, n, vocab, len(SECTIONS), file_size))
+            for off, nb in zip(offsets, nbytes):
+                f.write(SECTION.pack(off, nb))
+            f.truncate(file_size)
+        out = {}
+        for (name, dt), off, nb in zip(SECTIONS, offsets, nbytes):
+            if nb:
+                out[name] = np.memmap(tmp, dtype=dt, mode="r+", offset=off, shape=(nb // np.dtype(dt).itemsize,))
+                if name in small:
+                    out[name][:] = small[name]
+        # pass 2: the packed per-node fields and the Elias–Fano children offsets, chunk by chunk
+        for a in range(0, n + 1, chunk):
+            b = min(a + chunk, n + 1)
+            pack_ef(np.asarray(child_start[a:b]), a, out["ef"])
+        samples = np.arange(counts["samples"], dtype=np.int64) << SAMPLE_SHIFT
+        out["samples"][:] = np.asarray(child_start)[samples] + samples
+        ranks = np.empty(min(chunk, n), np.int64)
+        for lvl in range(levels):
+            lo, hi = int(ls[lvl]), int(ls[lvl + 1])
+            for a in range(lo, hi, chunk):
+                b = min(a + chunk, hi)
+                r = ranks[:b - a]
+                if lvl > 0 and tok_width[lvl]:
+                    if dense:
+                        remap_ranks(np.asarray(token[a:b]), remap[lvl - 1], r)
+                    else:
+                        r[:] = np.searchsorted(tok_tables[lvl], np.asarray(token[a:b]))
+                    pack_bits(r, tok_width[lvl], out["tok_words"], tok_bit_all[lvl] + (a - lo) * tok_width[lvl])
+                if cnt_width[lvl]:
+                    r[:] = np.searchsorted(cnt_tables[lvl], np.asarray(freq[a:b], np.int64))
+                    pack_bits(r, cnt_width[lvl], out["cnt_words"], cnt_bit_all[lvl] + (a - lo) * cnt_width[lvl])
+                if progress:
+                    progress(b - a)
+        for m in out.values():
+            m.flush()
+        del out
+    return CompressedTrie.load(path)
+
+
+def load_any(path, *, verify: bool = False):
+    """A ``Trie`` or a ``CompressedTrie``, whichever format the file's magic number names."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            magic = f.read(8)
+        if magic == MAGIC:
+            return CompressedTrie.load(path, verify=verify)
+    return Trie.load(path, verify=verify)
+
+
+def is_compressed(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == MAGIC
+

@@ -1,0 +1,306 @@
+"""The compressed trie format (docs/spec.md §6.3): answers against a plain-Python restatement of
+§5.1/§5.2 (window counts in a dict, float32 arithmetic written out) and identical to the CSR
+trie's; trees identical on both formats; damaged files are clear errors, never crashes."""
+from __future__ import annotations
+
+import json
+import struct
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from dart_jax.api.model import load_trie
+from dart_jax.errors import FileFormatError, InputError
+from dart_jax.ngram import CompressedTrie, Trie, build_tree, build_tree_batch, compress, load_any
+from dart_jax.ngram.__main__ import main as ngram_cli
+from trie_oracle import window_counts
+
+MAX_ID = 2**31 - 2
+
+
+# -- oracles -----------------------------------------------------------------------------------
+
+
+def oracle_probability(counts, order, context, cands):
+    """docs/spec.md §5.2: longest suffix first, P = f32(freq(s·c)) * (1 / f32(freq(s)))."""
+    p = [np.float32(0)] * len(cands)
+    m = [0] * len(cands)
+    context = [int(t) for t in context]
+    for length in range(min(order - 1, len(context)), 0, -1):
+        s = tuple(context[len(context) - length:])
+        if s not in counts:
+            continue
+        inv = np.float32(1) / np.float32(counts[s])
+        for i, c in enumerate(cands):
+            if m[i] == 0 and s + (int(c),) in counts:
+                p[i] = np.float32(np.float32(counts[s + (int(c),)]) * inv)
+                m[i] = length
+    return np.array(p, np.float32), np.array(m, np.int64)
+
+
+def csr_of(counts):
+    """§6.2 arrays from a path -> freq dict: breadth-first, siblings by token (freq as int64)."""
+    nodes = sorted(counts, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(nodes)}
+    nchild = defaultdict(int)
+    for p in nodes[1:]:
+        nchild[index[p[:-1]]] += 1
+    child_start = [1]
+    for i in range(len(nodes)):
+        child_start.append(child_start[-1] + nchild[i])
+    token = np.array([p[-1] if p else 0 for p in nodes], np.int32)
+    return token, np.array([counts[p] for p in nodes], np.int64), np.array(child_start, np.int64)
+
+
+class WideTrie:
+    """CSR arrays with int64 counts (beyond what the CSR format stores): what ``compress`` reads."""
+
+    def __init__(self, counts, order):
+        self.order = order
+        self._arrays = csr_of(counts)
+        self.num_nodes = len(self._arrays[0])
+        depth = defaultdict(int)
+        for p in counts:
+            depth[len(p)] += 1
+        self._levels = [depth[d] for d in range(max(depth) + 1)]
+
+    def arrays(self):
+        return self._arrays
+
+    def level_sizes(self):
+        return self._levels
+
+    def check(self, full=True):
+        pass
+
+
+def queries(rng, counts, vocab, n, k=25):
+    keys = [p for p in counts if p]
+    for _ in range(n):
+        ctx = list(keys[rng.integers(len(keys))]) + list(rng.integers(0, vocab, size=rng.integers(0, 3)))
+        rng.shuffle(ctx) if rng.random() < 0.2 else None
+        seen = [keys[rng.integers(len(keys))][-1] for _ in range(k // 2)]
+        yield ctx, np.array(seen + list(rng.integers(0, vocab + 3, size=k - k // 2)), np.int64)
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    out = []
+    for order, vocab, n_seq in ((1, 30, 5), (2, 50, 20), (3, 400, 40), (4, 60, 30), (3, 151_936, 30)):
+        p = 1.0 / np.arange(1, vocab + 1) ** 1.1
+        seqs = [rng.choice(vocab, size=int(rng.integers(1, 120)), p=p / p.sum()) for _ in range(n_seq)]
+        trie = Trie.build(seqs, order=order)
+        path = tmp_path_factory.mktemp("c") / f"o{order}.ctrie"
+        out.append((order, vocab, window_counts(seqs, order), trie, compress(trie, path), path))
+    return out
+
+
+# -- answers -----------------------------------------------------------------------------------
+
+
+def test_probabilities_match_the_oracle_and_the_csr_trie(corpora):
+    rng = np.random.default_rng(0)
+    for order, vocab, counts, trie, ctrie, _ in corpora:
+        assert ctrie.num_nodes == trie.num_nodes and ctrie.level_sizes() == trie.level_sizes()
+        for ctx, cands in queries(rng, counts, vocab, 60):
+            want = oracle_probability(counts, order, ctx, cands)
+            got = ctrie.probability(ctx, cands)
+            csr = trie.probability(ctx, cands)
+            for a, b, c in zip(want, got, csr):
+                np.testing.assert_array_equal(a, b)
+                np.testing.assert_array_equal(b, c)
+
+
+def test_decoding_gives_back_the_csr_arrays(corpora):
+    for *_, trie, ctrie, _path in corpora:
+        for a, b in zip(ctrie.to_csr().arrays(), trie.arrays()):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_trees_are_identical_on_both_formats(corpora):
+    rng = np.random.default_rng(1)
+    for order, vocab, counts, trie, ctrie, _ in corpora:
+        keys = [p for p in counts if p]
+        for _ in range(8):
+            d, k = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+            ids = np.array([[keys[rng.integers(len(keys))][-1] if rng.random() < 0.6 else rng.integers(vocab)
+                             for _ in range(k)] for _ in range(d)], np.int64)
+            probs = np.sort(rng.dirichlet(np.ones(k), d), axis=1)[:, ::-1].astype(np.float32)
+            pre = np.array(keys[rng.integers(len(keys))], np.int64)
+            kw = dict(eos_id=int(ids[0, 0]), beam_width=int(rng.integers(1, 6)), keep=int(rng.integers(1, 25)))
+            for x, y in zip(build_tree(ids, probs, pre, trie, **kw), build_tree(ids, probs, pre, ctrie, **kw)):
+                np.testing.assert_array_equal(x, y)
+            batch = (np.stack([ids, ids[::-1]]), np.stack([probs, probs]), np.stack([pre, pre]))
+            for x, y in zip(build_tree_batch(*batch, trie, **kw), build_tree_batch(*batch, ctrie, **kw)):
+                np.testing.assert_array_equal(x, y)
+
+
+ADVERSARIAL = {
+    # one long chain: every node has a single child
+    "chain": ({(): 10, **{tuple(range(1, i + 1)): 10 - i for i in range(1, 9)}}, 8),
+    # a root and a node with thousands of children
+    "fan_out": ({(): 9000, (5,): 4000, **{(t,): 1 for t in range(6, 5006)},
+                 **{(5, t): 1 for t in range(0, 3000)}}, 2),
+    # counts of 1 and of 2**40 (wider than the CSR format's int32)
+    "huge_counts": ({(): 2**41 + 1, (0,): 2**40, (0, 0): 2**40 - 1, (0, 1): 1, (MAX_ID,): 2**40 + 1,
+                     (MAX_ID, MAX_ID): 2**40, (MAX_ID, 0): 1}, 2),
+    # token id 0 and the largest id at every level (no dense remap table for such ids)
+    "extreme_ids": ({(): 12, (0,): 6, (MAX_ID,): 6, (0, MAX_ID): 3, (0, 0): 2, (MAX_ID, 0): 5,
+                     (0, MAX_ID, 0): 2, (MAX_ID, 0, MAX_ID): 4}, 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_tries_answer_like_the_oracle(name, tmp_path):
+    counts, order = ADVERSARIAL[name]
+    ctrie = compress(WideTrie(counts, order), tmp_path / "a.ctrie")
+    ctrie = CompressedTrie.load(tmp_path / "a.ctrie", verify=True)
+    rng = np.random.default_rng(3)
+    tokens = sorted({t for p in counts for t in p} | {1, 2, MAX_ID - 1})
+    keys = [p for p in counts if p]
+    keys = [keys[i] for i in rng.permutation(len(keys))[:40]] + [(), (7, 7), (5,)]
+    for ctx in keys:
+        for start in rng.permutation(range(0, len(tokens), 25))[:8]:
+            cands = np.array(tokens[start:start + 25], np.int64)
+            want = oracle_probability(counts, order, ctx, cands)
+            got = ctrie.probability(ctx, cands)
+            np.testing.assert_array_equal(want[0], got[0])
+            np.testing.assert_array_equal(want[1], got[1])
+    if all(v < 2**31 for v in counts.values()) and name != "huge_counts":
+        csr = Trie(*csr_of(counts)[:1], csr_of(counts)[1].astype(np.int32), csr_of(counts)[2], order)
+        for ctx in keys:
+            cands = np.array(tokens[:25], np.int64)
+            for a, b in zip(csr.probability(ctx, cands), ctrie.probability(ctx, cands)):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_the_format_is_small_on_skewed_text(corpora):
+    *_, trie, ctrie, path = corpora[2]
+    assert path.stat().st_size / trie.num_nodes < 6  # the 400-token corpus; realistic figures in RESULTS.md
+
+
+# -- damaged files -----------------------------------------------------------------------------
+
+
+def mutations(data: bytes, rng, n):
+    for _ in range(n):
+        buf = bytearray(data)
+        kind = rng.integers(4)
+        if kind == 0:
+            buf[rng.integers(len(buf))] ^= 1 << int(rng.integers(8))
+        elif kind == 1:
+            at = int(rng.integers(len(buf) - 8))
+            buf[at:at + 8] = rng.integers(0, 256, size=8, dtype=np.uint8).tobytes()
+        elif kind == 2:
+            buf = buf[:int(rng.integers(len(buf)))]
+        else:
+            at = int(rng.integers(16, 16 + 8 * 8 + 14 * 16))  # header and section table
+            buf[at] = int(rng.integers(256))
+        yield bytes(buf)
+
+
+def survives(path, cands, ctx):
+    try:
+        trie = CompressedTrie.load(path)
+    except FileFormatError as e:
+        assert str(path) in str(e)
+        return False
+    trie.probability(ctx, cands)
+    ids = np.resize(cands, (3, 5))
+    build_tree(ids, np.full((3, 5), 0.2, np.float32), ctx, trie, eos_id=None, beam_width=3, keep=10)
+    return True
+
+
+def fuzz(corpora, tmp_path, n, seed):
+    *_, ctrie, path = corpora[2]
+    data = path.read_bytes()
+    rng = np.random.default_rng(seed)
+    target = tmp_path / "bad.ctrie"
+    loaded = 0
+    for bad in mutations(data, rng, n):
+        target.write_bytes(bad)
+        loaded += survives(target, np.arange(0, 450, 18, dtype=np.int64), np.array([3, 1, 2], np.int64))
+    assert loaded < n  # most damage is found at load
+
+
+def test_damaged_files_are_errors_or_still_answer(corpora, tmp_path):
+    fuzz(corpora, tmp_path, 150, 0)
+
+
+@pytest.mark.slow
+def test_damaged_files_long_fuzz(corpora, tmp_path):
+    fuzz(corpora, tmp_path, 20_000, 1)
+
+
+def test_header_damage_is_a_clear_error(corpora, tmp_path):
+    *_, path = corpora[2]
+    data = bytearray(path.read_bytes())
+    cases = {
+        "version": (8, struct.pack("<I", 9), "version 9"),
+        "order": (16, struct.pack("<Q", 0), "order 0"),
+        "size": (48, struct.pack("<Q", 1), "header says 1"),
+    }
+    for name, (at, raw, message) in cases.items():
+        bad = bytearray(data)
+        bad[at:at + len(raw)] = raw
+        target = tmp_path / f"{name}.ctrie"
+        target.write_bytes(bytes(bad))
+        with pytest.raises(FileFormatError, match=message):
+            CompressedTrie.load(target)
+    (tmp_path / "short.ctrie").write_bytes(bytes(data[:40]))
+    with pytest.raises(FileFormatError, match="truncated"):
+        CompressedTrie.load(tmp_path / "short.ctrie")
+
+
+# -- loading and the CLI -----------------------------------------------------------------------
+
+
+def write_reference(path, counts, order):
+    """A §6.1 file: node ids in reverse breadth-first order, children listed unsorted."""
+    nodes = sorted(counts, key=lambda p: (len(p), p))
+    ids = {(): 0}
+    for k, p in enumerate(reversed(nodes[1:])):
+        ids[p] = k + 1
+    kids = defaultdict(list)
+    for p in nodes[1:]:
+        kids[p[:-1]].append(p)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<QQ", order, len(nodes)))
+        for p in sorted(nodes, key=lambda p: ids[p]):
+            f.write(struct.pack("<iQiQ", p[-1] if p else 0, ids[p[:-1]] if p else 0, counts[p], len(kids[p])))
+            for c in reversed(kids[p]):
+                f.write(struct.pack("<iQ", c[-1], ids[c]))
+
+
+def test_cli_compresses_either_format_and_loaders_accept_both(corpora, tmp_path, capsys):
+    order, vocab, counts, trie, _, _ = corpora[2]
+    trie.save(tmp_path / "csr.trie")
+    write_reference(tmp_path / "ref.trie", counts, order)
+    for src in ("csr.trie", "ref.trie"):
+        out = tmp_path / f"{src}.ctrie"
+        assert ngram_cli(["compress", str(tmp_path / src), str(out)]) == 0
+        assert "bytes/node" in capsys.readouterr().out
+        assert not list(tmp_path.glob("*.tmp"))
+        for loaded in (load_any(out), load_trie(str(out))):
+            assert isinstance(loaded, CompressedTrie)
+            np.testing.assert_array_equal(loaded.probability([1, 2], np.arange(40))[0],
+                                          trie.probability([1, 2], np.arange(40))[0])
+        assert ngram_cli(["info", str(out), "--json", "--verify"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["format"] == "compressed" and info["num_nodes"] == trie.num_nodes
+        assert info["bytes_per_node"] == round(out.stat().st_size / trie.num_nodes, 3)
+    assert isinstance(load_any(tmp_path / "csr.trie"), Trie)
+    assert ngram_cli(["compress", str(tmp_path / "csr.trie.ctrie"), str(tmp_path / "again.ctrie")]) == 2
+    assert "already a compressed trie" in capsys.readouterr().err
+    (tmp_path / "junk.bin").write_bytes(b"\xff" * 40)
+    assert ngram_cli(["compress", str(tmp_path / "junk.bin"), str(tmp_path / "x.ctrie")]) == 2
+    assert "neither a dart_jax trie nor a reference" in capsys.readouterr().err
+
+
+def test_decoding_counts_beyond_int32_is_refused(tmp_path):
+    counts, order = ADVERSARIAL["huge_counts"]
+    ctrie = compress(WideTrie(counts, order), tmp_path / "h.ctrie")
+    with pytest.raises(InputError, match="exceed int32"):
+        ctrie.to_csr()

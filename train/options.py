@@ -1,0 +1,76 @@
+"""The flags of `python -m dart_jax.train` and their checks: argparse and `TrainSettings` only
+(no jax), so that `--help` and a bad flag are answered at once, before the heavy libraries load."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from dart_jax.errors import InputError
+
+from .settings import TrainSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainSettings()
+    p = argparse.ArgumentParser(
+        prog="python -m dart_jax.train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train a DART draft head on JSONL conversations with the frozen target as teacher "
+                    "(annealed KL over the d rows, prefix-shared masked training). Re-running with the same "
+                    "--out resumes from the latest checkpoint; the result is exported to OUT/head.")
+    p.add_argument("--base", required=True, help="target Qwen3: hub id or local folder (its tokenizer renders the data)")
+    p.add_argument("--data", required=True, help="JSONL file: ShareGPT 'conversations' or OpenAI 'messages' per line")
+    p.add_argument("--out", required=True, help="run folder: checkpoints, encoded data, vocabulary, exported head")
+    p.add_argument("--init-head", help="start from this DART head (hub id or folder); its draft vocabulary is kept")
+    p.add_argument("--tokenizer", help="tokenizer folder or hub id when it is not stored with --base")
+    p.add_argument("--draft-length", type=int, default=d.draft_length, help="m mask slots (d = m + 1 rows)")
+    p.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary size (default min(32000, target vocab))")
+    p.add_argument("--max-length", type=int, default=d.max_length, help="samples are cut to this many tokens")
+    p.add_argument("--anchors-per-seq", type=int, default=d.anchors_per_seq, help="anchor positions sampled per sequence")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per micro-batch (all devices)")
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer update")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (linear warm-up, then cosine to 0)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="warm-up updates (default 2%% of all updates)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
+    p.add_argument("--clip", type=float, default=d.clip, help="gradient clipping (global norm)")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--gamma", type=float, default=d.gamma, help="annealing factor of the per-row KL weights γ^(t−1)")
+    p.add_argument("--rope-theta", type=float, default=d.rope_theta, help="RoPE base of a new head")
+    p.add_argument("--seed", type=int, default=d.seed, help="fixes the init, the data order and the anchors")
+    p.add_argument("--save-every", type=int, default=500, help="checkpoint every N micro-batches")
+    p.add_argument("--log-every", type=int, default=50, help="log loss, per-row accuracy α and τ every N micro-batches")
+    p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept")
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="stop once N micro-batches are done (a later run with the same --out resumes)")
+    p.add_argument("--regenerate", action="store_true", help="replace the assistant turns by the target's own replies")
+    p.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy regeneration")
+    p.add_argument("--regen-max-new", type=int, default=512, help="new tokens per regenerated turn")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed JSONL lines (counted) instead of failing")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="target dtype (default float32 on CPU, bfloat16 on accelerators); the head trains in float32")
+    p.add_argument("--mesh", metavar="SPEC", default=None,
+                   help="devices: 'data=N' data parallel over N devices (default: all local devices), "
+                        "'data=2,model=2' also shards the frozen target over 'model' (heads, MLP, vocabulary)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    return p
+
+
+def settings_from_args(args, vocab_size: int) -> TrainSettings:
+    return TrainSettings(
+        draft_length=args.draft_length, draft_vocab=args.draft_vocab or min(32000, vocab_size),
+        max_length=args.max_length, anchors_per_seq=args.anchors_per_seq, batch_size=args.batch_size,
+        grad_accum=args.grad_accum, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        clip=args.clip, epochs=args.epochs, gamma=args.gamma, seed=args.seed, rope_theta=args.rope_theta)
+
+
+def check_args(args) -> None:
+    """The flags that TrainSettings does not hold; TrainSettings checks its own (before any loading)."""
+    for name in ("save_every", "log_every", "keep_last", "regen_max_new"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.stop_after is not None and args.stop_after < 1:
+        raise InputError(f"--stop-after must be >= 1 (micro-batches), got {args.stop_after}.")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        raise InputError(f"--draft-vocab must be >= 1, got {args.draft_vocab}.")
+    if not (math.isfinite(args.regen_temperature) and args.regen_temperature >= 0):
+        raise InputError(f"--regen-temperature must be a finite number >= 0, got {args.regen_temperature}.")
+    settings_from_args(args, vocab_size=max(args.draft_vocab or 1, 1))  # TrainSettings' own checks
