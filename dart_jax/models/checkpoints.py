@@ -134,19 +134,8 @@ def load_dart_head(path_or_id: str | os.PathLike, target, dtype=None, mesh: jax.
         dtype = getattr(target, "dtype", None) or target.embed_tokens.embedding.get_value().dtype
     head = nnx.eval_shape(lambda: DartHead(config, target.embed_tokens, dtype=dtype, param_dtype=dtype, rngs=None))
     head.embed_tokens = target.embed_tokens
-    weights = head_format.tensor_files(folder)
-    for name, (path, _, transpose) in head_format.tensor_table(config).items():
-        array = np.asarray(tensors[name])
-        if name == "d2t":
-            array = array.astype(np.int32)
-        elif name == "t2d":
-            array = array.astype(np.bool_)
-        else:
-            array = cast_weight(array, jnp.dtype(dtype), name, weights[name][0])
-            array = np.ascontiguousarray(array.T) if transpose else array
-        var = _variable(head, path)
-        var.set_value(_put(var, array, mesh, rules))
-    return head
+    return _fill_head(head, head_format.tensor_table(config), tensors, head_format.tensor_files(folder), dtype,
+                      mesh, rules)
 
 
 def head_tensors(config: DartHeadConfig, params) -> dict[str, np.ndarray]:
@@ -199,8 +188,15 @@ def load_eagle3_head(path_or_id: str | os.PathLike, target, dtype=None, mesh: ja
         head.embed_tokens = target.embed_tokens
     head.d2t.set_value(jnp.zeros((config.draft_vocab_size,), jnp.int32))
     head.t2d.set_value(jnp.ones((config.vocab_size,), jnp.bool_))
-    weights = tensor_index(folder)
-    for name, (path, _, transpose) in eagle3_format.tensor_table(config, own_embedding=own).items():
+    return _fill_head(head, eagle3_format.tensor_table(config, own_embedding=own), tensors, tensor_index(folder),
+                      dtype, mesh, rules)
+
+
+def _fill_head(head, table, tensors, weights, dtype, mesh, rules):
+    """`head` (abstract) with its parameters set from the checked `tensors` along a tensor table
+    (name → parameter path, file shape, transposed); `weights` maps a name to its file, for errors.
+    d2t / t2d keep their integer / boolean types; weights are cast to `dtype`."""
+    for name, (path, _, transpose) in table.items():
         array = np.asarray(tensors[name])
         if name == "d2t":
             array = array.astype(np.int32)
