@@ -374,7 +374,7 @@ class Batcher(SlotPool):
                 np.asarray(packed)
 
             plain()
-            costs[0] = median_time(plain, repeats)  # the time of `chunk` tokens: the sizer divides
+            costs[0] = median_time(plain, repeats)  # a whole chunk: `plain_tokens` tokens for this time
         window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
         rows = [i for i, r in enumerate(self.busy[:m]) if r is not None]
         for size in (s for s in engine.tree_sizes if s):
