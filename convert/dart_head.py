@@ -45,6 +45,34 @@ _SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_va
           "draft_vocab_size")
 
 
+def check_layer_fields(config, what: str) -> None:
+    """Check and normalise, in place, the Llama-style fields a draft head's config shares (the DART
+    head's and EAGLE-3's: sizes, draft vocabulary, head grouping, norms, RoPE, activation); an
+    InputError names `what` and the field."""
+    def put(name, value):
+        object.__setattr__(config, name, value)
+
+    for name in _SIZES:
+        put(name, check_int(what, name, getattr(config, name)))
+    if config.draft_vocab_size > config.vocab_size:
+        raise InputError(f"{what}: draft_vocab_size {config.draft_vocab_size} exceeds vocab_size {config.vocab_size}; "
+                         "the draft vocabulary is a subset of the target's.")
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise InputError(f"{what}: num_attention_heads={config.num_attention_heads} is not a multiple of "
+                         f"num_key_value_heads={config.num_key_value_heads}.")
+    if config.head_dim % 2:
+        raise InputError(f"{what}: head_dim must be even for RoPE, got {config.head_dim}.")
+    put("rms_norm_eps", check_float(what, "rms_norm_eps", config.rms_norm_eps))
+    put("rope_theta", check_float(what, "rope_theta", config.rope_theta))
+    put("max_position_embeddings", check_int(what, "max_position_embeddings", config.max_position_embeddings))
+    put("hidden_act", check_str(what, "hidden_act", config.hidden_act, ACTIVATIONS))
+    if config.target_hidden_size is not None:
+        put("target_hidden_size", check_int(what, "target_hidden_size", config.target_hidden_size))
+    if config.rope_scaling is not None and not isinstance(config.rope_scaling, tuple):
+        raise InputError(f"{what}: rope_scaling must be given frozen, as sorted (key, value) pairs "
+                         f"(convert.configs.freeze), got {json_type(config.rope_scaling)}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class DartHeadConfig:
     """The head's config.json (Llama-style fields plus draft_length / draft_vocab_size).
@@ -76,27 +104,9 @@ class DartHeadConfig:
         def put(name, value):
             object.__setattr__(self, name, value)
 
-        for name in _SIZES:
-            put(name, check_int(_WHAT, name, getattr(self, name)))
+        check_layer_fields(self, _WHAT)
         put("draft_length", check_int(_WHAT, "draft_length", self.draft_length, maximum=MAX_DRAFT_LENGTH,
                                       hint=" (the head drafts draft_length + 1 rows per step; the published heads use 7)"))
-        if self.draft_vocab_size > self.vocab_size:
-            raise InputError(f"{_WHAT}: draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}; "
-                             "the draft vocabulary is a subset of the target's.")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise InputError(f"{_WHAT}: num_attention_heads={self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}.")
-        if self.head_dim % 2:
-            raise InputError(f"{_WHAT}: head_dim must be even for RoPE, got {self.head_dim}.")
-        put("rms_norm_eps", check_float(_WHAT, "rms_norm_eps", self.rms_norm_eps))
-        put("rope_theta", check_float(_WHAT, "rope_theta", self.rope_theta))
-        put("max_position_embeddings", check_int(_WHAT, "max_position_embeddings", self.max_position_embeddings))
-        put("hidden_act", check_str(_WHAT, "hidden_act", self.hidden_act, ACTIVATIONS))
-        if self.target_hidden_size is not None:
-            put("target_hidden_size", check_int(_WHAT, "target_hidden_size", self.target_hidden_size))
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, tuple):
-            raise InputError(f"{_WHAT}: rope_scaling must be given frozen, as sorted (key, value) pairs "
-                             f"(convert.configs.freeze), got {json_type(self.rope_scaling)}.")
         if not isinstance(self.extra, tuple):
             raise InputError(f"{_WHAT}: extra must be a tuple of (key, JSON text) pairs, got {json_type(self.extra)}.")
         scaling = self.rope_scaling_dict

@@ -21,9 +21,9 @@ import numpy as np
 
 from dart_jax.errors import FileFormatError, InputError
 
-from .configs import (check_float, check_int, check_object, check_str, config_from_file, freeze, json_type,
-                      read_config, required, thaw)
-from .dart_head import ACTIVATIONS, _dtype_kind, vocabulary_problems
+from .configs import (check_int, check_object, config_from_file, freeze, json_type, read_config, required,
+                      thaw)
+from .dart_head import _dtype_kind, check_layer_fields, vocabulary_problems
 from .hub import resolve
 from .qwen3 import check_rope_scaling, rope_kind
 from .files import atomic_folder
@@ -36,8 +36,6 @@ BUFFERS = ("d2t", "t2d")
 EAGLE3_ROPE_KINDS = ("default", "linear")
 _WHAT = "EAGLE-3 head config"
 _REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-          "draft_vocab_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,28 +59,7 @@ class Eagle3Config:
     extra: tuple = ()
 
     def __post_init__(self):
-        def put(name, value):
-            object.__setattr__(self, name, value)
-
-        for name in _SIZES:
-            put(name, check_int(_WHAT, name, getattr(self, name)))
-        if self.draft_vocab_size > self.vocab_size:
-            raise InputError(f"{_WHAT}: draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}; "
-                             "the draft vocabulary is a subset of the target's.")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise InputError(f"{_WHAT}: num_attention_heads={self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}.")
-        if self.head_dim % 2:
-            raise InputError(f"{_WHAT}: head_dim must be even for RoPE, got {self.head_dim}.")
-        put("rms_norm_eps", check_float(_WHAT, "rms_norm_eps", self.rms_norm_eps))
-        put("rope_theta", check_float(_WHAT, "rope_theta", self.rope_theta))
-        put("max_position_embeddings", check_int(_WHAT, "max_position_embeddings", self.max_position_embeddings))
-        put("hidden_act", check_str(_WHAT, "hidden_act", self.hidden_act, ACTIVATIONS))
-        if self.target_hidden_size is not None:
-            put("target_hidden_size", check_int(_WHAT, "target_hidden_size", self.target_hidden_size))
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, tuple):
-            raise InputError(f"{_WHAT}: rope_scaling must be given frozen (convert.configs.freeze), got "
-                             f"{json_type(self.rope_scaling)}.")
+        check_layer_fields(self, _WHAT)
         check_rope_scaling(self.rope_scaling_dict, EAGLE3_ROPE_KINDS, _WHAT, {"linear": ("factor",)})
 
     @property
