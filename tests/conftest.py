@@ -5,6 +5,11 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The suite compiles hundreds of small programs and runs each on tiny shapes: less LLVM optimisation
+# makes compiling about a third faster (subprocesses inherit it); the results are the same.
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FAST_COMPILE).strip()
 
 import jax  # noqa: E402
 

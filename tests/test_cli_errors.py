@@ -95,8 +95,8 @@ def test_dart_model_refuses_float_ids_and_over_long_prompts(demo_model):
     limit = demo_model.target.config.max_position_embeddings
     with pytest.raises(InputError, match="max_position_embeddings"):
         demo_model.generate([5] * (limit + 1), max_new_tokens=2, max_length=limit + 8)
-    with pytest.warns(UserWarning, match="max_position_embeddings"):
-        demo_model.generate([5, 6, 7], max_new_tokens=limit, max_length=limit + 8, chat=False)
+    with pytest.warns(UserWarning, match="max_position_embeddings"):  # warned before the first step
+        next(demo_model.stream([5, 6, 7], max_new_tokens=limit, max_length=limit + 8, chat=False))
 
 
 def test_commands_answer_bad_arguments_in_one_line_in_a_real_process():

@@ -46,7 +46,7 @@ SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_lay
              num_key_value_heads=1, head_dim=16)
 HEAD_SIZES = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=48)
 COMMON = dict(database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FAST = settings(max_examples=20, deadline=5000, derandomize=True, **COMMON)
+FAST = settings(max_examples=20, deadline=30000, derandomize=True, **COMMON)
 SLOW = settings(max_examples=2000, deadline=20000, **COMMON)
 USER_ERRORS = (InputError, FileFormatError, MissingFileError)
 ABSENT = "<absent>"

@@ -204,14 +204,14 @@ def check_mutation(fmt, cut, flips, flag):
         exercise(trie, full=flag or fmt == "reference")
 
 
-@settings(max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutations)
 def test_damaged_files_give_a_file_error_or_a_working_trie(mutation):
     check_mutation(*mutation)
 
 
 @pytest.mark.slow
-@settings(max_examples=4000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutations)
 def test_damaged_files_long_run(mutation):
     check_mutation(*mutation)

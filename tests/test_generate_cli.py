@@ -94,8 +94,9 @@ def test_cli_prompts_file_in_batches(ckpt, tmp_path, capsys):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
     out = tmp_path / "out.jsonl"
+    # a fixed tree size: keep="auto" would time every size for both batch shapes (tested in test_engine)
     code = generate.main(["--ckpt", str(head), "--base", str(base), "--ngram", str(trie), "--prompts", str(src),
-                          "--output", str(out), "--batch-size", "2", "--max-new-tokens", "8"])
+                          "--output", str(out), "--batch-size", "2", "--max-new-tokens", "8", "--keep", "16"])
     assert code == 0, capsys.readouterr().err
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in results] == ["a", 2, 3]

@@ -140,7 +140,8 @@ pytestmark = pytest.mark.xdist_group("sharding")  # one worker runs the one subp
 
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path_factory.mktemp("sharding"))], env=env,
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
@@ -177,7 +178,8 @@ def test_training_with_the_target_sharded_over_model_matches_one_device(tmp_path
     code = ("import jax; jax.config.update('jax_default_matmul_precision', 'highest'); import sys; "
             "from dart_jax.train.__main__ import main; main(sys.argv[1:])")
     for name, devices, extra in (("one", 1, []), ("mesh", 4, ["--mesh", "data=2,model=2"])):
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+        env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}",
+                   JAX_PLATFORMS="cpu")
         subprocess.run([sys.executable, "-c", code, *args, *extra, "--out", str(tmp_path / name)], check=True, env=env,
                        capture_output=True)
     one = load_file(tmp_path / "one" / "head" / "model.safetensors")

@@ -171,7 +171,8 @@ def test_two_devices_match_one_device_starting_from_a_head(base, tmp_path):
     common = [a for a in COMMON if a not in ("--draft-vocab", "64")]
     args = ["--base", str(base), "--data", str(data), *common, "--batch-size", "2", "--epochs", "1",
             "--lr", "5e-3", "--init-head", str(init)]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
     code = ("import jax; jax.config.update('jax_default_matmul_precision', 'highest'); "
             "assert jax.local_device_count() == 2; from dart_jax.train.__main__ import main; import sys; "
             "main(sys.argv[1:])")

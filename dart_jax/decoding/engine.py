@@ -254,12 +254,12 @@ class Engine:
         """The tree settings of a step that uses a tree of `size` nodes besides the root."""
         return self._tree_settings[size]
 
-    def check_request(self, prompt_ids, settings: GenerationSettings):
+    def check_request(self, prompt_ids, settings: GenerationSettings, *, warn: bool = True):
         """The prompt as int32 ids, or an InputError naming what is wrong (see `check_prompt`);
-        warns when the answer may run past the target's max_position_embeddings."""
+        warns (`warn`) when the answer may run past the target's max_position_embeddings."""
         limit = self.target.config.max_position_embeddings
         ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length, max_positions=limit)
-        if ids.size + min(settings.max_new_tokens, settings.max_length - ids.size) > limit:
+        if warn and ids.size + min(settings.max_new_tokens, settings.max_length - ids.size) > limit:
             warnings.warn(f"prompt ({ids.size} tokens) + answer (up to {settings.max_new_tokens}) may run past the "
                           f"model's max_position_embeddings ({limit}); tokens past it are unreliable: lower "
                           "max_new_tokens / max_length.", stacklevel=3)
@@ -303,6 +303,8 @@ class Engine:
         """Speculative decoding of B prompts together in a pool of B slots, each with its own
         settings (limits, sampling, seed) and stats: yields, per call of the pool, (new ids,
         accepted length) per sequence (([], 0) for one that did not move) until all are done."""
+        for prompt, s in zip(prompts, settings):  # bad input is refused before any cache is built
+            self.check_request(prompt, s, warn=False)
         batcher = Batcher(self, len(prompts), max(s.max_length for s in settings))
         try:
             for prompt, s, st in zip(prompts, settings, stats):
