@@ -28,7 +28,7 @@ from dart_jax.ngram import CompressedTrie, Trie, build_tree, compress
 from dart_jax.ngram.compressed import ngram_probs_any
 
 
-@njit(cache=True)
+@njit(cache=False)  # not cached: Numba's cache would not notice a change in the ngram package's code
 def qloop(tr, order, contexts, cands, out_p, out_len):
     t = 0.0
     for q in range(contexts.shape[0]):

@@ -49,9 +49,10 @@ def trie_find_child(tr, n, node, tok):
     raise NotImplementedError("only callable from Numba code")
 
 
-def trie_children(tr, n, node, cands, row, out_child, out_freq, slot):
+def trie_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
     """For every candidate ``cands[row, i]``: ``out_child[slot, i]`` = its child under ``node``
-    or -1, and ``out_freq[slot, i]`` = float32 of that child's freq (unset where -1)."""
+    or -1, and ``out_freq[slot, i]`` = float32 of that child's freq (unset where -1).
+    ``scratch``: int64[>= k] the caller allocates once (the compressed format's working space)."""
     raise NotImplementedError("only callable from Numba code")
 
 
@@ -104,9 +105,9 @@ def _trie_find_child(tr, n, node, tok):
 
 
 @overload(trie_children)
-def _trie_children(tr, n, node, cands, row, out_child, out_freq, slot):
+def _trie_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
     if _is_csr(tr):
-        def impl(tr, n, node, cands, row, out_child, out_freq, slot):
+        def impl(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
             token, freq, child_start = tr[0], tr[1], tr[2]
             k = cands.shape[1]
             find_children(token, child_start, n, node, cands[row], out_child[slot], k)
@@ -116,6 +117,6 @@ def _trie_children(tr, n, node, cands, row, out_child, out_freq, slot):
                     out_freq[slot, i] = np.float32(freq[ch])
         return impl
     if _is_compressed(tr):
-        def impl(tr, n, node, cands, row, out_child, out_freq, slot):
-            ef_children(tr, n, node, cands, row, out_child, out_freq, slot, np.empty(cands.shape[1], np.int64))
+        def impl(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
+            ef_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch)
         return impl

@@ -60,6 +60,47 @@ def read_bits(words, bit, width):
     return np.int64(v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1)))
 
 
+@njit(cache=True, inline="always")
+def _read_bits_in(words, bit, width):
+    """``read_bits`` without the bounds checks, for bits that ``_fits`` has vouched for."""
+    w = bit >> 6
+    s = bit & 63
+    v = words[w] >> np.uint64(s)
+    if s + width > 64:
+        v |= words[w + 1] << np.uint64(64 - s)
+    return np.int64(v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1)))
+
+
+@njit(cache=True, inline="always")
+def _fits(words, first_bit, last_bit):
+    """Whether every value of a field between these bit offsets (the first bit of the first value,
+    the first bit of the last one) can be read without leaving ``words`` (a value of <= 63 bits may
+    reach into the next word)."""
+    return first_bit >= 0 and last_bit >= first_bit and (last_bit >> 6) + 1 < words.shape[0]
+
+
+@njit(cache=True, inline="always")
+def _select_in_word(bits, r):
+    """Position of the r-th (from 0) set bit of ``bits``, which has more than r set bits: the
+    byte holding it from the bytes' running popcounts, then at most 7 bits cleared in that byte."""
+    x = bits - ((bits >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    running = x * np.uint64(0x0101010101010101)  # byte j: set bits in bytes 0..j
+    shift = 0
+    before = np.int64(0)
+    while shift < 56:
+        upto = np.int64((running >> np.uint64(shift)) & np.uint64(0xFF))
+        if upto > r:
+            break
+        before = upto
+        shift += 8
+    byte = (bits >> np.uint64(shift)) & np.uint64(0xFF)
+    for _ in range(r - before):
+        byte &= byte - np.uint64(1)
+    return shift + np.int64(trailing_zeros(byte))
+
+
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
 def ef_select_pair(ef, samples, i):
     """(child_start[i], child_start[i+1]) from the Elias–Fano bit vector: the i-th and (i+1)-th
@@ -81,10 +122,9 @@ def ef_select_pair(ef, samples, i):
             return np.int64(-1), np.int64(-1)
         bits = ef[w]
         c = _popcount(bits)
-    for _ in range(r):  # r < popcount(bits) <= 64
-        bits &= bits - np.uint64(1)
-    first = (w << 6) + np.int64(trailing_zeros(bits))
-    bits &= bits - np.uint64(1)
+    at = _select_in_word(bits, r)  # r < popcount(bits) <= 64
+    first = (w << 6) + at
+    bits &= ~np.uint64(0) << np.uint64(at) << np.uint64(1)  # the ones after it (a shift by 64 in two steps)
     while bits == 0:
         w += 1
         if w >= ef.shape[0]:
@@ -197,6 +237,19 @@ def ef_find_child(tr, n, node, tok):
     words = tr[_TOK_WORDS]
     width = tok_width[lvl]
     base = tr[_TOK_BIT][lvl] - level_start[lvl] * width
+    if width == 0 or not _fits(words, base + lo * width, base + (lo + size - 1) * width):
+        return _find_rank_checked(words, base, width, lo, size, rank)
+    while size > 1:
+        half = size >> 1
+        if _read_bits_in(words, base + (lo + half) * width, width) <= rank:
+            lo += half
+        size -= half
+    return lo if _read_bits_in(words, base + lo * width, width) == rank else np.int64(-1)
+
+
+@njit(cache=True, _nrt=False)
+def _find_rank_checked(words, base, width, lo, size, rank):
+    """The binary search of ``ef_find_child`` with every read bounds-checked (a damaged file)."""
     while size > 1:
         half = size >> 1
         if read_bits(words, base + (lo + half) * width, width) <= rank:
@@ -226,7 +279,14 @@ def ef_children(tr, n, node, cands, row, out_child, out_freq, slot, ranks):
     for i in range(k):
         ranks[i] = _rank_of(remap, tok_table, tok_tab_start, lvl, cands[row, i])
         out_child[slot, i] = lo
-    while size > 1:
+    if width > 0 and _fits(words, base + lo * width, base + (lo + size - 1) * width):
+        while size > 1:
+            half = size >> 1
+            for i in range(k):
+                b = out_child[slot, i]
+                out_child[slot, i] = b + half * (_read_bits_in(words, base + (b + half) * width, width) <= ranks[i])
+            size -= half
+    while size > 1:  # (a damaged file: every read checked)
         half = size >> 1
         for i in range(k):
             b = out_child[slot, i]
@@ -310,8 +370,6 @@ def check_compressed(tr, full):
             if lo != expect or hi < lo or hi > next_end or (hi > lo and lo < level_start[lvl + 1]):
                 return C_OFFSETS, node
             expect = hi
-        if expect != (level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n):
-            return C_OFFSETS, level_start[lvl + 1] - 1
             rank = read_bits(tr[_CNT_WORDS], tr[_CNT_BIT][lvl] + (node - level_start[lvl]) * cwidth, cwidth)
             if rank >= n_counts:
                 return C_COUNT, node
@@ -337,4 +395,6 @@ def check_compressed(tr, full):
                     if cur <= prev:
                         return C_ORDER, node
                     prev = cur
+        if expect != (level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n):
+            return C_OFFSETS, level_start[lvl + 1] - 1
     return C_OK, -1

@@ -149,6 +149,7 @@ def ngram_probs_any(tr, order, context, cands, out_p, out_len):
     cand2 = cands.reshape((1, k))
     child = np.empty((1, k), np.int64)
     fr = np.empty((1, k), np.float32)
+    scratch = np.empty(k, np.int64)
     for length in range(min(order - 1, c), 0, -1):
         node = trie_root_child(tr, n, context[c - length])
         for j in range(c - length + 1, c):
@@ -158,7 +159,7 @@ def ngram_probs_any(tr, order, context, cands, out_p, out_len):
         if node < 0:
             continue
         inv = np.float32(1.0) / np.float32(trie_freq(tr, node))
-        trie_children(tr, n, node, cand2, 0, child, fr, 0)
+        trie_children(tr, n, node, cand2, 0, child, fr, 0, scratch)
         for i in range(k):
             if child[0, i] >= 0 and out_len[i] == 0:
                 out_p[i] = fr[0, i] * inv

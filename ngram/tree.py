@@ -220,6 +220,7 @@ def _search_one(
     memo_child = np.empty((memo_cap, k), np.int64)  # child of the slot's node per candidate, or -1
     memo_freq = np.empty((memo_cap, k), np.float32)  # float32 freq of each found child
     memo_ng = np.empty((memo_cap, k), np.float32)  # its n-gram term; 1 (never a term) until needed
+    scratch = np.empty(k, np.int64)  # the lookups' working space
     beam_memo = np.full((W, m + 1), -1, np.int64)
     hash_size = 4
     while hash_size < 2 * memo_cap:
@@ -292,7 +293,7 @@ def _search_one(
                         if slot < 0:
                             continue
                         if not memo_done[slot]:
-                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot)
+                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot, scratch)
                             for c in range(k):
                                 memo_ng[slot, c] = one
                             memo_done[slot] = True
@@ -366,7 +367,7 @@ def _search_one(
                             ctx[q, r, length] = -1
                             continue
                         if not memo_done[slot]:
-                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot)
+                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot, scratch)
                             for c in range(k):
                                 memo_ng[slot, c] = one
                             memo_done[slot] = True

@@ -103,3 +103,64 @@ def test_never_pays_for_a_size_that_cannot_win():
     assert 60 not in chosen and 31 not in chosen
     best = best_by_enumeration(CPU_LIKE, tau)
     assert chosen[0] != 0 and best in chosen[:5]
+
+
+@pytest.mark.parametrize("wrong_size", [0, 15])
+def test_a_size_timed_too_slow_at_warm_up_is_still_found(wrong_size):
+    """A dry timing more than twice as slow as the size really is (a noisy warm-up) must not rule the size
+    out for good: its first real steps correct it and the sizer settles on it."""
+    tau = saturating(7.0) if wrong_size else saturating(0.4)
+    true_ms = dict(CPU_LIKE)
+    if wrong_size:  # a machine where the 15-node tree is clearly the fastest
+        true_ms[15] = 2.2
+    best = best_by_enumeration(true_ms, tau)
+    assert best == wrong_size
+    dry = {s: (2.2 if s == wrong_size else 1.0) * true_ms[s] / 1e3 for s in SIZES}
+    sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+    chosen = []
+    for _ in range(300):
+        size = sizer.choose(1, lambda rows: dry)
+        chosen.append(size)
+        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), true_ms[size] / 1e3)
+    late = collections.Counter(chosen[150:])
+    assert late.most_common(1)[0][0] == best, (late, sizer.summary())
+
+
+def test_one_stalled_step_does_not_turn_the_choice():
+    """A plain chunk that stalls once (50× its usual time: an executable loaded for a new window)
+    must not hand the next steps to a tree that is slower."""
+    tau = saturating(0.4)  # poor drafts: plain decoding is the fastest by far
+    costs = {s: CPU_LIKE[s] / 1e3 for s in SIZES}
+    sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+    for _ in range(40):
+        size = sizer.choose(1, lambda rows: costs)
+        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), costs[size])
+    assert sizer.choose(1, lambda rows: costs) == 0
+    sizer.observe(0, 1, CHUNK, 50 * costs[0])
+    after = [sizer.choose(1, lambda rows: costs) for _ in range(3)]
+    assert after.count(0) >= 2, (after, sizer.summary())
+
+
+def test_drafting_pays_only_where_some_tree_could_beat_plain_decoding():
+    """`drafting_pays` against a direct calculation: some size's most accepted tokens per second
+    above plain decoding's (a dry-timed size counted at half its cost)."""
+    def sizer_after(cost_ms, observe):
+        sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+        assert sizer.drafting_pays(1)  # nothing measured yet
+        costs = {s: cost_ms[s] / 1e3 for s in SIZES}
+        sizer.costs(1, lambda rows: costs)
+        for s in observe:
+            sizer.observe(s, 1, CHUNK if s == 0 else 1.0, costs[s])
+        return sizer
+
+    def oracle(cost_ms, observed):
+        plain = CHUNK / cost_ms[0]
+        return any(min(s, 8) + 1 > plain * cost_ms[s] / (1 if s in observed else 2) for s in SIZES if s)
+
+    slow_verify = {0: 16 * 0.5, 3: 9.0, 7: 12.0, 15: 20.0, 31: 40.0, 60: 80.0}  # a tree never pays
+    for cost_ms in (GPU_LIKE, CPU_LIKE, slow_verify):
+        for observed in ((), SIZES):
+            assert sizer_after(cost_ms, observed).drafting_pays(1) == oracle(cost_ms, observed)
+    assert not sizer_after(slow_verify, SIZES).drafting_pays(1)
+    assert sizer_after(slow_verify, SIZES).drafting_pays(2)  # another row count: not measured yet
+    assert sizer_after(GPU_LIKE, SIZES).drafting_pays(1)

@@ -254,6 +254,64 @@ def test_header_damage_is_a_clear_error(corpora, tmp_path):
         CompressedTrie.load(tmp_path / "short.ctrie")
 
 
+
+def section_view(data: bytearray, name: str, dtype: str) -> np.ndarray:
+    """The named section of a compressed file as a writable array (the header's section table,
+    docs/spec.md §6.3; the order of the sections is the spec's)."""
+    names = ["level_start", "tok_width", "tok_bit", "tok_count", "cnt_width", "cnt_bit", "cnt_tab_start", "cnt_table",
+             "remap", "ef", "samples", "tok_words", "cnt_words", "tok_table"]
+    offset, length = struct.unpack_from("<QQ", data, struct.calcsize("<8sIIQQQQQ") + 16 * names.index(name))
+    return np.frombuffer(memoryview(data)[offset:offset + length], dtype)
+
+
+def test_damaged_node_fields_are_found_at_load(corpora, tmp_path):
+    """Per-node damage that the queries would only clamp is reported when the file loads: a rank
+    past its level's table, a negative count, children counting more than their parent, siblings
+    out of order (the last with verify only)."""
+    *_, path = corpora[2]
+    data = path.read_bytes()
+
+    def load_damaged(damage, verify=False):
+        bad = bytearray(data)
+        damage(bad)
+        target = tmp_path / "bad.ctrie"
+        target.write_bytes(bytes(bad))
+        return CompressedTrie.load(target, verify=verify)
+
+    def ranks_all_ones(name):
+        def damage(bad):
+            words = section_view(bad, name, "<u8")
+            words[:] = np.uint64(2**64 - 1)
+        return damage
+
+    def count_table(value):
+        def damage(bad):
+            table = section_view(bad, "cnt_table", "<i8")
+            table[-1] = value  # the largest count of the deepest level: a leaf's
+        return damage
+
+    def swap_siblings(bad):
+        ls, cs = section_view(bad, "level_start", "<i8"), csr_of(corpora[2][2])[2]
+        width = int(section_view(bad, "tok_width", "<i8")[2])
+        words = section_view(bad, "tok_words", "<u8")
+        base = int(section_view(bad, "tok_bit", "<i8")[2]) - int(ls[2]) * width
+        parent = next(i for i in range(int(ls[1]), int(ls[2])) if cs[i + 1] - cs[i] >= 2)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+        a, b = base + int(cs[parent]) * width, base + (int(cs[parent]) + 1) * width
+        bits[a:a + width], bits[b:b + width] = bits[b:b + width].copy(), bits[a:a + width].copy()
+        words[:] = np.packbits(bits, bitorder="little").view("<u8")
+
+    for damage, message in ((ranks_all_ones("cnt_words"), "frequency rank outside"),
+                            (ranks_all_ones("tok_words"), "token rank outside"),
+                            (count_table(-5), "negative frequency"),
+                            (count_table(2**40), "count more windows than the node")):
+        with pytest.raises(FileFormatError, match=message):
+            load_damaged(damage)
+    load_damaged(swap_siblings)  # the sibling order is a verify check
+    with pytest.raises(FileFormatError, match="strictly increasing token order"):
+        load_damaged(swap_siblings, verify=True)
+
+
 # -- loading and the CLI -----------------------------------------------------------------------
 
 

@@ -652,8 +652,11 @@ class ScriptedSizer:
 
     adaptive = True
 
-    def __init__(self, plan):
-        self.plan, self.calls, self.observed = plan, 0, []
+    def __init__(self, plan, pays=True):
+        self.plan, self.calls, self.observed, self.pays = plan, 0, [], pays
+
+    def drafting_pays(self, rows):
+        return self.pays
 
     def choose(self, rows, measure):
         size = self.plan[self.calls % len(self.plan)]
@@ -690,6 +693,32 @@ def test_adaptive_sizes_and_plain_chunks_keep_the_greedy_output(tiny):
     assert run(stopping.generate_steps, PROMPTS[1], max_new_tokens=30)[0] == hf_generate(tiny, PROMPTS[1], 30, eos=stop)
     assert run(adaptive_engine(tiny, [0, 3]).generate_steps, PROMPTS[2], max_new_tokens=7)[0] == \
         hf_generate(tiny, PROMPTS[2], 7)
+
+
+def test_where_no_tree_can_pay_the_plain_decoder_runs_without_the_drafter(tiny):
+    """keep="auto" on a device where the sizer finds that no tree could beat plain decoding: the
+    engine decodes with its plain decoder (the drafter's prefill and steps never run), each
+    sequence is still the target's greedy output within its own limits, and the stats count
+    every token after the first as a plain one."""
+    engine = engine_for(tiny, adaptive=True, keep=8)
+    engine.sizer = ScriptedSizer([8], pays=False)
+
+    def no_drafting(*args, **kwargs):
+        raise AssertionError("the DART prefill ran although drafting cannot pay")
+
+    engine._prefill = engine._step = engine._plain = no_drafting
+    prompts, limits = [PROMPTS[2], PROMPTS[0], PROMPTS[1]], (30, 5, 21)
+    stats = [Stats() for _ in prompts]
+    outs = [[] for _ in prompts]
+    for rows in engine.decode_batch(prompts, [GenerationSettings(max_new_tokens=n) for n in limits], stats):
+        for out, (kept, _) in zip(outs, rows):
+            out.extend(kept)
+    assert outs == [hf_generate(tiny, p, n) for p, n in zip(prompts, limits)]
+    for out, st in zip(outs, stats):
+        assert st.token_ids == out and st.new_tokens == len(out)
+        assert st.tree_sizes == [0] * (len(out) - 1) == [0] * len(st.accept_lengths)
+    ids, counts, _ = run(engine.generate_steps, PROMPTS[1], max_new_tokens=9)
+    assert ids == hf_generate(tiny, PROMPTS[1], 9) and set(counts) == {1}
 
 
 def test_adaptive_sizes_in_a_batch_decode_each_sequence_as_alone(tiny):

@@ -13,14 +13,22 @@ device, the model, the batch and the text, so it is measured, not guessed:
   overwrites); size 0 is a chunk of plain decoding. While decoding, a size's own steps replace its
   entry with their exponential average, and the sizes not used lately follow the average ratio of
   observed to timed steps, so the table tracks the growing attention window and the machine's load.
+  An observation counts as at most twice the running figure: a one-off stall (an executable loaded
+  for a new window, another process) does not steer the choice for long.
 - **acceptance**: an exponential average per size of the mean accepted length of the steps that
   used it (for size 0, the tokens per chunk). A size not tried yet gets an optimistic bound: the
   average of the next bigger size tried (its tree contains this one), else the most a step of it
   can accept (min(size, depth) + 1). Every `explore_every` steps (every quarter of that while
   plain chunks win) a size that could still beat the current choice even at its most accepted is
-  tried once, so that a change in acceptance is seen, and a size that cannot is never paid for.
+  tried once, so that a change in acceptance is seen, and a size that cannot is never paid for
+  (a size whose cost comes from the dry steps alone counts as hopeful at half that cost, so that
+  one noisy timing at warm-up does not rule it out for good).
 
-The choice maximises accepted tokens (+1 bonus counted) per predicted second. Every size is one
+The choice maximises accepted tokens (+1 bonus counted) per predicted second. Where no tree size
+could beat plain decoding even at its most accepted (a device on which verifying costs too much
+for this model), the engine decodes new requests with its plain decoder, without the drafter's
+prefill and calls (`drafting_pays`).
+ Every size is one
 compiled variant of the step (a handful of sizes), so nothing compiles after the first steps.
 """
 from __future__ import annotations
@@ -103,10 +111,26 @@ class TreeSizer:
         # so that a change in acceptance is seen; sooner while plain chunks (many tokens a call) win
         every = max(self.explore_every // 4, 1) if best == 0 else self.explore_every
         if self._steps % every == 0:
-            hopeful = [s for s in self.sizes if s != best and self.most_accepted(s) / cost[s] > rate[best]]
+            # a cost known only from the dry steps may be off (one noisy timing at warm-up): such a
+            # size stays hopeful while it could win at half its timed cost, until its first real step
+            hopeful = [s for s in self.sizes if s != best and self.most_accepted(s) / cost[s]
+                       * (1 if (rows, s) in self._seconds else 2) > rate[best]]
             if hopeful:
                 return max(hopeful, key=lambda s: (rate[s], -s))
         return best
+
+    def drafting_pays(self, rows: int) -> bool:
+        """Whether some tree size could beat plain decoding for a pool step over `rows` rows even if
+        it accepted the most it can (a cost known from the dry steps alone counted at half, as in
+        the exploration): False once the costs are known and none can, so that decoding needs no
+        drafter at all (the engine then runs its plain decoder). True before anything is measured."""
+        if not self.adaptive or 0 not in self.sizes or rows not in self._costs:
+            return True
+        costs = self._costs[rows]
+        cost = {s: self._seconds.get((rows, s), self._scale * costs[s]) for s in self.sizes}
+        plain = self.expected_accept(0) / cost[0]
+        return any(self.most_accepted(s) / cost[s] * (1 if (rows, s) in self._seconds else 2) > plain
+                   for s in self.sizes if s)
 
     def observe(self, size: int, rows: int, accepted: float, seconds: float) -> None:
         """What a step of `size` did: the mean accepted length over its sequences (bonus included,
@@ -115,9 +139,12 @@ class TreeSizer:
             return
         a = self.smoothing
         self._tau[size] = accepted if size not in self._tau else (1 - a) * self._tau[size] + a * accepted
+        key = (rows, size)
+        # one slow outlier (a window size met for the first time, loaded from the compilation
+        # cache; the machine busy elsewhere) counts as at most twice the running figure
+        seconds = min(seconds, 2 * self._seconds.get(key, self._scale * self._costs[rows][size]))
         ratio = seconds / max(self._costs[rows][size], 1e-9)
         self._scale = ratio if self._last is None else (1 - a) * self._scale + a * ratio
-        key = (rows, size)
         self._seconds[key] = seconds if key not in self._seconds else (1 - a) * self._seconds[key] + a * seconds
         self._last = size
 

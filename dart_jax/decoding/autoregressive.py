@@ -143,23 +143,24 @@ def _decode_chunk(graphdef, state, token, cache: KVCache, cache_len, keys, param
     out = jnp.full((b, chunk), -1, jnp.int32)
 
     def body(carry):
-        i, token, cache, cache_len, keys, remaining, out = carry
+        i, token, view, cache_len, keys, remaining, out = carry
         active = remaining > 0
-        hidden, _, cache_w = target.extend(token[:, None], window_view(cache, window), cache_len)
-        cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
+        hidden, _, view = target.extend(token[:, None], view, cache_len)
         after, now = split_rows(keys)
         new = sample_tokens(now, target.lm_logits(hidden[:, 0]), params)
         out = out.at[:, i].set(jnp.where(active, new, -1))
         stop = jnp.any(new[:, None] == eos[None, :], axis=1)
         remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
-        return (i + 1, jnp.where(active, new, token), cache, cache_len + active.astype(cache_len.dtype),
+        return (i + 1, jnp.where(active, new, token), view, cache_len + active.astype(cache_len.dtype),
                 after, remaining, out)
 
     def more(carry):
         return (carry[0] < chunk) & jnp.any(carry[5] > 0)
 
-    _, token, cache, cache_len, keys, remaining, out = jax.lax.while_loop(
-        more, body, (jnp.int32(0), token, cache, cache_len, keys, remaining, out))
+    # the loop works on the attended window alone, written back once after it (not a copy per token)
+    _, token, view, cache_len, keys, remaining, out = jax.lax.while_loop(
+        more, body, (jnp.int32(0), token, window_view(cache, window), cache_len, keys, remaining, out))
+    cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
     return out, token, cache, cache_len, keys, remaining
 
 

@@ -248,7 +248,8 @@ class Batcher(SlotPool):
         joining, ids, prompt_len, start = self._joining(free)
         packed, self.cache, self.draft_cache, self.keys = engine._prefill(
             engine._state, jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.cache,
-            self.draft_cache, self.keys, self.params, rows=self.depth, k=self.k, nodes=engine.n_nodes)
+            self.draft_cache, self.keys, self.params, rows=self.depth, k=self.k, nodes=engine.n_nodes,
+            draft_window=min(engine.drafter.reach(ids.shape[1]), self.length))
         self._joined(joining, prompt_len)
         out = prefill_layout(self.fields).unpack(np.asarray(packed))
         elapsed = time.perf_counter() - start_time

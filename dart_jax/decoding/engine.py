@@ -42,7 +42,7 @@ from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inp
 from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
-from .autoregressive import (AutoregressiveDecoder, CachePool, jitted, last_logits, param_rows, put_window,
+from .autoregressive import (AutoregressiveDecoder, CachePool, jitted, last_logits, live_rows, param_rows, put_window,
                              window_view)
 from .batcher import Batcher
 from .drafter import Drafter
@@ -69,12 +69,13 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
 
 
 def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCache, draft_cache, keys, params, *,
-             rows: int, k: int, nodes: int):
+             rows: int, k: int, nodes: int, draft_window: int):
     """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool:
     ids int32[m,T] (padded to the bucket), prompt_len int32[m], the pool's PRNG keys and sampling
     params [B] → packed `prefill_layout` [m]. A row whose `start` is the cache length is left
     alone: its writes fall past the cache and are dropped, its key is kept, and its outputs are
-    junk the host ignores. Rows past m are not computed at all."""
+    junk the host ignores. Rows past m are not computed at all. The drafter attends over (and
+    writes) its first `draft_window` cache slots, its reach over T positions: not the whole cache."""
     pair = nnx.merge(graphdef, state)
     m, t = ids.shape
     admit = start < cache.k.shape[2]
@@ -89,7 +90,7 @@ def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCach
         # position i carries the token that follows it: prompt[1:] and then the sampled token
         shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((m, 1), ids.dtype)], axis=1)
         shifted = jnp.where(jnp.arange(t)[None, :] == (prompt_len - 1)[:, None], first[:, None], shifted)
-        draft_view = drafter_cls.cache_window(draft_cache, None, m)
+        draft_view = drafter_cls.cache_window(draft_cache, draft_window, m)
         proposal, draft_view = drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, prompt_len,
                                                    rows=rows, k=k, nodes=nodes)
         draft_cache = drafter_cls.cache_put(draft_cache, draft_view)
@@ -136,8 +137,9 @@ def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache
 def _plain(graphdef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
            *, chunk: int, depth: int, k: int, window: int):
     """Up to `chunk` tokens of plain decoding for the first m = token.shape[0] sequences, then one
-    drafter call over them (what the tree size 0 of the adaptive budget runs: no tree, as fast
-    as the baseline, and the drafter stays ready for the next speculative step). `token` [m] is
+    drafter call over them, left out when every row has finished (what the tree size 0 of the
+    adaptive budget runs: no tree, as fast as the baseline, and the drafter stays ready for the
+    next speculative step). `token` [m] is
     each row's pending token (the last one, not yet in the cache: a tree's root); a row stops on
     an id of `eos` or after `remaining` [m] tokens. → packed `plain_layout` [m], caches, lengths,
     keys. The same keys as the baseline's loop, so the same samples."""
@@ -163,15 +165,21 @@ def _plain(graphdef, drafter_cls, state, token, cache: KVCache, draft_cache, cac
                 taps)
 
     with jax.named_scope("plain_target"):
-        _, token, view, step_keys, _, count, out, taps = jax.lax.while_loop(
+        _, token, view, step_keys, remaining, count, out, taps = jax.lax.while_loop(
             lambda c: (c[0] < chunk) & jnp.any(c[4] > 0), body, start)
         cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
         keys = keys.at[:m].set(step_keys)
     with jax.named_scope("draft"):
         # fed at position i: the token decoded there, followed by out[:, i]; a row's count >= 1
+        def draft(draft_w):
+            return drafter_cls.extend(pair.drafter, taps, out, draft_w, length, jnp.maximum(count, 1), rows=depth, k=k)
+
+        def skip(draft_w):  # every row has finished (EOS or budget): no draft will be read
+            shapes = jax.eval_shape(draft, draft_w)[0]
+            return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes), draft_w
+
         draft_w = drafter_cls.cache_window(draft_cache, window, m)
-        proposal, draft_w = drafter_cls.extend(pair.drafter, taps, out, draft_w, length, jnp.maximum(count, 1),
-                                               rows=depth, k=k)
+        proposal, draft_w = jax.lax.cond(jnp.any(remaining > 0), draft, skip, draft_w)
         draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
     packed = plain_layout(chunk, drafter_cls.proposal_fields(depth, k)).pack({"count": count, "tokens": out,
                                                                                **proposal})
@@ -205,7 +213,7 @@ class Engine:
     (None: the drafter's scores alone) under `tree` settings. Also runs the autoregressive baseline
     over the same cache set."""
 
-    plain_chunk = 16  # tokens per call of the adaptive budget's size 0 (plain decoding)
+    plain_chunk = 32  # tokens per call of the adaptive budget's size 0 (plain decoding)
 
     def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
@@ -231,7 +239,7 @@ class Engine:
         cls = type(drafter)
         # with a mesh: host-made inputs go onto it, and the caches come back with their shardings
         self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), graphdef, cls,
-                                              static_argnames=("rows", "k", "nodes"), donate_argnames=_DONATE),
+                                              static_argnames=("rows", "k", "nodes", "draft_window"), donate_argnames=_DONATE),
                                        self.mesh)
         self._step = inputs_on_mesh(jitted(_pinned(_step, self.mesh), graphdef, cls,
                                            static_argnames=("n", "depth", "k", "window"), donate_argnames=_DONATE),
@@ -305,6 +313,9 @@ class Engine:
         accepted length) per sequence (([], 0) for one that did not move) until all are done."""
         for prompt, s in zip(prompts, settings):  # bad input is refused before any cache is built
             self.check_request(prompt, s, warn=False)
+        if not self.sizer.drafting_pays(live_rows(len(prompts), len(prompts))):
+            yield from self._decode_plain(prompts, settings, stats)
+            return
         batcher = Batcher(self, len(prompts), max(s.max_length for s in settings))
         try:
             for prompt, s, st in zip(prompts, settings, stats):
@@ -316,6 +327,26 @@ class Engine:
                 yield rows
         finally:
             batcher.close()
+
+    def _decode_plain(self, prompts: list, settings: list[GenerationSettings],
+                      stats: list[Stats]) -> Iterator[list[tuple[list[int], int]]]:
+        """`decode_batch` by the plain decoder, for keep="auto" where no tree size can pay on this
+        device (`TreeSizer.drafting_pays`): the same outputs, stats with every token a plain one."""
+        ids = [self.check_request(p, s) for p, s in zip(prompts, settings)]
+        length = max(self.cache_length(i.size, s.max_length) for i, s in zip(ids, settings))
+        for st, i in zip(stats, ids):
+            st.prompt_tokens, st.token_ids = i.size, []
+        calls = self.baseline.decode_batch(ids, settings, self.eos_ids, cache_length=length, stats=stats)
+        for call, rows in enumerate(calls):
+            out = []
+            for st, kept in zip(stats, rows):
+                kept = [int(t) for t in kept]
+                st.token_ids.extend(kept)
+                st.new_tokens = len(st.token_ids)
+                if call:
+                    st.tree_sizes.extend([0] * len(kept))
+                out.append((kept, min(call, 1) if kept else 0))
+            yield out
 
     def generate_ar_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
                           stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:

@@ -1,0 +1,94 @@
+"""The plain-decoding baseline's device loop before and after it kept the attended window in the
+loop's carry (instead of slicing the window out of the cache and writing it back for every
+token), side by side in one process on the demo model: same prompt, same caches, same outputs.
+
+    python benchmarks/baseline_loop.py [--reps 15] [--chunk 32]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dart_jax.api.model import DartModel
+from dart_jax.decoding.autoregressive import attention_window, jitted, put_window, window_view
+from dart_jax.decoding.sampling import sample_tokens, split_rows
+from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.models.qwen3 import KVCache
+
+
+def _decode_chunk_before(graphdef, state, token, cache, cache_len, keys, params, remaining, eos, *, window, chunk):
+    """The loop as it was: the window sliced out of the cache and written back at every token."""
+    target = nnx.merge(graphdef, state)
+    b = token.shape[0]
+    out = jnp.full((b, chunk), -1, jnp.int32)
+
+    def body(carry):
+        i, token, cache, cache_len, keys, remaining, out = carry
+        active = remaining > 0
+        hidden, _, cache_w = target.extend(token[:, None], window_view(cache, window), cache_len)
+        cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
+        after, now = split_rows(keys)
+        new = sample_tokens(now, target.lm_logits(hidden[:, 0]), params)
+        out = out.at[:, i].set(jnp.where(active, new, -1))
+        stop = jnp.any(new[:, None] == eos[None, :], axis=1)
+        remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
+        return (i + 1, jnp.where(active, new, token), cache, cache_len + active.astype(cache_len.dtype),
+                after, remaining, out)
+
+    _, token, cache, cache_len, keys, remaining, out = jax.lax.while_loop(
+        lambda c: (c[0] < chunk) & jnp.any(c[5] > 0), body,
+        (jnp.int32(0), token, cache, cache_len, keys, remaining, out))
+    return out, token, cache, cache_len, keys, remaining
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--chunk", type=int, default=32)
+    args = ap.parse_args()
+    model = DartModel.demo()
+    decoder = model.engine.baseline
+    graphdef, state = nnx.split(model.target)
+    ids = np.asarray(model.encode("What is speculative decoding?"), np.int32)
+    settings = GenerationSettings(max_new_tokens=args.chunk + 8)
+    params, keys = GenerationSettings.sampling_rows([settings])
+    length = model.engine.cache_length(ids.size, settings.max_length)
+    _, caches = decoder.pool.take(length, 1)
+    cache = caches[0]
+    bucket = decoder.shapes.bucket(ids.size)
+    padded = np.zeros((1, bucket), np.int32)
+    padded[0, :ids.size] = ids
+    token, cache, keys = decoder.prefill(decoder.state, jnp.asarray(padded), jnp.asarray([ids.size], jnp.int32),
+                                         jnp.zeros((1,), jnp.int32), cache, keys, params)
+    window = attention_window(ids.size + args.chunk, length)
+    # both donate the cache, as the decoder's loop does: each call gets its own copy (made untimed)
+    fns = {"before": jitted(_decode_chunk_before, graphdef, static_argnames=("window", "chunk"),
+                            donate_argnames="cache"),
+           "after": decoder.decode_chunk}
+    cache_len = jnp.asarray([ids.size], jnp.int32)
+    remaining, eos = jnp.asarray([args.chunk], jnp.int32), jnp.asarray([-1], jnp.int32)
+    outputs, times = {}, {name: [] for name in fns}
+    for rep in range(args.reps + 1):
+        for name, fn in fns.items():
+            own = jax.block_until_ready(jax.tree.map(jnp.copy, cache))
+            t0 = time.perf_counter()
+            out = fn(state, token, own, cache_len, keys, params, remaining, eos, window=window, chunk=args.chunk)
+            outputs[name] = np.asarray(out[0])
+            if rep:  # the first round compiles
+                times[name].append(time.perf_counter() - t0)
+    assert np.array_equal(outputs["before"], outputs["after"]), "the two loops decoded different tokens"
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"{args.chunk}-token device loop on the demo target (window {window} slots), median of {args.reps}:")
+    for name, t in med.items():
+        print(f"  {name}: {1e3 * t:.2f} ms  ({args.chunk / t:.0f} tok/s)")
+    print(f"  after / before: {med['before'] / med['after']:.2f}x faster; same tokens")
+
+
+if __name__ == "__main__":
+    main()
