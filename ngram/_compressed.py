@@ -72,6 +72,15 @@ def _read_bits_in(words, bit, width):
 
 
 @njit(cache=True, inline="always")
+def _read(words, bit, width, checked):
+    """``read_bits`` where ``checked`` (a range ``_fits`` did not vouch for: a damaged file), else
+    the unchecked read."""
+    if checked:
+        return read_bits(words, bit, width)
+    return _read_bits_in(words, bit, width)
+
+
+@njit(cache=True, inline="always")
 def _fits(words, first_bit, last_bit):
     """Whether every value of a field between these bit offsets (the first bit of the first value,
     the first bit of the last one) can be read without leaving ``words`` (a value of <= 63 bits may
@@ -237,25 +246,13 @@ def ef_find_child(tr, n, node, tok):
     words = tr[_TOK_WORDS]
     width = tok_width[lvl]
     base = tr[_TOK_BIT][lvl] - level_start[lvl] * width
-    if width == 0 or not _fits(words, base + lo * width, base + (lo + size - 1) * width):
-        return _find_rank_checked(words, base, width, lo, size, rank)
+    checked = width == 0 or not _fits(words, base + lo * width, base + (lo + size - 1) * width)
     while size > 1:
         half = size >> 1
-        if _read_bits_in(words, base + (lo + half) * width, width) <= rank:
+        if _read(words, base + (lo + half) * width, width, checked) <= rank:
             lo += half
         size -= half
-    return lo if _read_bits_in(words, base + lo * width, width) == rank else np.int64(-1)
-
-
-@njit(cache=True, _nrt=False)
-def _find_rank_checked(words, base, width, lo, size, rank):
-    """The binary search of ``ef_find_child`` with every read bounds-checked (a damaged file)."""
-    while size > 1:
-        half = size >> 1
-        if read_bits(words, base + (lo + half) * width, width) <= rank:
-            lo += half
-        size -= half
-    return lo if read_bits(words, base + lo * width, width) == rank else np.int64(-1)
+    return lo if _read(words, base + lo * width, width, checked) == rank else np.int64(-1)
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
@@ -279,18 +276,12 @@ def ef_children(tr, n, node, cands, row, out_child, out_freq, slot, ranks):
     for i in range(k):
         ranks[i] = _rank_of(remap, tok_table, tok_tab_start, lvl, cands[row, i])
         out_child[slot, i] = lo
-    if width > 0 and _fits(words, base + lo * width, base + (lo + size - 1) * width):
-        while size > 1:
-            half = size >> 1
-            for i in range(k):
-                b = out_child[slot, i]
-                out_child[slot, i] = b + half * (_read_bits_in(words, base + (b + half) * width, width) <= ranks[i])
-            size -= half
-    while size > 1:  # (a damaged file: every read checked)
+    checked = width == 0 or not _fits(words, base + lo * width, base + (lo + size - 1) * width)
+    while size > 1:
         half = size >> 1
         for i in range(k):
             b = out_child[slot, i]
-            out_child[slot, i] = b + half * (read_bits(words, base + (b + half) * width, width) <= ranks[i])
+            out_child[slot, i] = b + half * (_read(words, base + (b + half) * width, width, checked) <= ranks[i])
         size -= half
     cnt_width, cnt_bit, cnt_tab_start = tr[_CNT_WIDTH], tr[_CNT_BIT], tr[_CNT_TAB_START]
     cnt_table, cnt_words = tr[_CNT_TABLE], tr[_CNT_WORDS]
