@@ -15,10 +15,11 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from ._compressed import ef_children, ef_find_child, ef_freq, ef_root_child, ef_size
+from ._compressed import ef_children, ef_children_keyed, ef_find_child, ef_freq, ef_keys, ef_root_child, ef_size
 from ._query import find_child, find_children, num_valid_nodes, root_child
 
-__all__ = ["trie_size", "trie_freq", "trie_root_child", "trie_find_child", "trie_children"]
+__all__ = ["trie_size", "trie_freq", "trie_root_child", "trie_find_child", "trie_children", "trie_keys",
+           "trie_children_keyed"]
 
 
 def _is_csr(tr) -> bool:
@@ -53,6 +54,18 @@ def trie_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
     """For every candidate ``cands[row, i]``: ``out_child[slot, i]`` = its child under ``node``
     or -1, and ``out_freq[slot, i]`` = float32 of that child's freq (unset where -1).
     ``scratch``: int64[>= k] the caller allocates once (the compressed format's working space)."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+def trie_keys(tr, level, cands, row, out):
+    """``out[i]`` = what ``trie_children_keyed`` searches for to find ``cands[row, i]`` among the
+    children of a node whose children are at depth ``level``: computed once, used under many nodes
+    (the token itself in the CSR format, its rank at that level in the compressed one)."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+def trie_children_keyed(tr, n, node, keys, out_child, out_freq, slot):
+    """``trie_children`` with the candidates' keys from ``trie_keys`` at the level of ``node``'s children."""
     raise NotImplementedError("only callable from Numba code")
 
 
@@ -119,4 +132,34 @@ def _trie_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
     if _is_compressed(tr):
         def impl(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
             ef_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch)
+        return impl
+
+
+@overload(trie_keys)
+def _trie_keys(tr, level, cands, row, out):
+    if _is_csr(tr):
+        def impl(tr, level, cands, row, out):
+            for i in range(cands.shape[1]):
+                out[i] = cands[row, i]
+        return impl
+    if _is_compressed(tr):
+        def impl(tr, level, cands, row, out):
+            ef_keys(tr, level, cands, row, out)
+        return impl
+
+
+@overload(trie_children_keyed)
+def _trie_children_keyed(tr, n, node, keys, out_child, out_freq, slot):
+    if _is_csr(tr):
+        def impl(tr, n, node, keys, out_child, out_freq, slot):
+            k = keys.shape[0]
+            find_children(tr[0], tr[2], n, node, keys, out_child[slot], k)
+            for i in range(k):
+                ch = out_child[slot, i]
+                if ch >= 0:
+                    out_freq[slot, i] = np.float32(tr[1][ch])
+        return impl
+    if _is_compressed(tr):
+        def impl(tr, n, node, keys, out_child, out_freq, slot):
+            ef_children_keyed(tr, n, node, keys, out_child, out_freq, slot)
         return impl

@@ -256,25 +256,44 @@ def ef_find_child(tr, n, node, tok):
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
+def ef_keys(tr, level, cands, row, out):
+    """``out[i]`` = the rank of ``cands[row, i]`` among the tokens of ``level`` (-1: absent), the key
+    ``ef_children_keyed`` searches for under any node whose children are at that level."""
+    for i in range(cands.shape[1]):
+        out[i] = _rank_of(tr[_REMAP], tr[_TOK_TABLE], tr[_TOK_TAB_START], level, cands[row, i])
+
+
+@njit(cache=True, _nrt=False)  # no reference counting: called per lookup
 def ef_children(tr, n, node, cands, row, out_child, out_freq, slot, ranks):
     """``trie_children`` (see _access.py) on the compressed format: the same lockstep binary
     searches as the CSR kernel, over the packed ranks (``ranks``: scratch of k int64)."""
-    k = cands.shape[1]
-    level_start = tr[_LEVEL_START]
-    tok_width = tr[_TOK_WIDTH]
-    lo, size, lvl = _children(tr[_EF], tr[_SAMPLES], level_start, tok_width, n, node)
+    lo, size, lvl = _children(tr[_EF], tr[_SAMPLES], tr[_LEVEL_START], tr[_TOK_WIDTH], n, node)
+    if size > 0:
+        ef_keys(tr, lvl, cands, row, ranks)
+    _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot)
+
+
+@njit(cache=True, _nrt=False)  # no reference counting: called per lookup
+def ef_children_keyed(tr, n, node, ranks, out_child, out_freq, slot):
+    """``ef_children`` with the candidates' ranks at the children's level given (``ef_keys``)."""
+    lo, size, lvl = _children(tr[_EF], tr[_SAMPLES], tr[_LEVEL_START], tr[_TOK_WIDTH], n, node)
+    _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot)
+
+
+@njit(cache=True, inline="always")
+def _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot):
+    """The children [lo, lo + size) of level ``lvl`` whose ranks are ``ranks`` (lockstep binary
+    searches over the packed ranks), with their frequencies."""
+    k = ranks.shape[0]
     if size <= 0:
         for i in range(k):
             out_child[slot, i] = -1
         return
-    remap = tr[_REMAP]
-    tok_table = tr[_TOK_TABLE]
-    tok_tab_start = tr[_TOK_TAB_START]
+    level_start = tr[_LEVEL_START]
     words = tr[_TOK_WORDS]
-    width = tok_width[lvl]
+    width = tr[_TOK_WIDTH][lvl]
     base = tr[_TOK_BIT][lvl] - level_start[lvl] * width
     for i in range(k):
-        ranks[i] = _rank_of(remap, tok_table, tok_tab_start, lvl, cands[row, i])
         out_child[slot, i] = lo
     checked = width == 0 or not _fits(words, base + lo * width, base + (lo + size - 1) * width)
     while size > 1:
@@ -290,7 +309,6 @@ def ef_children(tr, n, node, cands, row, out_child, out_freq, slot, ranks):
         if ranks[i] < 0 or read_bits(words, base + ch * width, width) != ranks[i]:
             out_child[slot, i] = -1
         else:
-            out_child[slot, i] = ch
             out_freq[slot, i] = np.float32(_freq_at(level_start, cnt_width, cnt_bit, cnt_tab_start, cnt_table,
                                                     cnt_words, lvl, ch))
 

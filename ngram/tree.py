@@ -41,7 +41,7 @@ from numba import njit, prange
 from dart_jax.errors import InputError
 
 from ._format import MAX_ORDER
-from ._access import trie_children, trie_find_child, trie_freq, trie_root_child, trie_size
+from ._access import trie_children_keyed, trie_find_child, trie_freq, trie_keys, trie_root_child, trie_size
 
 __all__ = [
     "DraftTree",
@@ -220,7 +220,8 @@ def _search_one(
     memo_child = np.empty((memo_cap, k), np.int64)  # child of the slot's node per candidate, or -1
     memo_freq = np.empty((memo_cap, k), np.float32)  # float32 freq of each found child
     memo_ng = np.empty((memo_cap, k), np.float32)  # its n-gram term; 1 (never a term) until needed
-    scratch = np.empty(k, np.int64)  # the lookups' working space
+    memo_len = np.empty(memo_cap, np.int64)  # the slot's suffix length L: its children are at depth L + 1
+    cand_keys = np.empty((m + 1, k), np.int64)  # cand_keys[L]: this row's candidates as keys at depth L + 1
     beam_memo = np.full((W, m + 1), -1, np.int64)
     hash_size = 4
     while hash_size < 2 * memo_cap:
@@ -238,6 +239,8 @@ def _search_one(
             if logit_term[lvl, j] > logit_term[lvl, j - 1]:
                 monotone = False
         if m > 0:
+            for length in range(1, m + 1):
+                trie_keys(tr, length + 1, topk_ids, lvl, cand_keys[length])
             n_memo = 0
             for bi in range(n_beam):
                 for length in range(1, m + 1):
@@ -252,6 +255,7 @@ def _search_one(
                                 n_memo += 1
                                 hash_slot[h] = slot
                                 memo_node[slot] = node
+                                memo_len[slot] = length
                                 memo_inv[slot] = one / np.float32(trie_freq(tr, node))
                                 memo_done[slot] = False
                                 break
@@ -293,7 +297,7 @@ def _search_one(
                         if slot < 0:
                             continue
                         if not memo_done[slot]:
-                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot, scratch)
+                            trie_children_keyed(tr, n_trie, memo_node[slot], cand_keys[memo_len[slot]], memo_child, memo_freq, slot)
                             for c in range(k):
                                 memo_ng[slot, c] = one
                             memo_done[slot] = True
@@ -367,7 +371,7 @@ def _search_one(
                             ctx[q, r, length] = -1
                             continue
                         if not memo_done[slot]:
-                            trie_children(tr, n_trie, memo_node[slot], topk_ids, lvl, memo_child, memo_freq, slot, scratch)
+                            trie_children_keyed(tr, n_trie, memo_node[slot], cand_keys[memo_len[slot]], memo_child, memo_freq, slot)
                             for c in range(k):
                                 memo_ng[slot, c] = one
                             memo_done[slot] = True
