@@ -365,7 +365,8 @@ class Batcher(SlotPool):
         engine, costs = self.engine, {}
         if 0 in engine.tree_sizes:
             chunk = engine.plain_chunk
-            roots, full = jnp.asarray(self._roots(m)), jnp.full((m,), chunk, jnp.int32)
+            # one token more than the chunk: the rows go on, so the drafter's call is timed too
+            roots, full = jnp.asarray(self._roots(m)), jnp.full((m,), chunk + 1, jnp.int32)
             plain_window = attention_window(committed + engine.drafter.reach(chunk), self.length)
 
             def plain():

@@ -139,10 +139,10 @@ def _plain(graphdef, drafter_cls, state, token, cache: KVCache, draft_cache, cac
     """Up to `chunk` tokens of plain decoding for the first m = token.shape[0] sequences, then one
     drafter call over them, left out when every row has finished (what the tree size 0 of the
     adaptive budget runs: no tree, as fast as the baseline, and the drafter stays ready for the
-    next speculative step). `token` [m] is
-    each row's pending token (the last one, not yet in the cache: a tree's root); a row stops on
-    an id of `eos` or after `remaining` [m] tokens. → packed `plain_layout` [m], caches, lengths,
-    keys. The same keys as the baseline's loop, so the same samples."""
+    next speculative step). `token` [m] is each row's pending token (the last one, not yet in the
+    cache: a tree's root); a row stops on an id of `eos` or after `remaining` [m] tokens. → packed
+    `plain_layout` [m], caches, lengths, keys. The same keys as the baseline's loop, so the same
+    samples."""
     pair = nnx.merge(graphdef, state)
     m = token.shape[0]
     length = cache_len[:m]
