@@ -14,7 +14,7 @@ from dart_jax.api.model import load_trie
 from dart_jax.errors import FileFormatError, InputError
 from dart_jax.ngram import CompressedTrie, Trie, build_tree, build_tree_batch, compress, load_any
 from dart_jax.ngram.__main__ import main as ngram_cli
-from trie_oracle import window_counts
+from trie_oracle import window_counts, write_reference
 
 MAX_ID = 2**31 - 2
 
@@ -313,23 +313,6 @@ def test_damaged_node_fields_are_found_at_load(corpora, tmp_path):
 
 
 # -- loading and the CLI -----------------------------------------------------------------------
-
-
-def write_reference(path, counts, order):
-    """A §6.1 file: node ids in reverse breadth-first order, children listed unsorted."""
-    nodes = sorted(counts, key=lambda p: (len(p), p))
-    ids = {(): 0}
-    for k, p in enumerate(reversed(nodes[1:])):
-        ids[p] = k + 1
-    kids = defaultdict(list)
-    for p in nodes[1:]:
-        kids[p[:-1]].append(p)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<QQ", order, len(nodes)))
-        for p in sorted(nodes, key=lambda p: ids[p]):
-            f.write(struct.pack("<iQiQ", p[-1] if p else 0, ids[p[:-1]] if p else 0, counts[p], len(kids[p])))
-            for c in reversed(kids[p]):
-                f.write(struct.pack("<iQ", c[-1], ids[c]))
 
 
 def test_cli_compresses_either_format_and_loaders_accept_both(corpora, tmp_path, capsys):

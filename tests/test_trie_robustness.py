@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ from dart_jax.api.model import load_trie
 from dart_jax.errors import FileFormatError, InputError, ResourceError
 from dart_jax.ngram import MAX_ORDER, Trie, build_tree, _atomic, _memory, _reference
 from dart_jax.ngram.__main__ import main as ngram_cli
-from trie_oracle import window_counts
+from trie_oracle import window_counts, write_reference
 
 SEQS = [[5, 1, 2, 3, 1, 2, 4, 9], [1, 2, 3, 7, 7, 7, 1], [3, 1, 2, 3, 1]]
 HEADER_ORDER_AT = 16  # u64 order in both formats
@@ -80,25 +80,6 @@ def write_ours(path, token, freq, child_start, order):
     buf[cs_off:size] = np.asarray(child_start, "<i8").tobytes()
     path.write_bytes(bytes(buf))
     return cs_off
-
-
-def write_reference(path, counts, order, root_freq=None):
-    """A §6.1 file: node ids in reverse breadth-first order (not ours), children unsorted."""
-    nodes = sorted(counts, key=lambda p: (len(p), p))
-    ids = {(): 0}
-    for k, p in enumerate(reversed(nodes[1:])):
-        ids[p] = k + 1
-    kids = defaultdict(list)
-    for p in nodes[1:]:
-        kids[p[:-1]].append(p)
-    records = sorted(nodes, key=lambda p: ids[p])
-    with open(path, "wb") as f:
-        f.write(struct.pack("<QQ", order, len(nodes)))
-        for p in records:
-            freq = counts[p] if p or root_freq is None else root_freq
-            f.write(struct.pack("<iQiQ", p[-1] if p else 0, ids[p[:-1]] if p else 0, freq, len(kids[p])))
-            for c in reversed(kids[p]):
-                f.write(struct.pack("<iQ", c[-1], ids[c]))
 
 
 @pytest.fixture
