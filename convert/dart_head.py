@@ -301,10 +301,17 @@ def _mismatch(config: DartHeadConfig, problems: list[str]) -> str:
 
 def _table_problems(config: DartHeadConfig, found: Mapping[str, tuple[tuple[int, ...], str]]) -> list[str]:
     """What is wrong with tensors of these (shape, dtype) — dtype as NumPy or safetensors names it."""
-    table = tensor_table(config)
+    return table_problems(tensor_table(config), found, IGNORED)
+
+
+def table_problems(table: Mapping[str, tuple], found: Mapping[str, tuple[tuple[int, ...], Any]],
+                   optional=()) -> list[str]:
+    """What is wrong with tensors of these (shape, dtype) against a head's tensor table (name →
+    (key, shape, ...)): missing or unexpected names (`optional` ones may be there), shapes, and
+    dtypes (the d2t/t2d maps integer or bool, every other tensor a float)."""
     problems = []
     missing = sorted(set(table) - set(found))
-    unexpected = sorted(set(found) - set(table) - set(IGNORED))
+    unexpected = sorted(set(found) - set(table) - set(optional))
     if missing:
         problems.append(f"missing tensors {missing}")
     if unexpected:

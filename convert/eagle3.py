@@ -23,15 +23,14 @@ from dart_jax.errors import FileFormatError, InputError
 
 from .configs import (check_int, check_object, config_from_file, freeze, json_type, read_config, required,
                       thaw)
-from .dart_head import _dtype_kind, check_layer_fields, vocabulary_problems
+from .dart_head import BUFFERS, check_layer_fields, table_problems, vocabulary_problems
 from .hub import resolve
 from .qwen3 import check_rope_scaling, rope_kind
 from .files import atomic_folder
-from .safetensors_io import FLOAT_DTYPES, SINGLE_NAME, check_weight, read_tensors, tensor_index, write_tensors
+from .safetensors_io import SINGLE_NAME, check_weight, read_tensors, tensor_index, write_tensors
 
 CONFIG_NAME = "config.json"
 EMBEDDING = "embed_tokens.weight"
-BUFFERS = ("d2t", "t2d")
 # the reference (EAGLE's cnets.py) builds plain RoPE over rope_theta, or linear scaling over base 10000
 EAGLE3_ROPE_KINDS = ("default", "linear")
 _WHAT = "EAGLE-3 head config"
@@ -188,29 +187,8 @@ def check_fits_target(config: Eagle3Config, target_config: Any, *, own_embedding
 
 
 def _problems(config: Eagle3Config, found: Mapping[str, tuple[tuple[int, ...], Any]]) -> list[str]:
-    table = tensor_table(config, own_embedding=EMBEDDING in found)
-    problems = []
-    optional = set(BUFFERS) if config.draft_vocab_size == config.vocab_size else set()
-    missing = sorted(set(table) - set(found))
-    unexpected = sorted(set(found) - set(table) - optional)
-    if missing:
-        problems.append(f"missing tensors {missing}")
-    if unexpected:
-        problems.append(f"unexpected tensors {unexpected}")
-    for name, (_, shape, _) in table.items():
-        if name not in found:
-            continue
-        got, dtype = found[name]
-        if tuple(got) != shape:
-            problems.append(f"{name} has shape {tuple(got)}, the config implies {shape}")
-        kind = _dtype_kind(dtype)
-        if name == "d2t" and kind != "int":
-            problems.append(f"d2t must hold integers (int64), found {dtype}")
-        elif name == "t2d" and kind not in ("bool", "int"):
-            problems.append(f"t2d must be bool, found {dtype}")
-        elif name not in BUFFERS and kind != "float":
-            problems.append(f"{name} must be a float tensor ({', '.join(FLOAT_DTYPES)}), found {dtype}")
-    return problems
+    optional = BUFFERS if config.draft_vocab_size == config.vocab_size else ()
+    return table_problems(tensor_table(config, own_embedding=EMBEDDING in found), found, optional)
 
 
 def _where(files: Mapping[str, tuple[Path, tuple[int, ...], str]], folder: Path, name: str | None = None) -> Path:
