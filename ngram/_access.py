@@ -15,10 +15,12 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from ._compressed import ef_children, ef_children_keyed, ef_find_child, ef_freq, ef_keys, ef_root_child, ef_size
+from ._compressed import (
+    ct_children, ct_children_keyed, ct_find_child, ct_freq, ct_freq_at, ct_keys, ct_root_child, ct_size,
+)
 from ._query import find_child, find_children, num_valid_nodes, root_child
 
-__all__ = ["trie_size", "trie_freq", "trie_root_child", "trie_find_child", "trie_children", "trie_keys",
+__all__ = ["trie_size", "trie_freq", "trie_freq_at", "trie_root_child", "trie_find_child", "trie_children", "trie_keys",
            "trie_children_keyed"]
 
 
@@ -37,6 +39,11 @@ def trie_size(tr):
 
 def trie_freq(tr, node):
     """freq of ``node`` (an int64)."""
+    raise NotImplementedError("only callable from Numba code")
+
+
+def trie_freq_at(tr, level, node):
+    """``trie_freq`` of a node known to be at depth ``level`` (the compressed format skips finding it)."""
     raise NotImplementedError("only callable from Numba code")
 
 
@@ -64,8 +71,9 @@ def trie_keys(tr, level, cands, row, out):
     raise NotImplementedError("only callable from Numba code")
 
 
-def trie_children_keyed(tr, n, node, keys, out_child, out_freq, slot):
-    """``trie_children`` with the candidates' keys from ``trie_keys`` at the level of ``node``'s children."""
+def trie_children_keyed(tr, n, node, level, keys, out_child, out_freq, slot):
+    """``trie_children`` for a node whose children are at depth ``level``, with the candidates' keys
+    from ``trie_keys`` for that level."""
     raise NotImplementedError("only callable from Numba code")
 
 
@@ -77,7 +85,7 @@ def _trie_size(tr):
         return impl
     if _is_compressed(tr):
         def impl(tr):
-            return ef_size(tr)
+            return ct_size(tr)
         return impl
 
 
@@ -89,7 +97,19 @@ def _trie_freq(tr, node):
         return impl
     if _is_compressed(tr):
         def impl(tr, node):
-            return ef_freq(tr, node)
+            return ct_freq(tr, node)
+        return impl
+
+
+@overload(trie_freq_at, inline="always")
+def _trie_freq_at(tr, level, node):
+    if _is_csr(tr):
+        def impl(tr, level, node):
+            return np.int64(tr[1][node])
+        return impl
+    if _is_compressed(tr):
+        def impl(tr, level, node):
+            return ct_freq_at(tr, level, node)
         return impl
 
 
@@ -101,7 +121,7 @@ def _trie_root_child(tr, n, tok):
         return impl
     if _is_compressed(tr):
         def impl(tr, n, tok):
-            return ef_root_child(tr, n, tok)
+            return ct_root_child(tr, n, tok)
         return impl
 
 
@@ -113,7 +133,7 @@ def _trie_find_child(tr, n, node, tok):
         return impl
     if _is_compressed(tr):
         def impl(tr, n, node, tok):
-            return ef_find_child(tr, n, node, tok)
+            return ct_find_child(tr, n, node, tok)
         return impl
 
 
@@ -131,7 +151,7 @@ def _trie_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
         return impl
     if _is_compressed(tr):
         def impl(tr, n, node, cands, row, out_child, out_freq, slot, scratch):
-            ef_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch)
+            ct_children(tr, n, node, cands, row, out_child, out_freq, slot, scratch)
         return impl
 
 
@@ -144,14 +164,14 @@ def _trie_keys(tr, level, cands, row, out):
         return impl
     if _is_compressed(tr):
         def impl(tr, level, cands, row, out):
-            ef_keys(tr, level, cands, row, out)
+            ct_keys(tr, level, cands, row, out)
         return impl
 
 
 @overload(trie_children_keyed)
-def _trie_children_keyed(tr, n, node, keys, out_child, out_freq, slot):
+def _trie_children_keyed(tr, n, node, level, keys, out_child, out_freq, slot):
     if _is_csr(tr):
-        def impl(tr, n, node, keys, out_child, out_freq, slot):
+        def impl(tr, n, node, level, keys, out_child, out_freq, slot):
             k = keys.shape[0]
             find_children(tr[0], tr[2], n, node, keys, out_child[slot], k)
             for i in range(k):
@@ -160,6 +180,6 @@ def _trie_children_keyed(tr, n, node, keys, out_child, out_freq, slot):
                     out_freq[slot, i] = np.float32(tr[1][ch])
         return impl
     if _is_compressed(tr):
-        def impl(tr, n, node, keys, out_child, out_freq, slot):
-            ef_children_keyed(tr, n, node, keys, out_child, out_freq, slot)
+        def impl(tr, n, node, level, keys, out_child, out_freq, slot):
+            ct_children_keyed(tr, n, node, level, keys, out_child, out_freq, slot)
         return impl

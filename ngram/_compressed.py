@@ -1,16 +1,17 @@
 """The compressed trie format (docs/spec.md §6.3): same nodes, numbering and answers as the CSR
-format, in about a quarter of the bytes.
+format, in about a fifth of the bytes.
 
 Nodes keep the CSR numbering (breadth-first, children sorted by token), so node ids,
 frequencies and every probability are the CSR trie's. Per node the file holds
-  * its children offsets as one Elias–Fano sequence: ``child_start`` (N+1 non-decreasing values
-    in 0..N) as a bit vector with a one at ``child_start[i] + i`` for every i (the low part of the
-    code has 0 bits since the universe is not larger than the count), plus the position of every
-    128th one so that ``select`` scans a few words;
+  * its children offset: ``child_start`` in blocks of 128 values, each block a base (and the bit
+    offset of its fields) in ``kid_blocks`` and 127 differences from the base in the bit length
+    of the block's largest one (0 bits for a block of leaves);
   * its token as a rank into its level's sorted table of distinct tokens, in ``ceil(log2)`` of
     that table's size bits (a per-level dense table token -> rank + 1 maps a query token to the
     rank at once, 0 = the token never occurs at that level);
-  * its freq as a rank into its level's sorted table of distinct frequencies (exact int64 counts).
+  * its freq as a rank into its level's sorted table of distinct frequencies (exact int64
+    counts), in a narrow field whose all-ones value escapes to a full-width rank stored aside
+    (numbered by a bit vector of escape marks with sampled counts) on levels where that saves bytes.
 
 The query functions below take the trie as the tuple ``CompressedTrie.search_arrays()`` returns and
 clamp every index they read to its array, so a damaged file gives wrong answers at worst, never an
@@ -20,13 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
 
-SAMPLE_SHIFT = 7  # select samples: the position of every 128th one (half a bit per node)
+KID_SHIFT = 7  # children offsets: blocks of 128 values, each a base and fixed-width differences
+KID_BLOCK = 1 << KID_SHIFT
+RANK_SHIFT = 8  # escape marks: the number of marks before every 256th node
 
 # indices of the tuple (see CompressedTrie.search_arrays)
-_META, _LEVEL_START, _TOK_WIDTH, _TOK_BIT, _TOK_COUNT, _CNT_WIDTH, _CNT_BIT, _CNT_TAB_START, _CNT_TABLE, _REMAP, \
-    _EF, _SAMPLES, _TOK_WORDS, _CNT_WORDS, _TOK_TABLE, _TOK_TAB_START = range(16)
+_META, _LEVEL_START, _TOK_WIDTH, _TOK_BIT, _TOK_COUNT, _CNT_WIDTH, _CNT_BIT, _CNT_TAB_START, _CNT_TABLE, \
+    _ESC_WIDTH, _ESC_BIT, _ESC_BEFORE, _REMAP, _KID_BLOCKS, _KID_WORDS, _TOK_WORDS, _CNT_WORDS, _ESC_MARKS, \
+    _ESC_RANK, _ESC_WORDS, _TOK_TABLE, _TOK_TAB_START = range(22)
 # meta: [N, V (largest token + 1), order]
 DENSE_MAX = 1 << 24  # largest V for which the file holds the dense token -> rank tables (4 bytes per id and level)
 
@@ -64,10 +67,9 @@ def read_bits(words, bit, width):
 def _read_bits_in(words, bit, width):
     """``read_bits`` without the bounds checks, for bits that ``_fits`` has vouched for."""
     w = bit >> 6
-    s = bit & 63
-    v = words[w] >> np.uint64(s)
-    if s + width > 64:
-        v |= words[w + 1] << np.uint64(64 - s)
+    s = np.uint64(bit & 63)
+    # branchless: the next word's bits shifted in by 64 - s in two steps (0 when s = 0)
+    v = (words[w] >> s) | ((words[w + 1] << np.uint64(1)) << (np.uint64(63) - s))
     return np.int64(v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1)))
 
 
@@ -89,62 +91,49 @@ def _fits(words, first_bit, last_bit):
 
 
 @njit(cache=True, inline="always")
-def _select_in_word(bits, r):
-    """Position of the r-th (from 0) set bit of ``bits``, which has more than r set bits: the
-    byte holding it from the bytes' running popcounts, then at most 7 bits cleared in that byte."""
-    x = bits - ((bits >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    running = x * np.uint64(0x0101010101010101)  # byte j: set bits in bytes 0..j
-    shift = 0
-    before = np.int64(0)
-    while shift < 56:
-        upto = np.int64((running >> np.uint64(shift)) & np.uint64(0xFF))
-        if upto > r:
-            break
-        before = upto
-        shift += 8
-    byte = (bits >> np.uint64(shift)) & np.uint64(0xFF)
-    for _ in range(r - before):
-        byte &= byte - np.uint64(1)
-    return shift + np.int64(trailing_zeros(byte))
-
-
-@njit(cache=True, _nrt=False)  # no reference counting: called per lookup
-def ef_select_pair(ef, samples, i):
-    """(child_start[i], child_start[i+1]) from the Elias–Fano bit vector: the i-th and (i+1)-th
-    ones' positions minus their index. Reads are clamped; a damaged vector gives -1, -1."""
-    s = i >> SAMPLE_SHIFT
-    if s < 0 or s >= samples.shape[0]:
-        return np.int64(-1), np.int64(-1)
-    p = samples[s]
-    r = i - (s << SAMPLE_SHIFT)  # ones still to skip after the sampled one
-    w = p >> 6
-    if w < 0 or w >= ef.shape[0]:
-        return np.int64(-1), np.int64(-1)
-    bits = ef[w] & (~np.uint64(0) << np.uint64(p & 63))
-    c = _popcount(bits)
-    while c <= r:
-        r -= c
-        w += 1
-        if w >= ef.shape[0]:
-            return np.int64(-1), np.int64(-1)
-        bits = ef[w]
-        c = _popcount(bits)
-    at = _select_in_word(bits, r)  # r < popcount(bits) <= 64
-    first = (w << 6) + at
-    bits &= ~np.uint64(0) << np.uint64(at) << np.uint64(1)  # the ones after it (a shift by 64 in two steps)
-    while bits == 0:
-        w += 1
-        if w >= ef.shape[0]:
-            return np.int64(-1), np.int64(-1)
-        bits = ef[w]
-    second = (w << 6) + np.int64(trailing_zeros(bits))
-    return first - i, second - i - 1
+def kid_value(blocks, words, i):
+    """child_start[i]: its block's base plus its packed difference (0 for a block's first value),
+    or -1 when a read would leave the arrays (a damaged file)."""
+    b = i >> KID_SHIFT
+    if i < 0 or 2 * b + 3 >= blocks.shape[0]:
+        return np.int64(-1)
+    j = i & (KID_BLOCK - 1)
+    base = blocks[2 * b]
+    if j == 0:
+        return base
+    bit0 = blocks[2 * b + 1]
+    width = (blocks[2 * b + 3] - bit0) // (KID_BLOCK - 1)
+    bit = bit0 + (j - 1) * width
+    if width < 0 or width > 62 or bit < 0 or (bit >> 6) + 1 >= words.shape[0]:
+        return np.int64(-1)
+    return base + _read_bits_in(words, bit, width)
 
 
 @njit(cache=True, inline="always")
-def ef_size(tr):
+def kid_pair(blocks, words, i):
+    """(child_start[i], child_start[i + 1]); -1 where damaged."""
+    return kid_value(blocks, words, i), kid_value(blocks, words, i + 1)
+
+
+@njit(cache=True, inline="always")
+def mark_rank(marks, mark_rank_tab, i):
+    """Number of escape marks on nodes 0 .. i-1: the sampled count before node i's 256-node
+    block plus the popcounts of at most four words; -1 when a read would leave the arrays."""
+    k = i >> RANK_SHIFT
+    last = i >> 6
+    if i < 0 or k >= mark_rank_tab.shape[0] or last >= marks.shape[0]:
+        return np.int64(-1)
+    r = mark_rank_tab[k]
+    for w in range(k << (RANK_SHIFT - 6), last):
+        r += _popcount(marks[w])
+    rem = i & 63
+    if rem:
+        r += _popcount(marks[last] & ((np.uint64(1) << np.uint64(rem)) - np.uint64(1)))
+    return r
+
+
+@njit(cache=True, inline="always")
+def ct_size(tr):
     return tr[_META][0] if tr[_META].shape[0] > 0 else np.int64(0)
 
 
@@ -163,11 +152,35 @@ def node_level(level_start, node):
 
 
 @njit(cache=True, inline="always")
-def _freq_at(level_start, cnt_width, cnt_bit, cnt_tab_start, cnt_table, cnt_words, lvl, node):
-    """freq of ``node`` of level ``lvl``: its rank read from the packed field, looked up in the
-    level's table (clamped to the level's part of the table)."""
-    w = cnt_width[lvl]
-    rank = read_bits(cnt_words, cnt_bit[lvl] + (node - level_start[lvl]) * w, w)
+def count_rank(tr, lvl, node):
+    """The rank of ``node``'s frequency in its level's table: the packed narrow field, or, where that
+    holds the level's escape value (all ones), the full-width rank stored for the node's escape
+    (numbered by the marks before it). -1 when a read would leave the arrays."""
+    w = tr[_CNT_WIDTH][lvl]
+    words = tr[_CNT_WORDS]
+    bit = tr[_CNT_BIT][lvl] + (node - tr[_LEVEL_START][lvl]) * w
+    if bit < 0 or (bit >> 6) + 1 >= words.shape[0]:
+        return np.int64(-1)
+    rank = _read_bits_in(words, bit, w)
+    wide = tr[_ESC_WIDTH][lvl]
+    if wide > 0 and rank == (np.int64(1) << w) - 1:
+        e = mark_rank(tr[_ESC_MARKS], tr[_ESC_RANK], node) - tr[_ESC_BEFORE][lvl]
+        ewords = tr[_ESC_WORDS]
+        bit = tr[_ESC_BIT][lvl] + e * wide
+        if e < 0 or bit < 0 or (bit >> 6) + 1 >= ewords.shape[0]:
+            return np.int64(-1)
+        rank = _read_bits_in(ewords, bit, wide)
+    return rank
+
+
+@njit(cache=True, inline="always")
+def _freq_at(tr, lvl, node):
+    """freq of ``node`` of level ``lvl`` (its rank looked up in the level's table, clamped to the
+    level's part of the table; 0 where damaged)."""
+    cnt_tab_start, cnt_table = tr[_CNT_TAB_START], tr[_CNT_TABLE]
+    rank = count_rank(tr, lvl, node)
+    if rank < 0:
+        return np.int64(0)
     idx = min(cnt_tab_start[lvl] + rank, cnt_tab_start[lvl + 1] - 1)
     if idx < 0 or idx >= cnt_table.shape[0]:
         return np.int64(0)
@@ -175,27 +188,45 @@ def _freq_at(level_start, cnt_width, cnt_bit, cnt_tab_start, cnt_table, cnt_word
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
-def ef_freq(tr, node):
+def ct_freq_at(tr, lvl, node):
+    """freq of ``node``, known to be at depth ``lvl``."""
+    if lvl < 0 or lvl + 1 >= tr[_CNT_TAB_START].shape[0] or lvl >= tr[_CNT_WIDTH].shape[0] \
+            or lvl >= tr[_ESC_WIDTH].shape[0] or lvl >= tr[_LEVEL_START].shape[0]:
+        return np.int64(0)
+    return _freq_at(tr, lvl, node)
+
+
+@njit(cache=True, _nrt=False)  # no reference counting: called per lookup
+def ct_freq(tr, node):
     level_start = tr[_LEVEL_START]
     lvl = node_level(level_start, node)
-    if lvl + 1 >= tr[_CNT_TAB_START].shape[0] or lvl >= tr[_CNT_WIDTH].shape[0]:
+    if lvl + 1 >= tr[_CNT_TAB_START].shape[0] or lvl >= tr[_CNT_WIDTH].shape[0] or lvl >= tr[_ESC_WIDTH].shape[0]:
         return np.int64(0)
-    return _freq_at(level_start, tr[_CNT_WIDTH], tr[_CNT_BIT], tr[_CNT_TAB_START], tr[_CNT_TABLE], tr[_CNT_WORDS],
-                    lvl, node)
+    return _freq_at(tr, lvl, node)
 
 
 @njit(cache=True, inline="always")
-def _children(ef, samples, level_start, tok_width, n, node):
+def _children_at(tr, n, node, lvl):
+    """(first child, number of children) of ``node`` whose children are at depth ``lvl``, clamped
+    to that level."""
+    level_start = tr[_LEVEL_START]
+    if node < 0 or node >= n or lvl < 1 or lvl + 1 >= level_start.shape[0] or lvl >= tr[_TOK_WIDTH].shape[0] \
+            or lvl >= tr[_CNT_WIDTH].shape[0] or lvl >= tr[_ESC_WIDTH].shape[0] or lvl + 1 >= tr[_CNT_TAB_START].shape[0]:
+        return np.int64(0), np.int64(0)
+    lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
+    lo = max(lo, level_start[lvl])
+    hi = min(hi, level_start[lvl + 1], n)
+    return lo, hi - lo
+
+
+@njit(cache=True, inline="always")
+def _children(tr, n, node):
     """(first child, number of children, level of the children) of ``node``, clamped to that level."""
     if node < 0 or node >= n:
         return np.int64(0), np.int64(0), np.int64(0)
-    lo, hi = ef_select_pair(ef, samples, node)
-    lvl = node_level(level_start, node) + 1
-    if lvl + 1 >= level_start.shape[0] or lvl >= tok_width.shape[0]:
-        return np.int64(0), np.int64(0), np.int64(0)
-    lo = max(lo, level_start[lvl])
-    hi = min(hi, level_start[lvl + 1], n)
-    return lo, hi - lo, lvl
+    lvl = node_level(tr[_LEVEL_START], node) + 1
+    lo, size = _children_at(tr, n, node, lvl)
+    return lo, size, lvl
 
 
 @njit(cache=True, inline="always")
@@ -222,7 +253,7 @@ def _rank_of(remap, tok_table, tok_tab_start, lvl, tok):
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
-def ef_root_child(tr, n, tok):
+def ct_root_child(tr, n, tok):
     """The root's children are the whole first level, sorted by token: child = 1 + rank."""
     level_start = tr[_LEVEL_START]
     if level_start.shape[0] < 3:
@@ -234,10 +265,10 @@ def ef_root_child(tr, n, tok):
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
-def ef_find_child(tr, n, node, tok):
+def ct_find_child(tr, n, node, tok):
     level_start = tr[_LEVEL_START]
     tok_width = tr[_TOK_WIDTH]
-    lo, size, lvl = _children(tr[_EF], tr[_SAMPLES], level_start, tok_width, n, node)
+    lo, size, lvl = _children(tr, n, node)
     if size <= 0:
         return np.int64(-1)
     rank = _rank_of(tr[_REMAP], tr[_TOK_TABLE], tr[_TOK_TAB_START], lvl, tok)
@@ -256,27 +287,28 @@ def ef_find_child(tr, n, node, tok):
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
-def ef_keys(tr, level, cands, row, out):
+def ct_keys(tr, level, cands, row, out):
     """``out[i]`` = the rank of ``cands[row, i]`` among the tokens of ``level`` (-1: absent), the key
-    ``ef_children_keyed`` searches for under any node whose children are at that level."""
+    ``ct_children_keyed`` searches for under any node whose children are at that level."""
     for i in range(cands.shape[1]):
         out[i] = _rank_of(tr[_REMAP], tr[_TOK_TABLE], tr[_TOK_TAB_START], level, cands[row, i])
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
-def ef_children(tr, n, node, cands, row, out_child, out_freq, slot, ranks):
+def ct_children(tr, n, node, cands, row, out_child, out_freq, slot, ranks):
     """``trie_children`` (see _access.py) on the compressed format: the same lockstep binary
     searches as the CSR kernel, over the packed ranks (``ranks``: scratch of k int64)."""
-    lo, size, lvl = _children(tr[_EF], tr[_SAMPLES], tr[_LEVEL_START], tr[_TOK_WIDTH], n, node)
+    lo, size, lvl = _children(tr, n, node)
     if size > 0:
-        ef_keys(tr, lvl, cands, row, ranks)
+        ct_keys(tr, lvl, cands, row, ranks)
     _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot)
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup
-def ef_children_keyed(tr, n, node, ranks, out_child, out_freq, slot):
-    """``ef_children`` with the candidates' ranks at the children's level given (``ef_keys``)."""
-    lo, size, lvl = _children(tr[_EF], tr[_SAMPLES], tr[_LEVEL_START], tr[_TOK_WIDTH], n, node)
+def ct_children_keyed(tr, n, node, lvl, ranks, out_child, out_freq, slot):
+    """``ct_children`` for a node whose children are at depth ``lvl``, with the candidates' ranks at
+    that level given (``ct_keys``)."""
+    lo, size = _children_at(tr, n, node, lvl)
     _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot)
 
 
@@ -302,15 +334,12 @@ def _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot):
             b = out_child[slot, i]
             out_child[slot, i] = b + half * (_read(words, base + (b + half) * width, width, checked) <= ranks[i])
         size -= half
-    cnt_width, cnt_bit, cnt_tab_start = tr[_CNT_WIDTH], tr[_CNT_BIT], tr[_CNT_TAB_START]
-    cnt_table, cnt_words = tr[_CNT_TABLE], tr[_CNT_WORDS]
     for i in range(k):
         ch = out_child[slot, i]
-        if ranks[i] < 0 or read_bits(words, base + ch * width, width) != ranks[i]:
+        if ranks[i] < 0 or _read(words, base + ch * width, width, checked) != ranks[i]:
             out_child[slot, i] = -1
         else:
-            out_freq[slot, i] = np.float32(_freq_at(level_start, cnt_width, cnt_bit, cnt_tab_start, cnt_table,
-                                                    cnt_words, lvl, ch))
+            out_freq[slot, i] = np.float32(_freq_at(tr, lvl, ch))
 
 
 # ------------------------------------------------------------------------------- encoding
@@ -332,11 +361,61 @@ def pack_bits(values, width, words, bit0):
 
 
 @njit(cache=True)
-def pack_ef(child_start, first, words):
-    """Set the bit child_start[i] + i for i = first .. first + len - 1."""
+def pack_kids(child_start, first, n, blocks, words):
+    """Pack the differences child_start[i] - (its block's base) for i = first .. first + len - 1
+    (``first`` a multiple of the block size; a block's first value is its base, not packed)."""
     for t in range(child_start.shape[0]):
-        pos = child_start[t] + first + t
-        words[pos >> 6] |= np.uint64(1) << np.uint64(pos & 63)
+        i = first + t
+        j = i & (KID_BLOCK - 1)
+        if j == 0 or i > n:
+            continue
+        b = i >> KID_SHIFT
+        width = (blocks[2 * b + 3] - blocks[2 * b + 1]) // (KID_BLOCK - 1)
+        if width == 0:
+            continue
+        v = np.uint64(child_start[t] - blocks[2 * b])
+        bit = blocks[2 * b + 1] + (j - 1) * width
+        w = bit >> 6
+        sh = bit & 63
+        words[w] |= v << np.uint64(sh)
+        if sh + width > 64:
+            words[w + 1] |= v >> np.uint64(64 - sh)
+
+
+@njit(cache=True)
+def pack_counts(ranks, first, width, marker, words, bit0, marks, ewords, ebit0, wide, e0):
+    """Narrow fields of ``width`` bits for nodes first.. (ranks >= ``marker`` stored as the marker
+    and, when ``wide`` > 0, marked and written in full at the next escape slot). Returns the
+    number of escapes written (from slot ``e0`` on)."""
+    e = e0
+    for t in range(ranks.shape[0]):
+        r = ranks[t]
+        if wide > 0 and r >= marker:
+            node = first + t
+            marks[node >> 6] |= np.uint64(1) << np.uint64(node & 63)
+            bit = ebit0 + e * wide
+            ewords[bit >> 6] |= np.uint64(r) << np.uint64(bit & 63)
+            if (bit & 63) + wide > 64:
+                ewords[(bit >> 6) + 1] |= np.uint64(r) >> np.uint64(64 - (bit & 63))
+            e += 1
+            r = marker
+        if width > 0:
+            bit = bit0 + t * width
+            words[bit >> 6] |= np.uint64(r) << np.uint64(bit & 63)
+            if (bit & 63) + width > 64:
+                words[(bit >> 6) + 1] |= np.uint64(r) >> np.uint64(64 - (bit & 63))
+    return e
+
+
+@njit(cache=True)
+def fill_mark_ranks(marks, out):
+    """out[k] = marks on nodes before node 256·k."""
+    r = np.int64(0)
+    per = 1 << (RANK_SHIFT - 6)
+    for k in range(out.shape[0]):
+        out[k] = r
+        for w in range(k * per, min((k + 1) * per, marks.shape[0])):
+            r += _popcount(marks[w])
 
 
 @njit(cache=True)
@@ -351,7 +430,7 @@ C_OK, C_OFFSETS, C_TOKEN, C_COUNT, C_NEG, C_SUM, C_ORDER = 0, 1, 2, 3, 4, 5, 6
 CHECK_MESSAGES = {
     C_OFFSETS: "the children offsets of node {node} are not the contiguous, non-decreasing ranges of the next level",
     C_TOKEN: "node {node} has a token rank outside its level's table",
-    C_COUNT: "node {node} has a frequency rank outside its level's table",
+    C_COUNT: "node {node} has a frequency rank outside its level's table (or an escape mark that does not match it)",
     C_NEG: "node {node} has a negative frequency",
     C_SUM: "the children of node {node} count more windows than the node",
     C_ORDER: "the children of node {node} are not in strictly increasing token order",
@@ -360,39 +439,66 @@ CHECK_MESSAGES = {
 
 @njit(cache=True)
 def check_compressed(tr, full):
-    """(status, node): one pass over every node: children ranges (decoded from the Elias–Fano
-    vector) tile each next level in order, token and frequency ranks lie inside their tables,
-    frequencies are >= 0 (but the root's) and children count no more than their parent; with
-    ``full`` also strictly increasing sibling tokens."""
-    n = ef_size(tr)
+    """(status, node): a pass over every node's fields (children ranges tile each next level in
+    order, escape marks sit exactly on the escaped narrow fields and their sampled counts are
+    right, token and frequency ranks lie inside their tables), then a pass over what they say
+    (frequencies are >= 0 but the root's, children count no more than their parent; with
+    ``full`` also strictly increasing sibling tokens)."""
+    n = ct_size(tr)
     level_start = tr[_LEVEL_START]
     levels = level_start.shape[0] - 1
+    marks, mark_tab = tr[_ESC_MARKS], tr[_ESC_RANK]
+    escapes = np.int64(0)
     expect = np.int64(1)
     for lvl in range(levels):
         width = tr[_TOK_WIDTH][lvl]
         cwidth = tr[_CNT_WIDTH][lvl]
+        wide = tr[_ESC_WIDTH][lvl]
         n_counts = tr[_CNT_TAB_START][lvl + 1] - tr[_CNT_TAB_START][lvl]
         n_tokens = tr[_TOK_COUNT][lvl]
+        if escapes != tr[_ESC_BEFORE][lvl]:
+            return C_COUNT, level_start[lvl]
         for node in range(level_start[lvl], level_start[lvl + 1]):
-            lo, hi = ef_select_pair(tr[_EF], tr[_SAMPLES], node)
+            lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
             next_end = level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n
             if lo != expect or hi < lo or hi > next_end or (hi > lo and lo < level_start[lvl + 1]):
                 return C_OFFSETS, node
             expect = hi
-            rank = read_bits(tr[_CNT_WORDS], tr[_CNT_BIT][lvl] + (node - level_start[lvl]) * cwidth, cwidth)
-            if rank >= n_counts:
+            if (node & ((1 << RANK_SHIFT) - 1)) == 0 and marks.shape[0] > 0:
+                k = node >> RANK_SHIFT
+                if k >= mark_tab.shape[0] or mark_tab[k] != escapes:
+                    return C_COUNT, node
+            narrow = read_bits(tr[_CNT_WORDS], tr[_CNT_BIT][lvl] + (node - level_start[lvl]) * cwidth, cwidth)
+            marked = marks.shape[0] > 0 and (read_bits(marks, node, 1) == 1)
+            escaped = wide > 0 and narrow == (np.int64(1) << cwidth) - 1
+            if marked != escaped:
+                return C_COUNT, node
+            if escaped:
+                escapes += 1
+                if escapes > tr[_ESC_BEFORE][lvl + 1]:
+                    return C_COUNT, node
+            rank = count_rank(tr, lvl, node)
+            if rank < 0 or rank >= n_counts:
                 return C_COUNT, node
             if lvl > 0:
                 trank = read_bits(tr[_TOK_WORDS], tr[_TOK_BIT][lvl] + (node - level_start[lvl]) * width, width)
                 if trank >= n_tokens:
                     return C_TOKEN, node
-            f = ef_freq(tr, node)
+        if expect != (level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n):
+            return C_OFFSETS, level_start[lvl + 1] - 1
+        if escapes != tr[_ESC_BEFORE][lvl + 1]:
+            return C_COUNT, level_start[lvl + 1] - 1
+    # every field is sound: now what the counts and tokens say
+    for lvl in range(levels):
+        for node in range(level_start[lvl], level_start[lvl + 1]):
+            lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
+            f = _freq_at(tr, lvl, node)
             if node > 0 and f < 0:
                 return C_NEG, node
             if node > 0 and hi > lo:
                 total = np.int64(0)
                 for c in range(lo, hi):
-                    total += ef_freq(tr, c)
+                    total += _freq_at(tr, lvl + 1, c)
                 if total > f:
                     return C_SUM, node
             if full and hi - lo > 1:
@@ -404,6 +510,4 @@ def check_compressed(tr, full):
                     if cur <= prev:
                         return C_ORDER, node
                     prev = cur
-        if expect != (level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n):
-            return C_OFFSETS, level_start[lvl + 1] - 1
     return C_OK, -1

@@ -2,9 +2,9 @@
 tree search reads), ``compress`` (from a CSR trie, streamed in chunks) and ``load_any`` (either
 format, told apart by the magic number).
 
-File, little-endian: a header ``struct "<8sIIQQQQQ"`` (magic ``DJNGCTRI``, u32 version 1, u32
+File, little-endian: a header ``struct "<8sIIQQQQQ"`` (magic ``DJNGCTRI``, u32 version 2, u32
 header size, u64 order, u64 node count N, u64 remap width V (largest token + 1), u64 section
-count 14, u64 file size), then 14 × (u64 offset, u64 byte length), then the sections at 64-byte
+count 20, u64 file size), then 20 × (u64 offset, u64 byte length), then the sections at 64-byte
 aligned offsets in the order of ``SECTIONS``.
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dart_jax.errors import FileFormatError, InputError, MissingFileError
 from ._access import trie_children, trie_find_child, trie_freq, trie_root_child, trie_size
 from ._atomic import atomic_path, check_output
 from ._compressed import (
-    CHECK_MESSAGES, C_OK, DENSE_MAX, SAMPLE_SHIFT, check_compressed, ef_freq, ef_select_pair, pack_bits, pack_ef, read_bits,
-    remap_ranks,
+    CHECK_MESSAGES, C_OK, DENSE_MAX, KID_BLOCK, RANK_SHIFT, _KID_BLOCKS, _KID_WORDS, _LEVEL_START, _TOK_BIT,
+    _TOK_COUNT, _TOK_WIDTH, _TOK_WORDS, check_compressed, ct_freq, fill_mark_ranks, kid_pair, pack_bits, pack_counts,
+    pack_kids, read_bits, remap_ranks,
 )
 from ._format import MAX_ORDER, REBUILD
 from .trie import Trie, _as_ids
@@ -29,15 +30,16 @@ from .trie import Trie, _as_ids
 __all__ = ["CompressedTrie", "compress", "load_any", "MAGIC"]
 
 MAGIC = b"DJNGCTRI"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<8sIIQQQQQ")
 SECTION = struct.Struct("<QQ")
 # name, dtype; the tuple the kernels read is ``meta``, these, then the start of each level's token table
 SECTIONS = (
     ("level_start", "<i8"), ("tok_width", "<i8"), ("tok_bit", "<i8"), ("tok_count", "<i8"),
     ("cnt_width", "<i8"), ("cnt_bit", "<i8"), ("cnt_tab_start", "<i8"), ("cnt_table", "<i8"),
-    ("remap", "<i4"), ("ef", "<u8"), ("samples", "<i8"), ("tok_words", "<u8"), ("cnt_words", "<u8"),
-    ("tok_table", "<i4"),
+    ("esc_width", "<i8"), ("esc_bit", "<i8"), ("esc_before", "<i8"), ("remap", "<i4"),
+    ("kid_blocks", "<i8"), ("kid_words", "<u8"), ("tok_words", "<u8"), ("cnt_words", "<u8"),
+    ("esc_marks", "<u8"), ("esc_rank", "<i8"), ("esc_words", "<u8"), ("tok_table", "<i4"),
 )
 _ALIGN = 64
 _CHUNK = 1 << 22  # nodes encoded at a time: bounded memory whatever the trie's size
@@ -54,6 +56,33 @@ def _bits(count: int) -> int:
 
 def _words(bits: int) -> int:
     return bits // 64 + 2  # one spare word: a read of the last value may touch the next word
+
+
+def _kid_blocks(n: int) -> int:
+    """Blocks of the children offsets: the N + 1 values of child_start, 128 a block."""
+    return (n + 1 + KID_BLOCK - 1) // KID_BLOCK
+
+
+def _bit_length(x: np.ndarray) -> np.ndarray:
+    """Exact bit lengths of non-negative int64s."""
+    out = np.zeros(x.shape, np.int64)
+    for b in range(63):
+        out += (x >> b) > 0
+    return out
+
+
+def _count_layout(hist: np.ndarray, force: bool) -> tuple[int, int]:
+    """(narrow width, escapes) for a level whose distinct counts, ascending, occur ``hist`` times:
+    a rank below 2^w - 1 is stored in w bits, any other rank as the escape value w ones plus its
+    full-width rank aside. (full width, 0) is the plain layout; ``force`` takes the best w below it."""
+    full = _bits(hist.size)
+    n = int(hist.sum())
+    above = np.concatenate([np.cumsum(hist[::-1])[::-1], [0]])  # above[r]: nodes of rank >= r
+    best = (float("inf"), full, 0) if force and full > 0 else (n * full, full, 0)
+    for w in range(full):
+        e = int(above[min((1 << w) - 1, hist.size)])
+        best = min(best, (n * w + e * full, w, e))
+    return best[1], best[2]
 
 
 class CompressedTrie:
@@ -168,17 +197,17 @@ def ngram_probs_any(tr, order, context, cands, out_p, out_len):
 
 @njit(cache=True)
 def _decode(tr, tok_table, token, freq, child_start):
-    level_start = tr[1]
-    tok_width, tok_bit, tok_count = tr[2], tr[3], tr[4]
+    level_start = tr[_LEVEL_START]
+    tok_width, tok_bit, tok_count = tr[_TOK_WIDTH], tr[_TOK_BIT], tr[_TOK_COUNT]
     n = token.shape[0]
     base = 0
     for lvl in range(level_start.shape[0] - 1):
         for node in range(level_start[lvl], level_start[lvl + 1]):
             if lvl > 0:
-                r = read_bits(tr[12], tok_bit[lvl] + (node - level_start[lvl]) * tok_width[lvl], tok_width[lvl])
+                r = read_bits(tr[_TOK_WORDS], tok_bit[lvl] + (node - level_start[lvl]) * tok_width[lvl], tok_width[lvl])
                 token[node] = tok_table[base + r]
-            freq[node] = ef_freq(tr, node)
-            lo, hi = ef_select_pair(tr[10], tr[11], node)
+            freq[node] = ct_freq(tr, node)
+            lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
             child_start[node] = lo
         base += tok_count[lvl]
     child_start[n] = n
@@ -230,7 +259,8 @@ def _read(path: str):
     fixed = {"level_start": order + 2, "tok_width": order + 1, "tok_bit": order + 1, "tok_count": order + 1,
              "cnt_width": order + 1, "cnt_bit": order + 1, "cnt_tab_start": order + 2,
              "remap": order * vocab if vocab <= DENSE_MAX else 0,
-             "samples": (n + 1 + (1 << SAMPLE_SHIFT) - 1) >> SAMPLE_SHIFT, "ef": _words(2 * n + 2)}
+             "esc_width": order + 1, "esc_bit": order + 1, "esc_before": order + 2,
+             "kid_blocks": 2 * (_kid_blocks(n) + 1)}
     sections = {}
     prev_end = table_end
     for i, (name, dtype) in enumerate(SECTIONS):
@@ -252,12 +282,12 @@ def _read(path: str):
 
 
 def _table_problem(order, n, vocab, s) -> str | None:
-    """What is wrong with the small per-level tables (O(order)), or None."""
+    """What is wrong with the small per-level tables (O(order + N / 128)), or None."""
     ls = s["level_start"]
     if ls[0] != 0 or ls[1] != 1 or ls[-1] != n or np.any(np.diff(ls) < 0):
         return "level starts are not 0, 1, ... non-decreasing ..., node count"
-    tw, cw = s["tok_width"], s["cnt_width"]
-    if np.any(tw < 0) or np.any(tw > 62) or np.any(cw < 0) or np.any(cw > 62):
+    tw, cw, ew = s["tok_width"], s["cnt_width"], s["esc_width"]
+    if any(np.any(x < 0) or np.any(x > 62) for x in (tw, cw, ew)):
         return "a field width outside 0..62 bits"
     sizes = np.diff(ls)
     tok_bit = np.concatenate([[0], np.cumsum(sizes * tw)])
@@ -272,88 +302,134 @@ def _table_problem(order, n, vocab, s) -> str | None:
     cts = s["cnt_tab_start"]
     if cts[0] != 0 or cts[-1] != len(s["cnt_table"]) or np.any(np.diff(cts) < 1):
         return "per-level frequency table offsets are not increasing from 0 to the table's size"
-    if np.any(np.diff(cts) > (1 << cw.astype(np.int64))):
+    if np.any(np.diff(cts) > (1 << np.where(ew > 0, ew, cw).astype(np.int64))):
         return "a frequency table larger than its rank width"
+    eb = s["esc_before"]
+    per_level = np.diff(eb)
+    if eb[0] != 0 or np.any(per_level < 0) or np.any(per_level > sizes) or np.any((ew == 0) & (per_level > 0)):
+        return "per-level escape counts are not non-decreasing from 0, or name a level without escapes"
+    esc_bit = np.concatenate([[0], np.cumsum(per_level * ew)])
+    if not np.array_equal(esc_bit[:-1], s["esc_bit"]) or len(s["esc_words"]) < (_words(int(esc_bit[-1])) if eb[-1] else 0):
+        return "escape bit offsets or the escape section do not follow from the escape counts"
+    marks, ranks = (_words(n), (n >> RANK_SHIFT) + 1) if eb[-1] else (0, 0)
+    if len(s["esc_marks"]) != marks or len(s["esc_rank"]) != ranks:
+        return f"escape marks / counts hold {len(s['esc_marks'])} / {len(s['esc_rank'])} values, expected {marks} / {ranks}"
+    blocks = s["kid_blocks"]
+    bits = blocks[1::2]
+    span = np.diff(bits)
+    if bits[0] != 0 or np.any(span < 0) or np.any(span % (KID_BLOCK - 1)) or np.any(span // (KID_BLOCK - 1) > 62) \
+            or len(s["kid_words"]) < _words(int(bits[-1])):
+        return "children offset blocks have bit offsets that are not a whole width apart or leave their section"
     return None
 
 
-def compress(trie: Trie, path, *, chunk: int = _CHUNK, progress=None) -> CompressedTrie:
+def compress(trie: Trie, path, *, chunk: int = _CHUNK, progress=None, escapes: bool | None = None) -> CompressedTrie:
     """Write ``trie`` (a CSR ``Trie``, typically memory-mapped by ``Trie.load``) as a compressed
     trie file at ``path`` and return it loaded. Works on ``chunk`` nodes at a time (memory
     bounded by the chunk, the per-level tables and the remap tables, not by the trie's size);
-    written atomically."""
+    written atomically. ``escapes``: store the frequency ranks in narrow fields with escapes
+    (docs/spec.md §6.3) when that saves bytes (None), always (True) or never (False)."""
     path = check_output(path, "compressed trie output")
     trie.check(full=True)  # sorted siblings and sound offsets: what the encoding relies on
     token, freq, child_start = trie.arrays()
     order, n = int(trie.order), int(trie.num_nodes)
+    chunk = max(chunk // KID_BLOCK, 1) * KID_BLOCK
     depth_sizes = trie.level_sizes()
     levels = order + 1
     depth_sizes = (list(depth_sizes) + [0] * levels)[:levels]
     ls = np.concatenate([[0], np.cumsum(depth_sizes)]).astype(np.int64)
     if ls[-1] != n:
         raise InputError(f"the trie's levels hold {ls[-1]} nodes, not {n}: check it (`ngram info --verify`).")
-    # pass 1: the distinct tokens and frequencies of every level
+    # pass 1: the distinct tokens and frequencies of every level (with how often each frequency
+    # occurs) and the width of every block of children offsets
     top = 0
     for a in range(1, n, chunk):
         top = max(top, int(token[a:min(a + chunk, n)].max()))
     vocab = top + 1
     dense = vocab <= DENSE_MAX
     remap = np.zeros((order, vocab if dense else 0), np.int32)
-    tok_tables, cnt_tables = [np.zeros(1, np.int32)], []
+    tok_tables, cnt_tables, cnt_hists = [np.zeros(1, np.int32)], [], []
     for lvl in range(levels):
         lo, hi = int(ls[lvl]), int(ls[lvl + 1])
-        counts = np.zeros(0, np.int64)
+        counts, hist = np.zeros(0, np.int64), np.zeros(0, np.int64)
         present = np.zeros(0, np.int32)
         for a in range(lo, hi, chunk):
             b = min(a + chunk, hi)
-            counts = np.union1d(counts, np.asarray(freq[a:b], np.int64))
+            values, times = np.unique(np.asarray(freq[a:b], np.int64), return_counts=True)
+            counts, where = np.unique(np.concatenate([counts, values]), return_inverse=True)
+            hist = np.bincount(where, np.concatenate([hist, times]), minlength=counts.size).astype(np.int64)
             if lvl > 0 and dense:
                 remap[lvl - 1, np.asarray(token[a:b])] = 1
             elif lvl > 0:
                 present = np.union1d(present, np.asarray(token[a:b])).astype(np.int32)
         cnt_tables.append(counts if counts.size else np.zeros(1, np.int64))
+        cnt_hists.append(hist if counts.size else np.zeros(1, np.int64))
         if lvl > 0:
             if dense:
                 present = np.flatnonzero(remap[lvl - 1]).astype(np.int32)
                 remap[lvl - 1, present] = np.arange(1, present.size + 1, dtype=np.int32)
             tok_tables.append(present)
+    nb = _kid_blocks(n)
+    kid_blocks = np.zeros(2 * (nb + 1), np.int64)
+    for a in range(0, nb, chunk):
+        b = min(a + chunk, nb)
+        first = np.arange(a, b, dtype=np.int64) * KID_BLOCK
+        base = np.asarray(child_start[first])
+        kid_blocks[2 * a:2 * b:2] = base
+        span = np.asarray(child_start[np.minimum(first + KID_BLOCK - 1, n)]) - base
+        kid_blocks[2 * a + 3:2 * b + 2:2] = _bit_length(span) * (KID_BLOCK - 1)
+    kid_blocks[-2] = n
+    kid_blocks[1::2] = np.cumsum(kid_blocks[1::2])
     tok_count = np.array([t.size for t in tok_tables], np.int64)
     tok_width = np.array([0] + [_bits(c) for c in tok_count[1:]], np.int64)
-    cnt_width = np.array([_bits(t.size) for t in cnt_tables], np.int64)
+    full_width = np.array([_bits(t.size) for t in cnt_tables], np.int64)
+    layouts = [_count_layout(h, bool(escapes)) for h in cnt_hists]
     sizes = np.diff(ls)
+    saved = sum(int(s) * int(f) - (int(s) * w + e * int(f)) for s, f, (w, e) in zip(sizes, full_width, layouts))
+    if escapes is False or (escapes is None and saved <= n + (n >> 2) + 128):  # marks: 1 bit + 1/4 bit of counts
+        layouts = [(int(f), 0) for f in full_width]
+    cnt_width = np.array([w for w, _ in layouts], np.int64)
+    n_esc = np.array([e for _, e in layouts], np.int64)
+    esc_width = np.where(n_esc > 0, full_width, 0).astype(np.int64)
+    esc_before = np.concatenate([[0], np.cumsum(n_esc)]).astype(np.int64)
+    esc_bit_all = np.concatenate([[0], np.cumsum(n_esc * esc_width)]).astype(np.int64)
     tok_bit_all = np.concatenate([[0], np.cumsum(sizes * tok_width)]).astype(np.int64)
     cnt_bit_all = np.concatenate([[0], np.cumsum(sizes * cnt_width)]).astype(np.int64)
     cnt_tab_start = np.concatenate([[0], np.cumsum([t.size for t in cnt_tables])]).astype(np.int64)
     small = {
         "level_start": ls, "tok_width": tok_width, "tok_bit": tok_bit_all[:-1], "tok_count": tok_count,
         "cnt_width": cnt_width, "cnt_bit": cnt_bit_all[:-1], "cnt_tab_start": cnt_tab_start,
-        "cnt_table": np.concatenate(cnt_tables), "remap": remap.reshape(-1), "tok_table": np.concatenate(tok_tables),
+        "cnt_table": np.concatenate(cnt_tables), "esc_width": esc_width, "esc_bit": esc_bit_all[:-1],
+        "esc_before": esc_before, "remap": remap.reshape(-1), "kid_blocks": kid_blocks,
+        "tok_table": np.concatenate(tok_tables),
     }
-    counts = {"ef": _words(2 * n + 2), "samples": (n + 1 + (1 << SAMPLE_SHIFT) - 1) >> SAMPLE_SHIFT,
-              "tok_words": _words(int(tok_bit_all[-1])), "cnt_words": _words(int(cnt_bit_all[-1]))}
+    any_esc = bool(esc_before[-1])
+    counts = {"kid_words": _words(int(kid_blocks[-1])), "tok_words": _words(int(tok_bit_all[-1])),
+              "cnt_words": _words(int(cnt_bit_all[-1])), "esc_marks": _words(n) if any_esc else 0,
+              "esc_rank": (n >> RANK_SHIFT) + 1 if any_esc else 0,
+              "esc_words": _words(int(esc_bit_all[-1])) if any_esc else 0}
     nbytes = [(small[name].size if name in small else counts[name]) * np.dtype(dt).itemsize for name, dt in SECTIONS]
     offsets, file_size = _layout(nbytes)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(HEADER.pack(MAGIC, VERSION, HEADER.size, order, n, vocab, len(SECTIONS), file_size))
-            for off, nb in zip(offsets, nbytes):
-                f.write(SECTION.pack(off, nb))
+            for off, nb_ in zip(offsets, nbytes):
+                f.write(SECTION.pack(off, nb_))
             f.truncate(file_size)
         out = {}
-        for (name, dt), off, nb in zip(SECTIONS, offsets, nbytes):
-            if nb:
-                out[name] = np.memmap(tmp, dtype=dt, mode="r+", offset=off, shape=(nb // np.dtype(dt).itemsize,))
-                if name in small:
-                    out[name][:] = small[name]
-        # pass 2: the packed per-node fields and the Elias–Fano children offsets, chunk by chunk
+        for (name, dt), off, nb_ in zip(SECTIONS, offsets, nbytes):
+            out[name] = np.memmap(tmp, dtype=dt, mode="r+", offset=off, shape=(nb_ // np.dtype(dt).itemsize,)) \
+                if nb_ else np.zeros(0, dt)
+            if nb_ and name in small:
+                out[name][:] = small[name]
+        # pass 2: the packed per-node fields and the children offsets, chunk by chunk
         for a in range(0, n + 1, chunk):
             b = min(a + chunk, n + 1)
-            pack_ef(np.asarray(child_start[a:b]), a, out["ef"])
-        samples = np.arange(counts["samples"], dtype=np.int64) << SAMPLE_SHIFT
-        out["samples"][:] = np.asarray(child_start)[samples] + samples
+            pack_kids(np.asarray(child_start[a:b]), a, n, kid_blocks, out["kid_words"])
         ranks = np.empty(min(chunk, n), np.int64)
         for lvl in range(levels):
             lo, hi = int(ls[lvl]), int(ls[lvl + 1])
+            e = 0
             for a in range(lo, hi, chunk):
                 b = min(a + chunk, hi)
                 r = ranks[:b - a]
@@ -363,13 +439,19 @@ def compress(trie: Trie, path, *, chunk: int = _CHUNK, progress=None) -> Compres
                     else:
                         r[:] = np.searchsorted(tok_tables[lvl], np.asarray(token[a:b]))
                     pack_bits(r, tok_width[lvl], out["tok_words"], tok_bit_all[lvl] + (a - lo) * tok_width[lvl])
-                if cnt_width[lvl]:
-                    r[:] = np.searchsorted(cnt_tables[lvl], np.asarray(freq[a:b], np.int64))
-                    pack_bits(r, cnt_width[lvl], out["cnt_words"], cnt_bit_all[lvl] + (a - lo) * cnt_width[lvl])
+                r[:] = np.searchsorted(cnt_tables[lvl], np.asarray(freq[a:b], np.int64))
+                e = pack_counts(r, a, int(cnt_width[lvl]), (1 << int(cnt_width[lvl])) - 1, out["cnt_words"],
+                                int(cnt_bit_all[lvl] + (a - lo) * cnt_width[lvl]), out["esc_marks"],
+                                out["esc_words"], int(esc_bit_all[lvl]), int(esc_width[lvl]), e)
                 if progress:
                     progress(b - a)
+            if e != n_esc[lvl]:
+                raise AssertionError(f"level {lvl}: {e} escapes written, {n_esc[lvl]} counted")
+        if any_esc:
+            fill_mark_ranks(out["esc_marks"], out["esc_rank"])
         for m in out.values():
-            m.flush()
+            if isinstance(m, np.memmap):
+                m.flush()
         del out
     return CompressedTrie.load(path)
 

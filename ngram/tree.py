@@ -41,7 +41,7 @@ from numba import njit, prange
 from dart_jax.errors import InputError
 
 from ._format import MAX_ORDER
-from ._access import trie_children_keyed, trie_find_child, trie_freq, trie_keys, trie_root_child, trie_size
+from ._access import trie_children_keyed, trie_find_child, trie_freq_at, trie_keys, trie_root_child, trie_size
 
 __all__ = [
     "DraftTree",
@@ -256,7 +256,7 @@ def _search_one(
                                 hash_slot[h] = slot
                                 memo_node[slot] = node
                                 memo_len[slot] = length
-                                memo_inv[slot] = one / np.float32(trie_freq(tr, node))
+                                memo_inv[slot] = one / np.float32(trie_freq_at(tr, length, node))
                                 memo_done[slot] = False
                                 break
                             if memo_node[s] == node:
@@ -297,7 +297,8 @@ def _search_one(
                         if slot < 0:
                             continue
                         if not memo_done[slot]:
-                            trie_children_keyed(tr, n_trie, memo_node[slot], cand_keys[memo_len[slot]], memo_child, memo_freq, slot)
+                            trie_children_keyed(tr, n_trie, memo_node[slot], memo_len[slot] + 1, cand_keys[memo_len[slot]],
+                                                memo_child, memo_freq, slot)
                             for c in range(k):
                                 memo_ng[slot, c] = one
                             memo_done[slot] = True
@@ -371,7 +372,8 @@ def _search_one(
                             ctx[q, r, length] = -1
                             continue
                         if not memo_done[slot]:
-                            trie_children_keyed(tr, n_trie, memo_node[slot], cand_keys[memo_len[slot]], memo_child, memo_freq, slot)
+                            trie_children_keyed(tr, n_trie, memo_node[slot], memo_len[slot] + 1, cand_keys[memo_len[slot]],
+                                                memo_child, memo_freq, slot)
                             for c in range(k):
                                 memo_ng[slot, c] = one
                             memo_done[slot] = True

@@ -88,12 +88,14 @@ def queries(rng, counts, vocab, n, k=25):
 def corpora(tmp_path_factory):
     rng = np.random.default_rng(7)
     out = []
-    for order, vocab, n_seq in ((1, 30, 5), (2, 50, 20), (3, 400, 40), (4, 60, 30), (3, 151_936, 30)):
+    # frequency fields with escapes (docs/spec.md §6.3) forced on, off, or where they save bytes
+    for order, vocab, n_seq, escapes in ((1, 30, 5, True), (2, 50, 20, False), (3, 400, 40, True), (4, 60, 30, None),
+                                         (3, 151_936, 30, True)):
         p = 1.0 / np.arange(1, vocab + 1) ** 1.1
         seqs = [rng.choice(vocab, size=int(rng.integers(1, 120)), p=p / p.sum()) for _ in range(n_seq)]
         trie = Trie.build(seqs, order=order)
         path = tmp_path_factory.mktemp("c") / f"o{order}.ctrie"
-        out.append((order, vocab, window_counts(seqs, order), trie, compress(trie, path), path))
+        out.append((order, vocab, window_counts(seqs, order), trie, compress(trie, path, escapes=escapes), path))
     return out
 
 
@@ -149,13 +151,18 @@ ADVERSARIAL = {
     # token id 0 and the largest id at every level (no dense remap table for such ids)
     "extreme_ids": ({(): 12, (0,): 6, (MAX_ID,): 6, (0, MAX_ID): 3, (0, 0): 2, (MAX_ID, 0): 5,
                      (0, MAX_ID, 0): 2, (MAX_ID, 0, MAX_ID): 4}, 3),
+    # N + 1 = 256 children offsets: exactly two blocks of 128, so the last node's end is a block's base
+    "block_edge": ({(): 5000, (1,): 300, **{(t,): t + 1 for t in range(2, 60)}, **{(1, t): 1 for t in range(195)}}, 2),
+    # N + 1 = 129: the last offset alone in a block
+    "block_edge_plus_one": ({(): 20000, **{(t,): 2 * t for t in range(1, 128)}}, 1),
 }
 
 
+@pytest.mark.parametrize("escapes", [True, False])
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
-def test_adversarial_tries_answer_like_the_oracle(name, tmp_path):
+def test_adversarial_tries_answer_like_the_oracle(name, escapes, tmp_path):
     counts, order = ADVERSARIAL[name]
-    ctrie = compress(WideTrie(counts, order), tmp_path / "a.ctrie")
+    ctrie = compress(WideTrie(counts, order), tmp_path / "a.ctrie", escapes=escapes)
     ctrie = CompressedTrie.load(tmp_path / "a.ctrie", verify=True)
     rng = np.random.default_rng(3)
     tokens = sorted({t for p in counts for t in p} | {1, 2, MAX_ID - 1})
@@ -176,9 +183,15 @@ def test_adversarial_tries_answer_like_the_oracle(name, tmp_path):
                 np.testing.assert_array_equal(a, b)
 
 
-def test_the_format_is_small_on_skewed_text(corpora):
+def test_the_format_is_small_on_skewed_text(corpora, tmp_path):
     *_, trie, ctrie, path = corpora[2]
     assert path.stat().st_size / trie.num_nodes < 6  # the 400-token corpus; realistic figures in RESULTS.md
+    sizes = {}
+    for escapes in (True, False, None):
+        compress(trie, tmp_path / f"{escapes}.ctrie", escapes=escapes)
+        sizes[escapes] = (tmp_path / f"{escapes}.ctrie").stat().st_size
+    assert sizes[True] < sizes[False]  # skewed counts: escapes pay
+    assert sizes[None] == sizes[True]  # and the default takes them when they do
 
 
 # -- damaged files -----------------------------------------------------------------------------
@@ -196,7 +209,7 @@ def mutations(data: bytes, rng, n):
         elif kind == 2:
             buf = buf[:int(rng.integers(len(buf)))]
         else:
-            at = int(rng.integers(16, 16 + 8 * 8 + 14 * 16))  # header and section table
+            at = int(rng.integers(16, 56 + 20 * 16))  # header and section table
             buf[at] = int(rng.integers(256))
         yield bytes(buf)
 
@@ -259,7 +272,8 @@ def section_view(data: bytearray, name: str, dtype: str) -> np.ndarray:
     """The named section of a compressed file as a writable array (the header's section table,
     docs/spec.md §6.3; the order of the sections is the spec's)."""
     names = ["level_start", "tok_width", "tok_bit", "tok_count", "cnt_width", "cnt_bit", "cnt_tab_start", "cnt_table",
-             "remap", "ef", "samples", "tok_words", "cnt_words", "tok_table"]
+             "esc_width", "esc_bit", "esc_before", "remap", "kid_blocks", "kid_words", "tok_words", "cnt_words",
+             "esc_marks", "esc_rank", "esc_words", "tok_table"]
     offset, length = struct.unpack_from("<QQ", data, struct.calcsize("<8sIIQQQQQ") + 16 * names.index(name))
     return np.frombuffer(memoryview(data)[offset:offset + length], dtype)
 
@@ -301,7 +315,21 @@ def test_damaged_node_fields_are_found_at_load(corpora, tmp_path):
         bits[a:a + width], bits[b:b + width] = bits[b:b + width].copy(), bits[a:a + width].copy()
         words[:] = np.packbits(bits, bitorder="little").view("<u8")
 
-    for damage, message in ((ranks_all_ones("cnt_words"), "frequency rank outside"),
+    def flip_mark(bad):
+        marks = section_view(bad, "esc_marks", "<u8")
+        marks[1] ^= np.uint64(1 << 5)  # node 69 gains or loses its escape mark
+
+    def shift_mark_count(bad):
+        section_view(bad, "esc_rank", "<i8")[1] += 1  # marks before node 256
+
+    def move_block_base(bad):
+        section_view(bad, "kid_blocks", "<i8")[2] += 1  # the children offsets of nodes 128..255
+
+    assert section_view(bytearray(data), "esc_marks", "<u8").any()  # this trie has escapes
+    assert CompressedTrie.load(path).num_nodes > 300
+    for damage, message in ((flip_mark, "escape mark"), (shift_mark_count, "escape mark"),
+                            (move_block_base, "node 12[78]"),
+                            (ranks_all_ones("cnt_words"), "frequency rank outside"),
                             (ranks_all_ones("tok_words"), "token rank outside"),
                             (count_table(-5), "negative frequency"),
                             (count_table(2**40), "count more windows than the node")):
