@@ -437,13 +437,27 @@ CHECK_MESSAGES = {
 }
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
+def _next_rank(tr, lvl, node, e):
+    """(frequency rank of ``node``, escapes used so far) for a walk through level ``lvl`` in node
+    order, ``e`` escapes of the level before ``node`` (no mark counting: the walk keeps count)."""
+    w = tr[_CNT_WIDTH][lvl]
+    rank = read_bits(tr[_CNT_WORDS], tr[_CNT_BIT][lvl] + (node - tr[_LEVEL_START][lvl]) * w, w)
+    wide = tr[_ESC_WIDTH][lvl]
+    if wide > 0 and rank == (np.int64(1) << w) - 1:
+        rank = read_bits(tr[_ESC_WORDS], tr[_ESC_BIT][lvl] + e * wide, wide)
+        e += 1
+    return rank, e
+
+
+@njit(cache=True, _nrt=False)  # no reference counting (it allocates nothing): the helpers take the whole tuple
 def check_compressed(tr, full):
     """(status, node): a pass over every node's fields (children ranges tile each next level in
     order, escape marks sit exactly on the escaped narrow fields and their sampled counts are
     right, token and frequency ranks lie inside their tables), then a pass over what they say
     (frequencies are >= 0 but the root's, children count no more than their parent; with
-    ``full`` also strictly increasing sibling tokens)."""
+    ``full`` also strictly increasing sibling tokens). Both walk the nodes in order and decode
+    them as they go."""
     n = ct_size(tr)
     level_start = tr[_LEVEL_START]
     levels = level_start.shape[0] - 1
@@ -454,52 +468,63 @@ def check_compressed(tr, full):
         width = tr[_TOK_WIDTH][lvl]
         cwidth = tr[_CNT_WIDTH][lvl]
         wide = tr[_ESC_WIDTH][lvl]
+        marker = (np.int64(1) << cwidth) - 1
         n_counts = tr[_CNT_TAB_START][lvl + 1] - tr[_CNT_TAB_START][lvl]
         n_tokens = tr[_TOK_COUNT][lvl]
         if escapes != tr[_ESC_BEFORE][lvl]:
             return C_COUNT, level_start[lvl]
+        e_end = tr[_ESC_BEFORE][lvl + 1]
+        next_end = level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n
+        lo = kid_value(tr[_KID_BLOCKS], tr[_KID_WORDS], level_start[lvl])
         for node in range(level_start[lvl], level_start[lvl + 1]):
-            lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
-            next_end = level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n
+            hi = kid_value(tr[_KID_BLOCKS], tr[_KID_WORDS], node + 1)
             if lo != expect or hi < lo or hi > next_end or (hi > lo and lo < level_start[lvl + 1]):
                 return C_OFFSETS, node
             expect = hi
+            lo = hi
             if (node & ((1 << RANK_SHIFT) - 1)) == 0 and marks.shape[0] > 0:
                 k = node >> RANK_SHIFT
                 if k >= mark_tab.shape[0] or mark_tab[k] != escapes:
                     return C_COUNT, node
             narrow = read_bits(tr[_CNT_WORDS], tr[_CNT_BIT][lvl] + (node - level_start[lvl]) * cwidth, cwidth)
-            marked = marks.shape[0] > 0 and (read_bits(marks, node, 1) == 1)
-            escaped = wide > 0 and narrow == (np.int64(1) << cwidth) - 1
+            marked = marks.shape[0] > 0 and ((marks[node >> 6] >> np.uint64(node & 63)) & np.uint64(1)) == 1
+            escaped = wide > 0 and narrow == marker
             if marked != escaped:
                 return C_COUNT, node
+            rank = narrow
             if escaped:
-                escapes += 1
-                if escapes > tr[_ESC_BEFORE][lvl + 1]:
+                if escapes >= e_end:
                     return C_COUNT, node
-            rank = count_rank(tr, lvl, node)
-            if rank < 0 or rank >= n_counts:
+                rank = read_bits(tr[_ESC_WORDS], tr[_ESC_BIT][lvl] + (escapes - tr[_ESC_BEFORE][lvl]) * wide, wide)
+                escapes += 1
+            if rank >= n_counts:
                 return C_COUNT, node
             if lvl > 0:
                 trank = read_bits(tr[_TOK_WORDS], tr[_TOK_BIT][lvl] + (node - level_start[lvl]) * width, width)
                 if trank >= n_tokens:
                     return C_TOKEN, node
-        if expect != (level_start[lvl + 2] if lvl + 2 < level_start.shape[0] else n):
+        if expect != next_end:
             return C_OFFSETS, level_start[lvl + 1] - 1
-        if escapes != tr[_ESC_BEFORE][lvl + 1]:
+        if escapes != e_end:
             return C_COUNT, level_start[lvl + 1] - 1
-    # every field is sound: now what the counts and tokens say
+    # every field is sound: now what the counts and tokens say, walking each level beside the next
+    cnt_tab_start, cnt_table = tr[_CNT_TAB_START], tr[_CNT_TABLE]
     for lvl in range(levels):
+        e = np.int64(0)  # escapes of this level before the node
+        ce = np.int64(0)  # escapes of the next level before the child
+        lo = kid_value(tr[_KID_BLOCKS], tr[_KID_WORDS], level_start[lvl])
         for node in range(level_start[lvl], level_start[lvl + 1]):
-            lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
-            f = _freq_at(tr, lvl, node)
+            hi = kid_value(tr[_KID_BLOCKS], tr[_KID_WORDS], node + 1)
+            rank, e = _next_rank(tr, lvl, node, e)
+            f = cnt_table[cnt_tab_start[lvl] + rank]
             if node > 0 and f < 0:
                 return C_NEG, node
-            if node > 0 and hi > lo:
+            if hi > lo:
                 total = np.int64(0)
                 for c in range(lo, hi):
-                    total += _freq_at(tr, lvl + 1, c)
-                if total > f:
+                    crank, ce = _next_rank(tr, lvl + 1, c, ce)
+                    total += cnt_table[cnt_tab_start[lvl + 1] + crank]
+                if node > 0 and total > f:
                     return C_SUM, node
             if full and hi - lo > 1:
                 cw = tr[_TOK_WIDTH][lvl + 1]
@@ -510,4 +535,5 @@ def check_compressed(tr, full):
                     if cur <= prev:
                         return C_ORDER, node
                     prev = cur
+            lo = hi
     return C_OK, -1
