@@ -345,19 +345,24 @@ def _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot):
 # ------------------------------------------------------------------------------- encoding
 
 
+@njit(cache=True, inline="always")
+def _put_bits(words, bit, width, value):
+    """OR the ``width``-bit ``value`` into ``words`` at bit offset ``bit``."""
+    v = np.uint64(value)
+    w = bit >> 6
+    s = bit & 63
+    words[w] |= v << np.uint64(s)
+    if s + width > 64:
+        words[w + 1] |= v >> np.uint64(64 - s)
+
+
 @njit(cache=True)
 def pack_bits(values, width, words, bit0):
     """OR ``values`` (non-negative, < 2**width) into ``words`` from bit ``bit0`` on, ``width`` bits each."""
     if width == 0:
         return
     for i in range(values.shape[0]):
-        v = np.uint64(values[i])
-        bit = bit0 + i * width
-        w = bit >> 6
-        s = bit & 63
-        words[w] |= v << np.uint64(s)
-        if s + width > 64:
-            words[w + 1] |= v >> np.uint64(64 - s)
+        _put_bits(words, bit0 + i * width, width, values[i])
 
 
 @njit(cache=True)
@@ -373,13 +378,7 @@ def pack_kids(child_start, first, n, blocks, words):
         width = (blocks[2 * b + 3] - blocks[2 * b + 1]) // (KID_BLOCK - 1)
         if width == 0:
             continue
-        v = np.uint64(child_start[t] - blocks[2 * b])
-        bit = blocks[2 * b + 1] + (j - 1) * width
-        w = bit >> 6
-        sh = bit & 63
-        words[w] |= v << np.uint64(sh)
-        if sh + width > 64:
-            words[w + 1] |= v >> np.uint64(64 - sh)
+        _put_bits(words, blocks[2 * b + 1] + (j - 1) * width, width, child_start[t] - blocks[2 * b])
 
 
 @njit(cache=True)
@@ -393,17 +392,11 @@ def pack_counts(ranks, first, width, marker, words, bit0, marks, ewords, ebit0, 
         if wide > 0 and r >= marker:
             node = first + t
             marks[node >> 6] |= np.uint64(1) << np.uint64(node & 63)
-            bit = ebit0 + e * wide
-            ewords[bit >> 6] |= np.uint64(r) << np.uint64(bit & 63)
-            if (bit & 63) + wide > 64:
-                ewords[(bit >> 6) + 1] |= np.uint64(r) >> np.uint64(64 - (bit & 63))
+            _put_bits(ewords, ebit0 + e * wide, wide, r)
             e += 1
             r = marker
         if width > 0:
-            bit = bit0 + t * width
-            words[bit >> 6] |= np.uint64(r) << np.uint64(bit & 63)
-            if (bit & 63) + width > 64:
-                words[(bit >> 6) + 1] |= np.uint64(r) >> np.uint64(64 - (bit & 63))
+            _put_bits(words, bit0 + t * width, width, r)
     return e
 
 

@@ -45,6 +45,17 @@ _ALIGN = 64
 _CHUNK = 1 << 22  # nodes encoded at a time: bounded memory whatever the trie's size
 
 
+def _empty(dtype: str) -> np.ndarray:
+    """An empty section, read-only like the memory-mapped ones: the kernels see one array type
+    whichever sections a file leaves empty (no escapes, no dense remap), so they compile once."""
+    a = np.zeros(0, dtype)
+    a.setflags(write=False)
+    return a
+
+
+_EMPTY = {dtype: _empty(dtype) for _, dtype in SECTIONS}
+
+
 def _aligned(x: int) -> int:
     return (x + _ALIGN - 1) // _ALIGN * _ALIGN
 
@@ -274,7 +285,7 @@ def _read(path: str):
                                                    f"{fixed[name]} for order {order} and {n} nodes"))
         prev_end = off + nbytes
         sections[name] = np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=off, shape=(nbytes // item,))) \
-            if nbytes else np.zeros(0, dtype)
+            if nbytes else _EMPTY[dtype]
     problem = _table_problem(order, n, vocab, sections)
     if problem:
         raise FileFormatError(path, bad.format(problem))
