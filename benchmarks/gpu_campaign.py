@@ -6,14 +6,18 @@
 Stages, most valuable first, each under its own time limit, each writing its JSON and log to
 --out as it finishes (a campaign cut short still leaves what it measured):
 
-1. `bench shapes` at the Qwen3-1.7B, 4B and 8B shapes (random weights, bf16): the target's verify
-   step for trees of 1…60 nodes against one decode step.
-2. `bench e2e` and `bench phases` on a random target of the Qwen3-8B shape (bf16, fewer layers so
-   that the random checkpoint is written quickly): the whole DART step (draft head, tree search,
-   verify, transfers) against plain decoding's honest per-token time, and greedy agreement of
-   DART and plain decoding in bf16 (`same_output`); also with `--keep auto`.
-3. The test suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests left
+1. `bench e2e` and `bench phases` on one random target of the Qwen3-8B shape (bf16, fewer layers
+   so that it is written quickly; built once, outside --out, and shared by the runs): the whole
+   DART step (draft head, tree search, verify, transfers) against plain decoding's honest
+   per-token time, and greedy agreement of DART and plain decoding in bf16 (`same_output`); also
+   with `--keep auto`.
+2. The test suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests left
    out (their packages are not in the image).
+3. `bench shapes` at the Qwen3-8B, 4B and 1.7B shapes (random weights, bf16): the target's verify
+   step for trees of 1…60 nodes against one decode step.
+
+(On 2026-11-25 an H100 measured stage 3; the old order, with 12 layers rebuilt for every run, ran
+out of time in stage 1. See benchmarks/RESULTS.md.)
 
 Then `RESULTS-gpu.md` in --out: the tables, and a PROJECTION of the end-to-end speedup at the
 paper's τ (3.61 on Qwen3-8B): τ × (plain decoding's time per token) / (a DART step's time). It is
@@ -28,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,7 +68,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="folder for the JSON results, logs and RESULTS-gpu.md")
     ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the whole campaign")
-    ap.add_argument("--layers", type=int, default=12, help="layers of the random Qwen3-8B-shaped target of stage 2")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the random Qwen3-8B-shaped target of stage 1 (default 4)")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--smoke", action="store_true",
                     help="a check of the campaign itself on a CPU: tiny shapes and model, no tests (figures meaningless)")
@@ -80,33 +85,38 @@ def main() -> int:
     gpu = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.strip() if smi else "(no nvidia-smi)"
     (out / "env.txt").write_text(f"{info.stdout}{info.stderr}\n{gpu}\n")
 
-    # 1. verify cost by tree size at real shapes
-    for shape in SHAPES:
+    # 1. the whole step, the honest baseline, bf16 agreement, auto: one random model set for all
+    assets = Path(tempfile.mkdtemp(prefix="dart_jax_campaign_"))
+    build = ("import sys; from dart_jax.bench.tiny import build_random_assets as b; "
+             "from dart_jax.bench.shapes import KNOWN_SHAPES as K; "
+             "b(sys.argv[1], layers=int(sys.argv[2]), shape=None if sys.argv[3] == '-' else K[sys.argv[3]])")
+    code, _ = run([sys.executable, "-c", build, str(assets), str(3 if args.smoke else args.layers),
+                   "-" if args.smoke else "Qwen3-8B"], out / "build.log", min(240, left() - 60))
+    given = ["--base", str(assets / "base"), "--dart", str(assets / "head"), "--ngram", str(assets / "ngram.trie"),
+             "--limit", "1", "--max-new-tokens", "16" if args.smoke else "64", "--no-progress"]
+    for name, extra in (("e2e-keep60", ["e2e", "--keep", "60"]), ("phases-keep60", ["phases", "--keep", "60"]),
+                        ("e2e-auto", ["e2e", "--keep", "auto"])):
+        if code != 0 or left() < 90:
+            break
+        run(bench + extra + given + ["--output", str(out / f"{name}.json")], out / f"{name}.log",
+            min(200, left() - 30))
+    shutil.rmtree(assets, ignore_errors=True)
+
+    # 2. the suite in fp32 on the GPU
+    if not (args.skip_tests or args.smoke) and left() > 150:
+        run(py + ["pytest", "-q", "-x", "-n", "8", "-p", "no:cacheprovider",
+                  "--ignore=tests/test_serve_api.py", "--ignore=tests/test_serve_ui.py",
+                  "--ignore=tests/test_notebook.py"], out / "tests.log", min(360, left() - 120),
+            env={"JAX_DEFAULT_MATMUL_PRECISION": "highest"})
+
+    # 3. verify cost by tree size at real shapes
+    for shape in reversed(SHAPES):
         if left() < 60:
             break
         model = ["--tiny", "--reps", "3"] if args.smoke else ["--model", shape, "--dtype", "bfloat16", "--reps", "20"]
         run(bench + ["shapes", *model, "--budgets", BUDGETS, "--warmup", "3", "--no-progress",
                      "--output", str(out / f"shapes-{shape}.json")],
             out / f"shapes-{shape}.log", min(150, left() - 30))
-
-    # 2. the whole step, the honest baseline, bf16 agreement, auto
-    random8b = ["--random", "--random-shape", "Qwen3-8B", "--random-layers", str(args.layers), "--limit", "1",
-                "--max-new-tokens", "96", "--no-progress"]
-    if args.smoke:
-        random8b = ["--random", "--limit", "1", "--max-new-tokens", "16", "--no-progress"]
-    for name, extra in (("e2e-keep60", ["e2e", "--keep", "60"]), ("phases-keep60", ["phases", "--keep", "60"]),
-                        ("e2e-auto", ["e2e", "--keep", "auto"])):
-        if left() < 90:
-            break
-        run(bench + extra + random8b + ["--output", str(out / f"{name}.json")], out / f"{name}.log",
-            min(200, left() - 30))
-
-    # 3. the suite in fp32 on the GPU
-    if not (args.skip_tests or args.smoke) and left() > 90:
-        code, _ = run(py + ["pytest", "-q", "-x", "-n", "8", "-p", "no:cacheprovider",
-                            "--ignore=tests/test_serve_api.py", "--ignore=tests/test_serve_ui.py",
-                            "--ignore=tests/test_notebook.py"], out / "tests.log", left() - 20,
-                      env={"JAX_DEFAULT_MATMUL_PRECISION": "highest"})
     report(out)
     return 0
 
