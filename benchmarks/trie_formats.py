@@ -7,14 +7,17 @@ beam 20, keep 60), with the trees asserted identical.
     python benchmarks/trie_formats.py stdlib 40          # 40 MB of this Python's standard library, demo tokenizer
     python benchmarks/trie_formats.py code 300           # 300 MB of Python source, a 151 643-token BPE trained on it
     python benchmarks/trie_formats.py zipf 200000 --before old_tree.py   # also an earlier tree search
+    python benchmarks/trie_formats.py code 300 --keep /tmp/code300       # keep the tries for later runs
 
 `--before FILE`: a module exposing `build_tree` (e.g. `git show 3a90185:ngram/tree.py` with its
 relative imports made absolute) timed beside the current one, its trees asserted identical.
 """
 import argparse
+import atexit
 import glob
 import importlib.util
 import os
+import shutil
 import statistics
 import sys
 import sysconfig
@@ -92,6 +95,8 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("corpus", choices=["zipf", "phrases", "stdlib", "code"])
 ap.add_argument("size", type=float, help="sequences (zipf, phrases) or megabytes of text (stdlib, code)")
 ap.add_argument("--before", help="a module file with an earlier build_tree to time beside the current one")
+ap.add_argument("--keep", metavar="DIR", help="keep the two tries (t.trie, t.ctrie) and the token stream (stream.npy) "
+                                              "in DIR for later runs; by default they go to a temporary folder removed at the end")
 args = ap.parse_args()
 which = args.corpus
 old_tree = None
@@ -99,7 +104,10 @@ if args.before:
     spec = importlib.util.spec_from_file_location("before_tree", args.before)
     old_tree = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(old_tree)
-tmp = tempfile.mkdtemp(prefix="dart_jax_trie_formats_")
+tmp = args.keep or tempfile.mkdtemp(prefix="dart_jax_trie_formats_")
+os.makedirs(tmp, exist_ok=True)
+if not args.keep:
+    atexit.register(shutil.rmtree, tmp, True)
 vocab = 151936
 if which == "stdlib":
     t0 = time.time(); seqs, nbytes, v = corpus_stdlib(args.size); vocab = v
@@ -134,6 +142,8 @@ a, b = (min(qa), statistics.median(qa)), (min(qb), statistics.median(qb))
 print(f"25-candidate query (2-token context), us: CSR min {a[0]/3000*1e6:.2f} med {a[1]/3000*1e6:.2f} | compressed min {b[0]/3000*1e6:.2f} med {b[1]/3000*1e6:.2f} | ratio min {b[0]/a[0]:.2f}x, median {b[1]/a[1]:.2f}x")
 inputs = _draft_inputs(rng, samples=64, draft_length=8, topk=25, vocab=vocab)
 stream = np.concatenate(seqs)
+if args.keep:
+    np.save(os.path.join(tmp, "stream.npy"), stream)
 for s in range(64):  # half of the rows follow the corpus, so lookups hit like real drafts
     ids, probs, pre = inputs[s]
     if s % 2:

@@ -359,8 +359,9 @@ def make_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a trie file (either format)",
                        description="Print the format, order, node counts and size (bytes per node) of a trie.")
     i.add_argument("trie")
-    i.add_argument("--verify", action="store_true", help="also check the tokens (every load checks the children table, the "
-                   "frequencies and the depth)")
+    i.add_argument("--verify", action="store_true", help="check every node: CSR files also their tokens (every load checks the children "
+                   "table, the frequencies and the depth); compressed files every packed field, the counts and the "
+                   "sibling order (a plain load checks only their header and per-level tables)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(func=cmd_info)
 

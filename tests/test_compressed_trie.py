@@ -215,14 +215,17 @@ def mutations(data: bytes, rng, n):
 
 
 def survives(path, cands, ctx):
-    try:
-        trie = CompressedTrie.load(path)
-    except FileFormatError as e:
-        assert str(path) in str(e)
-        return False
-    trie.probability(ctx, cands)
-    ids = np.resize(cands, (3, 5))
-    build_tree(ids, np.full((3, 5), 0.2, np.float32), ctx, trie, eos_id=None, beam_width=3, keep=10)
+    """Load a damaged file plainly (header and tables) and answer from it, which must not crash
+    whatever the damage; then with verify. → whether the verified load accepted it."""
+    for verify in (False, True):
+        try:
+            trie = CompressedTrie.load(path, verify=verify)
+        except FileFormatError as e:
+            assert str(path) in str(e)
+            return False
+        trie.probability(ctx, cands)
+        ids = np.resize(cands, (3, 5))
+        build_tree(ids, np.full((3, 5), 0.2, np.float32), ctx, trie, eos_id=None, beam_width=3, keep=10)
     return True
 
 
@@ -235,7 +238,7 @@ def fuzz(corpora, tmp_path, n, seed):
     for bad in mutations(data, rng, n):
         target.write_bytes(bad)
         loaded += survives(target, np.arange(0, 450, 18, dtype=np.int64), np.array([3, 1, 2], np.int64))
-    assert loaded < n  # most damage is found at load
+    assert loaded < n  # most damage is found by a verified load
 
 
 def test_damaged_files_are_errors_or_still_answer(corpora, tmp_path):
@@ -278,14 +281,15 @@ def section_view(data: bytearray, name: str, dtype: str) -> np.ndarray:
     return np.frombuffer(memoryview(data)[offset:offset + length], dtype)
 
 
-def test_damaged_node_fields_are_found_at_load(corpora, tmp_path):
-    """Per-node damage that the queries would only clamp is reported when the file loads: a rank
+def test_damaged_node_fields_are_found_by_verify(corpora, tmp_path, monkeypatch):
+    """Per-node damage that the queries would only clamp is reported by a verified load: a rank
     past its level's table, a negative count, children counting more than their parent, siblings
-    out of order (the last with verify only)."""
+    out of order. A plain load checks the header and the per-level tables only (it never walks the
+    nodes), and answers from the damaged file without reading out of bounds."""
     *_, path = corpora[2]
     data = path.read_bytes()
 
-    def load_damaged(damage, verify=False):
+    def load_damaged(damage, verify=True):
         bad = bytearray(data)
         damage(bad)
         target = tmp_path / "bad.ctrie"
@@ -335,9 +339,20 @@ def test_damaged_node_fields_are_found_at_load(corpora, tmp_path):
                             (count_table(2**40), "count more windows than the node")):
         with pytest.raises(FileFormatError, match=message):
             load_damaged(damage)
-    load_damaged(swap_siblings)  # the sibling order is a verify check
+        with pytest.raises(FileFormatError, match=message):
+            CompressedTrie.load(tmp_path / "bad.ctrie").check()
     with pytest.raises(FileFormatError, match="strictly increasing token order"):
-        load_damaged(swap_siblings, verify=True)
+        load_damaged(swap_siblings)
+    import dart_jax.ngram.compressed as module
+
+    def walked(*args):
+        raise AssertionError("a plain load walked the nodes")
+
+    monkeypatch.setattr(module, "check_compressed", walked)
+    for damage in (flip_mark, move_block_base, ranks_all_ones("cnt_words"), count_table(-5), swap_siblings):
+        trie = load_damaged(damage, verify=False)
+        p, matched = trie.probability(np.array([3, 1, 2]), np.arange(0, 450, 18))
+        assert p.shape == (25,) and matched.shape == (25,)
 
 
 # -- loading and the CLI -----------------------------------------------------------------------
