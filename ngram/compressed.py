@@ -105,6 +105,7 @@ class CompressedTrie:
         self._n = int(num_nodes)
         self._vocab = int(vocab)
         self._s = sections
+        self._path = "<memory>"  # the file it was loaded from, for error messages
         meta = np.array([self._n, self._vocab, self._order], np.int64)
         remap = sections["remap"].reshape(self._order, -1 if sections["remap"].size else 0)
         tok_tab_start = np.concatenate([[0], np.cumsum(sections["tok_count"])]).astype(np.int64)
@@ -147,14 +148,16 @@ class CompressedTrie:
             ngram_probs_any(self._tr, self._order, ctx, cands, out_p, out_len)
         return out_p, out_len
 
-    def check(self, *, full: bool = True, path: str = "<memory>") -> None:
+    def check(self, *, full: bool = True, path: str | None = None) -> None:
         status, node = check_compressed(self._tr, full)
         if status != C_OK:
-            raise FileFormatError(path, f"corrupted compressed trie: {CHECK_MESSAGES[status].format(node=node)}; "
+            raise FileFormatError(path or self._path, f"corrupted compressed trie: {CHECK_MESSAGES[status].format(node=node)}; "
                                         f"compress it again (`python -m dart_jax.ngram compress`) or {REBUILD}.")
 
     def to_csr(self) -> Trie:
-        """Decode into an in-memory CSR ``Trie`` (16 bytes per node)."""
+        """Decode into an in-memory CSR ``Trie`` (16 bytes per node), after checking every node (the
+        decoder indexes the token table by the packed ranks, which a plain load does not check)."""
+        self.check(full=True)
         token = np.zeros(self._n, np.int32)
         freq = np.zeros(self._n, np.int64)
         child_start = np.zeros(self._n + 1, np.int64)
@@ -176,8 +179,9 @@ class CompressedTrie:
         path = os.fspath(path)
         order, n, vocab, sections = _read(path)
         trie = cls(order, n, vocab, sections)
+        trie._path = path
         if verify:
-            trie.check(full=True, path=path)
+            trie.check(full=True)
         return trie
 
 

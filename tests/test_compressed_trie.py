@@ -353,6 +353,9 @@ def test_damaged_node_fields_are_found_by_verify(corpora, tmp_path, monkeypatch)
         trie = load_damaged(damage, verify=False)
         p, matched = trie.probability(np.array([3, 1, 2]), np.arange(0, 450, 18))
         assert p.shape == (25,) and matched.shape == (25,)
+    monkeypatch.undo()
+    with pytest.raises(FileFormatError, match="bad.ctrie.*token rank outside"):  # decoding checks every node first
+        load_damaged(ranks_all_ones("tok_words"), verify=False).to_csr()
 
 
 # -- loading and the CLI -----------------------------------------------------------------------
