@@ -172,7 +172,7 @@ class CompressedTrie:
         """Memory-map a compressed trie and check its header, section table and per-level tables:
         O(order + N / 128) work, milliseconds even for a billion nodes. ``verify`` also walks every
         node (children ranges, escape marks, ranks, frequencies, sibling order: ``check``), which
-        takes about 40 ns per node. Unverified damage inside the packed node fields cannot read
+        takes about 30-40 ns per node. Unverified damage inside the packed node fields cannot read
         out of bounds (every query read is clamped); it can only make drafts worse, and the target
         checks every drafted token, so the generated text stays the same. FileFormatError naming
         the file."""
