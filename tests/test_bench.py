@@ -97,10 +97,13 @@ def test_shapes_tiny_and_plot(capsys, tmp_path):
                    "--warmup", "1", "--plot", str(tmp_path / "s.png"))
     check_documented(out)
     rows = out["rows"]
-    assert [(r["kind"], r["budget"], r["tokens"]) for r in rows] == [("decode", 0, 1), ("verify", 5, 6)]
-    for r in rows[1:]:
+    assert [(r["kind"], r["budget"], r["tokens"]) for r in rows] == [("decode", 0, 1), ("plain", 0, 1), ("verify", 5, 6)]
+    for r in rows:
         assert r["ratio_to_decode"] == pytest.approx(r["median_ms"] / rows[0]["median_ms"])
+        assert r["ratio_to_plain"] == pytest.approx(r["median_ms"] / rows[1]["median_ms"])
     assert out["summary"]["decode_ms"] == rows[0]["median_ms"]
+    assert out["summary"]["plain_token_ms"] == rows[1]["median_ms"]
+    assert list(out["summary"]["ratio_to_plain"]) == ["5"]
     assert (tmp_path / "s.png").read_bytes()[:8] == PNG_MAGIC
 
 

@@ -12,7 +12,8 @@ Modes
   ngram    n-gram trie build and load time, bytes per node, query latency, and conversion
            from the reference format.
   shapes   the target's verify step for tree budgets 1, 8, 16, 32, 60 against a 1-token decode
-           step, on a Qwen3 shape with random weights (no checkpoint needed).
+           call and a token of plain decoding's device loop, on a Qwen3 shape with random
+           weights (no checkpoint needed).
 
 Every mode prints a table, or JSON with --json (the keys are documented in
 benchmarks/README.md), and draws a figure with --plot out.png (needs matplotlib).
@@ -47,7 +48,7 @@ TABLE_COLUMNS = {
     "ngram": ["num_nodes", "order", "load_ms", "query_us", "kernel_query_us", "kernel_query_us_hot",
               "kernel_query_us_root_table", "kernel_query_us_hot_root_table", "bytes_per_node_file",
               "bytes_per_node_memory", "hit_rate", "convert_mb_per_s"],
-    "shapes": ["kind", "budget", "tokens", "median_ms", "min_ms", "ratio_to_decode"],
+    "shapes": ["kind", "budget", "tokens", "median_ms", "min_ms", "ratio_to_decode", "ratio_to_plain"],
 }
 
 
@@ -350,7 +351,8 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         fig, a = plt.subplots(figsize=(6, 4))
         verify = [r for r in rows if r["kind"] == "verify"]
         a.plot([r["tokens"] for r in verify], [r["median_ms"] for r in verify], marker="o", label="verify step")
-        a.axhline(summary["decode_ms"], color="grey", ls="--", label="1-token decode")
+        a.axhline(summary["decode_ms"], color="grey", ls="--", label="1-token decode call")
+        a.axhline(summary["plain_token_ms"], color="black", ls=":", label="plain decoding, per token (device loop)")
         a.set_xlabel("tokens per step (budget + root)")
         a.set_ylabel("median ms")
         a.set_title(result["config"]["shape"])

@@ -1,4 +1,5 @@
-"""`shapes` mode: the target's verify step for several tree budgets against a 1-token decode step.
+"""`shapes` mode: the target's verify step for several tree budgets against a 1-token decode step
+(one host call per token) and against a token of plain decoding's device loop (the honest baseline).
 
 The cost of a speculative step is one target pass over the root plus `budget` tree nodes; this
 mode measures it on a given Qwen3 shape with random weights, so no checkpoint is needed.
@@ -123,12 +124,12 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     config = Qwen3Config.from_hf(fields)
     mesh = make_mesh(mesh, option="--mesh")
     check_fits(mesh, model_sizes(config), option="--mesh")
-    max_len = context + max(budgets) + 1
+    max_len = context + max(max(budgets) + 1, AutoregressiveDecoder.chunk)
     kv_heads, head_dim = fields["num_key_value_heads"], fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
     cache_bytes = 2 * fields["num_hidden_layers"] * batch * max_len * kv_heads * head_dim * jdtype.itemsize
     _check_memory(fields, jdtype.itemsize, cache_bytes, mesh.size if mesh is not None else 1)
 
-    bar = progress(1 + (1 + len(budgets)) * (reps + warmup), "shapes", show_progress)
+    bar = progress(1 + (2 + len(budgets)) * (reps + warmup), "shapes", show_progress)
     target = Qwen3(config, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(seed))
     if mesh is not None:
         shard_module(target, mesh)
@@ -157,6 +158,19 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
                                                     window=window)
         return out
 
+    chunk = AutoregressiveDecoder.chunk
+    remaining = jnp.full((batch,), chunk, jnp.int32)
+    no_eos = jnp.full((1,), -1, jnp.int32)  # never sampled: every loop runs all `chunk` steps
+    loop_window = attention_window(context + chunk, max_len)
+
+    def plain_call():
+        # plain decoding as the honest baseline runs it: `chunk` tokens in one device loop
+        token = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch,)), jnp.int32)
+        out, _, holder["cache"], _, _, _ = decoder.decode_chunk(decoder.state, token, holder["cache"], cache_len, keys,
+                                                                params, remaining, no_eos, window=loop_window,
+                                                                chunk=chunk)
+        return out
+
     def verify_call(tokens):
         ids = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch, tokens)), jnp.int32)
         # ancestors-or-self of a chain: any tree of this size costs the same with dense attention
@@ -168,16 +182,23 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         return summary_ms(time_calls(call, reps=reps, warmup=warmup, tick=bar.update))
 
     base = timed(decode_call)
-    rows = [{"kind": "decode", "budget": 0, "tokens": 1, **base, "ratio_to_decode": 1.0}]
+    loop = {key: v / chunk for key, v in timed(plain_call).items()}  # per token
+    rows = [{"kind": "decode", "budget": 0, "tokens": 1, **base, "ratio_to_decode": 1.0,
+             "ratio_to_plain": base["median_ms"] / loop["median_ms"]},
+            {"kind": "plain", "budget": 0, "tokens": 1, **loop, "ratio_to_decode": loop["median_ms"] / base["median_ms"],
+             "ratio_to_plain": 1.0}]
     for budget in budgets:
         t = timed(verify_call(budget + 1))
         rows.append({"kind": "verify", "budget": budget, "tokens": budget + 1, **t,
-                     "ratio_to_decode": t["median_ms"] / base["median_ms"]})
+                     "ratio_to_decode": t["median_ms"] / base["median_ms"],
+                     "ratio_to_plain": t["median_ms"] / loop["median_ms"]})
     bar.close()
     config_out = {"shape": label, "fields": fields, "params": param_count(fields), "dtype": dtype,
                   "context": context, "batch": batch, "reps": reps, "warmup": warmup, "seed": seed,
                   "mesh": None if mesh is None else dict(mesh.shape), "backend": jax.default_backend()}
-    summary = {"decode_ms": base["median_ms"],
-               "verify_ms": {str(r["budget"]): r["median_ms"] for r in rows[1:]},
-               "ratio_to_decode": {str(r["budget"]): r["ratio_to_decode"] for r in rows[1:]}}
+    verify_rows = [r for r in rows if r["kind"] == "verify"]
+    summary = {"decode_ms": base["median_ms"], "plain_token_ms": loop["median_ms"],
+               "verify_ms": {str(r["budget"]): r["median_ms"] for r in verify_rows},
+               "ratio_to_decode": {str(r["budget"]): r["ratio_to_decode"] for r in verify_rows},
+               "ratio_to_plain": {str(r["budget"]): r["ratio_to_plain"] for r in verify_rows}}
     return {"mode": "shapes", "config": config_out, "rows": rows, "summary": summary}
