@@ -269,9 +269,10 @@ def _converted_path(source: Path, cache_dir: str | os.PathLike | None) -> Path:
 
 
 def load_trie(ngram, *, small: bool = False, cache_dir: str | os.PathLike | None = None):
-    """A `Trie` from a file, a folder holding small.trie/full.trie, or a hub id. A reference
-    (C++) `.trie` is converted once to our format and cached next to it (or under `cache_dir`,
-    default ~/.cache/dart_jax, when that folder is read-only)."""
+    """A `Trie` (or a `CompressedTrie`, for a compressed file) from a file, a folder holding
+    small.trie/full.trie, or a hub id. A reference (C++) `.trie` is converted once to our format
+    and cached next to it (or under `cache_dir`, default ~/.cache/dart_jax, when that folder is
+    read-only)."""
     path = _trie_file(ngram, small)
     with open(path, "rb") as f:
         magic = f.read(len(MAGIC))
