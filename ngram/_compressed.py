@@ -15,7 +15,8 @@ frequencies and every probability are the CSR trie's. Per node the file holds
 
 The query functions below take the trie as the tuple ``CompressedTrie.search_arrays()`` returns and
 clamp every index they read to its array, so a damaged file gives wrong answers at worst, never an
-out-of-bounds read; ``check_compressed`` (every load) finds the damage first.
+out-of-bounds read. A plain load checks the header and the per-level tables only; the per-node
+fields are checked by ``check_compressed`` (``verify=True``, ``check()``, ``to_csr()``).
 """
 from __future__ import annotations
 
@@ -214,8 +215,10 @@ def _children_at(tr, n, node, lvl):
             or lvl >= tr[_CNT_WIDTH].shape[0] or lvl >= tr[_ESC_WIDTH].shape[0] or lvl + 1 >= tr[_CNT_TAB_START].shape[0]:
         return np.int64(0), np.int64(0)
     lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
-    lo = max(lo, level_start[lvl])
-    hi = min(hi, level_start[lvl + 1], n)
+    # clamped into the level before the subtraction, which then cannot overflow whatever damaged
+    # block bases gave (the load does not check them; only verify does)
+    lo = min(max(lo, level_start[lvl]), level_start[lvl + 1])
+    hi = max(min(hi, level_start[lvl + 1], n), lo)
     return lo, hi - lo
 
 
@@ -299,9 +302,10 @@ def ct_children(tr, n, node, cands, row, out_child, out_freq, slot, ranks):
     """``trie_children`` (see _access.py) on the compressed format: the same lockstep binary
     searches as the CSR kernel, over the packed ranks (``ranks``: scratch of k int64)."""
     lo, size, lvl = _children(tr, n, node)
+    keys = ranks[:cands.shape[1]]  # the scratch may be longer than k
     if size > 0:
-        ct_keys(tr, lvl, cands, row, ranks)
-    _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot)
+        ct_keys(tr, lvl, cands, row, keys)
+    _search_children(tr, lo, size, lvl, keys, out_child, out_freq, slot)
 
 
 @njit(cache=True, _nrt=False)  # no reference counting: called per lookup

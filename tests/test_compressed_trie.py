@@ -4,6 +4,9 @@ trie's; trees identical on both formats; damaged files are clear errors, never c
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import struct
 from collections import defaultdict
 
@@ -356,6 +359,76 @@ def test_damaged_node_fields_are_found_by_verify(corpora, tmp_path, monkeypatch)
     monkeypatch.undo()
     with pytest.raises(FileFormatError, match="bad.ctrie.*token rank outside"):  # decoding checks every node first
         load_damaged(ranks_all_ones("tok_words"), verify=False).to_csr()
+
+
+_PURE_PYTHON_QUERIES = """
+import sys, warnings
+import numpy as np
+warnings.simplefilter("ignore")  # numpy's int64 overflow warnings: the wrap-around is the point
+from dart_jax.ngram import _compressed as C
+from dart_jax.ngram.compressed import CompressedTrie
+k = 4
+cands = np.array([[0, 3, 7, 15]], np.int64)
+child, freq = np.empty((1, k), np.int64), np.empty((1, k), np.float32)
+scratch = np.empty(k + 3, np.int64)  # longer than k, as the interface allows
+for path in sys.argv[1:]:
+    ct = CompressedTrie.load(path)
+    tr, n = ct.search_arrays(), np.int64(ct.num_nodes)
+    for node in range(-1, int(n) + 1, int(sys.argv[1] != path) * 6 + 1):  # damaged files: every 7th node
+        lvl = np.int64(C.node_level(tr[C._LEVEL_START], node))
+        for tok in (0, 3, 15):
+            C.ct_find_child(tr, n, np.int64(node), np.int64(tok))
+        C.ct_root_child(tr, n, np.int64(node % 16))
+        C.ct_children(tr, n, np.int64(node), cands, 0, child, freq, 0, scratch)
+        C.ct_children_keyed(tr, n, np.int64(node), lvl + 1, np.array([0, 1, -1, 2], np.int64), child, freq, 0)
+        C.ct_freq(tr, np.int64(node))
+print("ok")
+"""
+
+
+def test_damaged_offsets_cannot_overflow_the_children_range(tmp_path):
+    """Block bases that a plain load does not check, set so that a node's children range would
+    overflow int64 (start 2**62 + 1, end -2**63 + 2), and random damage to the per-node sections:
+    every lookup must stay inside the arrays.
+    Run as plain Python (NUMBA_DISABLE_JIT: NumPy's wrapping int64 and Python's bounds-checked
+    indexing), which shows what the compiled code's overflow assumptions could hide."""
+    seqs = [np.random.default_rng(0).integers(0, 16, 4000).astype(np.int32)]
+    trie = Trie.build(seqs, order=3, progress=False)
+    good = tmp_path / "good.ctrie"
+    compress(trie, good)
+    node = 255
+    cs = trie.arrays()[2]
+    assert node < trie.num_nodes and cs[node + 1] > cs[node]  # a node with children, in block 1
+    data = bytearray(good.read_bytes())
+    blocks = section_view(data, "kid_blocks", "<i8")
+    diff = int(cs[node]) - int(blocks[2])  # node 255's packed difference from block 1's base
+    blocks[2] = np.int64((1 << 62) + 1 - diff)  # node 255's children start at 2**62 + 1 ...
+    blocks[4] = np.int64(-(1 << 63) + 2)  # ... and node 256's (its end) at -2**63 + 2
+    bad = tmp_path / "bad.ctrie"
+    bad.write_bytes(bytes(data))
+    CompressedTrie.load(bad)  # the plain load accepts it
+    with pytest.raises(FileFormatError, match="children"):
+        CompressedTrie.load(bad, verify=True)
+    # and random damage to the per-node sections that the plain load accepts
+    rng = np.random.default_rng(3)
+    damaged = [good, bad]
+    sections = ("kid_blocks", "kid_words", "tok_words", "cnt_words", "esc_marks", "esc_rank", "esc_words", "remap")
+    while len(damaged) < 24:
+        data = bytearray(good.read_bytes())
+        for _ in range(int(rng.integers(1, 4))):
+            part = section_view(data, str(rng.choice(sections)), "<u1")
+            if part.size:
+                part[int(rng.integers(part.size))] = int(rng.integers(256))
+        path = tmp_path / f"damaged{len(damaged)}.ctrie"
+        path.write_bytes(bytes(data))
+        try:
+            CompressedTrie.load(path)
+        except FileFormatError:
+            continue
+        damaged.append(path)
+    run = subprocess.run([sys.executable, "-c", _PURE_PYTHON_QUERIES, *map(str, damaged)],
+                         env={**os.environ, "NUMBA_DISABLE_JIT": "1"}, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 # -- loading and the CLI -----------------------------------------------------------------------
