@@ -148,10 +148,11 @@ class CompressedTrie:
             ngram_probs_any(self._tr, self._order, ctx, cands, out_p, out_len)
         return out_p, out_len
 
-    def check(self, *, full: bool = True, path: str | None = None) -> None:
+    def check(self, *, full: bool = True) -> None:
+        """Walk every node (``full``: also the sibling order); FileFormatError naming the file."""
         status, node = check_compressed(self._tr, full)
         if status != C_OK:
-            raise FileFormatError(path or self._path, f"corrupted compressed trie: {CHECK_MESSAGES[status].format(node=node)}; "
+            raise FileFormatError(self._path, f"corrupted compressed trie: {CHECK_MESSAGES[status].format(node=node)}; "
                                         f"compress it again (`python -m dart_jax.ngram compress`) or {REBUILD}.")
 
     def to_csr(self) -> Trie:
