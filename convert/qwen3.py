@@ -1,6 +1,9 @@
-"""Qwen3 checkpoints in the Hugging Face layout: the config, the tensor names and their checks.
+"""Target checkpoints in the Hugging Face layout (Qwen3, and Llama-family bases): the config, the
+tensor names and their checks.
 
-`Qwen3Config` is what a checkpoint's config.json says, frozen (it is static under jit). The
+`Qwen3Config` is what a checkpoint's config.json says, frozen (it is static under jit); a Llama
+config (`model_type` "llama", `from_hf_llama`) is the same decoder without Qwen3's per-head q/k
+norms, with optional q/k/v/o biases (`attention_bias`). The
 tensor table maps every checkpoint name to the parameter it fills (a path of attribute names in
 the model built by `dart_jax.models`) and the shape the config implies, so that a checkpoint is
 checked whole, from the safetensors headers alone, before any weight is read.
@@ -15,13 +18,14 @@ from typing import Any, Mapping
 
 from dart_jax.errors import FileFormatError, InputError, MissingFileError
 
-from .configs import (MAX_LAYERS, MAX_SIZE, check_bool, check_float, check_int, check_object, config_from_file,
-                      freeze, json_type, read_config, required, thaw)
+from .configs import (MAX_LAYERS, MAX_SIZE, check_bool, check_float, check_int, check_object, check_str,
+                      config_from_file, freeze, json_type, read_config, required, thaw)
 from .hub import resolve
 from .safetensors_io import FLOAT_DTYPES, tensor_index, write_checkpoint_tensors
 
 ALLOW_PATTERNS = ("*.json", "*.safetensors")
 TARGET_ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+TARGET_TYPES = ("qwen3", "llama")  # the `model_type`s a target config may name
 # the keys each scaled RoPE kind needs (HF fills original_max_position_embeddings from the config)
 _ROPE_NEEDS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor", "original_max_position_embeddings"),
                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
@@ -100,39 +104,51 @@ class Qwen3Config:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     eos_token_ids: tuple[int, ...] = ()
+    # "qwen3": per-head RMSNorm on q and k before RoPE; "llama": none
+    model_type: str = "qwen3"
+    attention_bias: bool = False
 
     def __post_init__(self):
         def put(name, value):
             object.__setattr__(self, name, value)
 
+        what = "Llama config" if self.model_type == "llama" else _WHAT
+
         for name in _SIZES:
-            put(name, check_int(_WHAT, name, getattr(self, name),
+            put(name, check_int(what, name, getattr(self, name),
                                 maximum=MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE))
         if self.num_attention_heads % self.num_key_value_heads:
-            raise InputError(f"{_WHAT}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+            raise InputError(f"{what}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention.")
         if self.head_dim % 2:
-            raise InputError(f"{_WHAT}: head_dim must be even for RoPE, got {self.head_dim}.")
+            raise InputError(f"{what}: head_dim must be even for RoPE, got {self.head_dim}.")
         if self.num_hidden_layers < 3:
-            raise InputError(f"{_WHAT}: DART taps layers 2, L//2 and L-3, so num_hidden_layers must be >= 3, "
+            raise InputError(f"{what}: DART taps layers 2, L//2 and L-3, so num_hidden_layers must be >= 3, "
                              f"got {self.num_hidden_layers}.")
-        put("rms_norm_eps", check_float(_WHAT, "rms_norm_eps", self.rms_norm_eps))
-        put("rope_theta", check_float(_WHAT, "rope_theta", self.rope_theta))
-        put("tie_word_embeddings", check_bool(_WHAT, "tie_word_embeddings", self.tie_word_embeddings))
-        put("max_position_embeddings", check_int(_WHAT, "max_position_embeddings", self.max_position_embeddings))
+        put("rms_norm_eps", check_float(what, "rms_norm_eps", self.rms_norm_eps))
+        put("rope_theta", check_float(what, "rope_theta", self.rope_theta))
+        put("tie_word_embeddings", check_bool(what, "tie_word_embeddings", self.tie_word_embeddings))
+        put("max_position_embeddings", check_int(what, "max_position_embeddings", self.max_position_embeddings))
+        check_str(what, "model_type", self.model_type, TARGET_TYPES)
+        put("attention_bias", check_bool(what, "attention_bias", self.attention_bias))
         eos = self.eos_token_ids
         if not isinstance(eos, (tuple, list)):
-            raise InputError(f"{_WHAT}: eos_token_ids must be a tuple of token ids, got {json_type(eos)}.")
-        put("eos_token_ids", tuple(check_int(_WHAT, "eos_token_id", e, minimum=0, maximum=self.vocab_size - 1,
+            raise InputError(f"{what}: eos_token_ids must be a tuple of token ids, got {json_type(eos)}.")
+        put("eos_token_ids", tuple(check_int(what, "eos_token_id", e, minimum=0, maximum=self.vocab_size - 1,
                                              hint=f" (an EOS id must lie inside the vocabulary of {self.vocab_size})")
                                    for e in eos))
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, tuple):
-            raise InputError(f"{_WHAT}: rope_scaling must be given frozen, as sorted (key, value) pairs "
+            raise InputError(f"{what}: rope_scaling must be given frozen, as sorted (key, value) pairs "
                              f"(convert.configs.freeze), got {json_type(self.rope_scaling)}.")
         scaling = self.rope_scaling_dict
-        check_rope_scaling(scaling, TARGET_ROPE_KINDS, _WHAT)
+        check_rope_scaling(scaling, TARGET_ROPE_KINDS, what)
         if rope_kind(scaling) == "yarn" and self.rope_theta == 1.0:
-            raise InputError(f"{_WHAT}: yarn RoPE divides by ln(rope_theta), so rope_theta must not be 1.")
+            raise InputError(f"{what}: yarn RoPE divides by ln(rope_theta), so rope_theta must not be 1.")
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether attention normalises q and k per head before RoPE (Qwen3 does, Llama does not)."""
+        return self.model_type == "qwen3"
 
     @property
     def tap_layers(self) -> tuple[int, int, int]:
@@ -151,37 +167,67 @@ class Qwen3Config:
         "not set" only where transformers gives it that meaning (num_key_value_heads: as many as
         heads; rope_theta, rope_scaling, rope_parameters, eos_token_id, layer_types,
         use_sliding_window); elsewhere a null is an error like any other wrong type."""
+        return cls._from_hf(cfg, "qwen3")
+
+    @classmethod
+    def from_hf_llama(cls, cfg: Mapping[str, Any]) -> "Qwen3Config":
+        """Build from a HF Llama `config.json` dict (LlamaForCausalLM: SmolLM2, Llama 2/3, ...).
+        Absent fields take transformers' LlamaConfig defaults (head_dim hidden_size // heads,
+        num_key_value_heads = heads, max_position_embeddings 2048, rms_norm_eps 1e-6); Llama 3's
+        `rope_type: llama3` scaling and `attention_bias` (q/k/v/o biases) are supported,
+        `mlp_bias` and `pretraining_tp` other than 1 are not."""
+        return cls._from_hf(cfg, "llama")
+
+    @classmethod
+    def _from_hf(cls, cfg: Mapping[str, Any], family: str) -> "Qwen3Config":
+        what = _WHAT if family == "qwen3" else "Llama config"
         if not isinstance(cfg, Mapping):
-            raise InputError(f"{_WHAT}: expected a JSON object, got {json_type(cfg)}.")
-        model_type = cfg.get("model_type", "qwen3")
-        if model_type != "qwen3":
-            raise InputError(f"expected a Qwen3 config (model_type 'qwen3'), got model_type {json_type(model_type)}.")
+            raise InputError(f"{what}: expected a JSON object, got {json_type(cfg)}.")
+        model_type = cfg.get("model_type", family)
+        if model_type != family:
+            raise InputError(f"expected a {'Qwen3' if family == 'qwen3' else 'Llama'} config (model_type "
+                             f"{family!r}), got model_type {json_type(model_type)}.")
         required(cfg, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
-                 _WHAT)
+                 what)
         if cfg.get("hidden_act", "silu") != "silu":
-            raise InputError(f"{_WHAT}: only hidden_act 'silu' is supported, got {json_type(cfg['hidden_act'])}.")
-        if check_bool(_WHAT, "attention_bias", cfg.get("attention_bias", False)):
-            raise InputError(f"{_WHAT}: attention_bias=true is not supported (standard Qwen3 has no q/k/v biases).")
+            raise InputError(f"{what}: only hidden_act 'silu' is supported, got {json_type(cfg['hidden_act'])}.")
+        bias = check_bool(what, "attention_bias", cfg.get("attention_bias", False))
+        if bias and family == "qwen3":
+            raise InputError(f"{what}: attention_bias=true is not supported (standard Qwen3 has no q/k/v biases).")
+        if family == "llama":
+            if check_bool(what, "mlp_bias", cfg.get("mlp_bias", False)):
+                raise InputError(f"{what}: mlp_bias=true is not supported (Llama-family bases have no MLP biases).")
+            if cfg.get("pretraining_tp", 1) not in (1, None):
+                raise InputError(f"{what}: pretraining_tp must be 1 (the weights are stored whole), got "
+                                 f"{json_type(cfg['pretraining_tp'])}.")
         sliding = cfg.get("use_sliding_window")
         layer_types = cfg.get("layer_types")
         if layer_types is not None and (not isinstance(layer_types, list)
                                         or not all(isinstance(t, str) for t in layer_types)):
-            raise InputError(f"{_WHAT}: `layer_types` must be a list of strings (or null), got {json_type(layer_types)}.")
-        if (sliding is not None and check_bool(_WHAT, "use_sliding_window", sliding)) or any(
+            raise InputError(f"{what}: `layer_types` must be a list of strings (or null), got {json_type(layer_types)}.")
+        if (sliding is not None and check_bool(what, "use_sliding_window", sliding)) or any(
                 t != "full_attention" for t in layer_types or ()):
-            raise InputError(f"{_WHAT}: sliding-window attention layers are not supported; "
-                             "set use_sliding_window=false (standard Qwen3 uses full attention).")
+            raise InputError(f"{what}: sliding-window attention layers are not supported; "
+                             "set use_sliding_window=false (standard Qwen3 and Llama use full attention).")
         heads = cfg["num_attention_heads"]
-        # absent fields take the defaults of transformers' Qwen3Config (head_dim 128, not
-        # hidden_size // heads as in Llama; 32 kv heads, null meaning "as many as heads")
-        max_pos = cfg.get("max_position_embeddings", 32768)
-        kv_heads = cfg.get("num_key_value_heads", 32)
-        head_dim = cfg.get("head_dim", 128)
+        if family == "qwen3":
+            # absent fields take the defaults of transformers' Qwen3Config (head_dim 128, not
+            # hidden_size // heads as in Llama; 32 kv heads, null meaning "as many as heads")
+            max_pos = cfg.get("max_position_embeddings", 32768)
+            kv_heads = cfg.get("num_key_value_heads", 32)
+            head_dim = cfg.get("head_dim", 128)
+        else:
+            max_pos = cfg.get("max_position_embeddings", 2048)
+            kv_heads = cfg.get("num_key_value_heads")
+            head_dim = cfg.get("head_dim")
+            if head_dim is None:
+                head_dim = check_int(what, "hidden_size", cfg["hidden_size"]) // check_int(what, "num_attention_heads",
+                                                                                        heads)
 
         # transformers 5 keeps rope_theta and the scaling inside rope_parameters; older configs keep
         # rope_theta at the top level and the scaling in rope_scaling
-        rope_params = check_object(_WHAT, "rope_parameters", cfg.get("rope_parameters")) or {}
-        top_scaling = check_object(_WHAT, "rope_scaling", cfg.get("rope_scaling"))
+        rope_params = check_object(what, "rope_parameters", cfg.get("rope_parameters")) or {}
+        top_scaling = check_object(what, "rope_scaling", cfg.get("rope_scaling"))
         theta = cfg.get("rope_theta")  # null: not set, as transformers 5 leaves it when rope_parameters holds it
         if theta is None:
             theta = rope_params.get("rope_theta", 10000.0)
@@ -196,12 +242,12 @@ class Qwen3Config:
             if kind in ("yarn", "llama3"):
                 scaling.setdefault("original_max_position_embeddings",
                                    cfg.get("original_max_position_embeddings", max_pos))
-                check_int(_WHAT, f"{source}.original_max_position_embeddings",
+                check_int(what, f"{source}.original_max_position_embeddings",
                           scaling["original_max_position_embeddings"])
             if kind == "yarn" and scaling.get("factor") is None:
-                scaling["factor"] = check_int(_WHAT, "max_position_embeddings", max_pos) / scaling[
+                scaling["factor"] = check_int(what, "max_position_embeddings", max_pos) / scaling[
                     "original_max_position_embeddings"]
-            check_rope_scaling(scaling, TARGET_ROPE_KINDS, _WHAT, name=source)
+            check_rope_scaling(scaling, TARGET_ROPE_KINDS, what, name=source)
             rope_scaling = freeze(scaling)
 
         eos = cfg.get("eos_token_id")
@@ -219,7 +265,20 @@ class Qwen3Config:
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             max_position_embeddings=max_pos,
             eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (eos,),
+            model_type=family,
+            attention_bias=bias,
         )
+
+
+def target_config_from_hf(cfg: Mapping[str, Any]) -> Qwen3Config:
+    """The config of any supported target family, by its `model_type` ("qwen3" when absent)."""
+    model_type = cfg.get("model_type", "qwen3") if isinstance(cfg, Mapping) else "qwen3"
+    if model_type == "llama":
+        return Qwen3Config.from_hf_llama(cfg)
+    if model_type != "qwen3":
+        raise InputError(f"unsupported target model_type {json_type(model_type)}: supported are {list(TARGET_TYPES)} "
+                         "(Qwen3, and Llama-family bases such as SmolLM2 and Llama 3).")
+    return Qwen3Config.from_hf(cfg)
 
 
 def tensor_table(config: Qwen3Config) -> dict[str, tuple[tuple[str | int, ...], tuple[int, ...], bool]]:
@@ -240,8 +299,11 @@ def tensor_table(config: Qwen3Config) -> dict[str, tuple[tuple[str | int, ...], 
             table[p + norm + ".weight"] = ((*layer, norm, "weight"), (h,), False)
         for name, shape in (("q_proj", (q, h)), ("k_proj", (kv, h)), ("v_proj", (kv, h)), ("o_proj", (h, q))):
             table[p + f"self_attn.{name}.weight"] = ((*layer, "self_attn", name, "kernel"), shape, True)
-        for norm in ("q_norm", "k_norm"):
-            table[p + f"self_attn.{norm}.weight"] = ((*layer, "self_attn", norm, "weight"), (d,), False)
+            if c.attention_bias:
+                table[p + f"self_attn.{name}.bias"] = ((*layer, "self_attn", name, "bias"), shape[:1], False)
+        if c.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                table[p + f"self_attn.{norm}.weight"] = ((*layer, "self_attn", norm, "weight"), (d,), False)
         for name, shape in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
             table[p + f"mlp.{name}.weight"] = ((*layer, "mlp", name, "kernel"), shape, True)
     return table
@@ -264,6 +326,23 @@ def load_qwen3_config(path_or_id: str | os.PathLike) -> Qwen3Config:
     return config_from_file(folder / "config.json", lambda: Qwen3Config.from_hf(cfg))
 
 
+def target_folder(path_or_id: str | os.PathLike) -> Path:
+    """The local HF folder of a target of any supported family: a folder, a hub id, or a Llama
+    `.gguf` file (converted once into the cache, `convert.gguf.gguf_folder`)."""
+    from .gguf import gguf_folder, is_gguf
+
+    if is_gguf(path_or_id):
+        return gguf_folder(path_or_id)
+    return checkpoint_folder(path_or_id)
+
+
+def load_target_config(path_or_id: str | os.PathLike) -> Qwen3Config:
+    """The config of a target folder, hub id or GGUF file, Qwen3 or Llama by its `model_type`."""
+    folder = target_folder(path_or_id)
+    cfg = read_config(folder, "a HF checkpoint folder needs config.json next to its model.safetensors")
+    return config_from_file(folder / "config.json", lambda: target_config_from_hf(cfg))
+
+
 def check_checkpoint(folder: Path, config: Qwen3Config) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """Every tensor of the checkpoint against the config, from the headers alone; returns the
     index name → (file, shape, dtype name). A FileFormatError lists missing and unexpected names,
@@ -278,7 +357,7 @@ def check_checkpoint(folder: Path, config: Qwen3Config) -> dict[str, tuple[Path,
             hint = " (config.json says tie_word_embeddings=false, so lm_head.weight is required)"
         if "lm_head.weight" in unexpected:
             hint = " (config.json says tie_word_embeddings=true but the checkpoint has lm_head.weight)"
-        raise FileFormatError(folder, f"the checkpoint does not match its Qwen3 config{hint}: missing tensors "
+        raise FileFormatError(folder, f"the checkpoint does not match its {config.model_type} config{hint}: missing tensors "
                                       f"{missing[:10]}{' ...' if len(missing) > 10 else ''}, unexpected tensors "
                                       f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}. Use the "
                                       "config.json that came with these weights.")
@@ -301,12 +380,12 @@ def save_qwen3(folder: str | os.PathLike, config_dict: Mapping[str, Any], tensor
     NumPy arrays in the checkpoint's layout ([out, in] weights) and dtype (bf16 as
     ml_dtypes.bfloat16). Names and shapes are checked against the config before anything is
     written."""
-    config = Qwen3Config.from_hf(config_dict)
+    config = target_config_from_hf(config_dict)
     table = tensor_table(config)
     missing = sorted(set(table) - set(tensors))
     unexpected = sorted(set(tensors) - set(table))
     if missing or unexpected:
-        raise InputError(f"the tensors do not match the Qwen3 config: missing {missing[:10]}"
+        raise InputError(f"the tensors do not match the {config.model_type} config: missing {missing[:10]}"
                          f"{' ...' if len(missing) > 10 else ''}, unexpected {unexpected[:10]}"
                          f"{' ...' if len(unexpected) > 10 else ''}; pass exactly the names of tensor_table(config).")
     for name, (_, shape, _) in table.items():

