@@ -13,7 +13,8 @@ import importlib
 from .dart_head import DartHeadConfig, export_dart_head, read_head, write_dart_head
 from .hub import resolve
 from .gguf import gguf_folder, gguf_to_folder
-from .qwen3 import Qwen3Config, load_qwen3_config, load_target_config
+from .qwen3 import Qwen3Config, load_qwen3_config
+from .target import load_target_config, target_folder
 
 __all__ = ["load_target", "load_qwen3", "load_dart_head", "load_target_config", "gguf_folder", "gguf_to_folder", "save_dart_head", "Qwen3Config", "DartHeadConfig", "load_qwen3_config",
            "read_head", "write_dart_head", "export_dart_head", "resolve"]

@@ -24,10 +24,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from tqdm.auto import tqdm
 
 from dart_jax.errors import FileFormatError, InputError, MissingFileError
 
 from .files import atomic_folder
+from .qwen3 import save_qwen3
 
 # llama.cpp tensor names → HF names ({n}: the layer)
 _LAYER_NAMES = {
@@ -59,8 +63,6 @@ OWNED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config
 
 
 def _reader(path: Path):
-    from gguf import GGUFReader
-
     if not path.is_file():
         raise MissingFileError(f"GGUF file {path} not found; pass the path of a .gguf file.")
     try:
@@ -158,8 +160,6 @@ def hf_name(name: str) -> str | None:
 
 def read_tensors(reader, path: Path, cfg: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array in the HF layout) for every tensor of the file, dequantized."""
-    from gguf.quants import dequantize
-
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
@@ -244,10 +244,6 @@ def build_tokenizer(reader, path: Path):
 def gguf_to_folder(gguf_path: str | os.PathLike, out: str | os.PathLike, *, progress: bool = True) -> Path:
     """Write the HF checkpoint folder of a Llama GGUF file to `out` (atomically: a failure leaves
     nothing behind). Returns `out`."""
-    from tqdm.auto import tqdm
-
-    from .qwen3 import save_qwen3
-
     path = Path(os.path.expanduser(str(gguf_path)))
     reader = _reader(path)
     cfg = read_config(reader, path)

@@ -326,23 +326,6 @@ def load_qwen3_config(path_or_id: str | os.PathLike) -> Qwen3Config:
     return config_from_file(folder / "config.json", lambda: Qwen3Config.from_hf(cfg))
 
 
-def target_folder(path_or_id: str | os.PathLike) -> Path:
-    """The local HF folder of a target of any supported family: a folder, a hub id, or a Llama
-    `.gguf` file (converted once into the cache, `convert.gguf.gguf_folder`)."""
-    from .gguf import gguf_folder, is_gguf
-
-    if is_gguf(path_or_id):
-        return gguf_folder(path_or_id)
-    return checkpoint_folder(path_or_id)
-
-
-def load_target_config(path_or_id: str | os.PathLike) -> Qwen3Config:
-    """The config of a target folder, hub id or GGUF file, Qwen3 or Llama by its `model_type`."""
-    folder = target_folder(path_or_id)
-    cfg = read_config(folder, "a HF checkpoint folder needs config.json next to its model.safetensors")
-    return config_from_file(folder / "config.json", lambda: target_config_from_hf(cfg))
-
-
 def check_checkpoint(folder: Path, config: Qwen3Config) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """Every tensor of the checkpoint against the config, from the headers alone; returns the
     index name → (file, shape, dtype name). A FileFormatError lists missing and unexpected names,

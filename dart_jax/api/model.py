@@ -18,7 +18,8 @@ from transformers import AutoTokenizer
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
 from dart_jax.convert.hub import resolve
-from dart_jax.convert.qwen3 import load_target_config, target_folder
+from dart_jax.convert.packaged import smollm2_gguf
+from dart_jax.convert.target import load_target_config, target_folder
 from dart_jax.convert.gguf import is_gguf
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots
@@ -238,8 +239,6 @@ def demo_paths(name: str = "smollm2", folder: Path = DEMO_DIR) -> tuple[Path, Pa
         raise MissingFileError(f"the {name} demo model is incomplete (missing {', '.join(missing)}); "
                                "pass a DART head with --ckpt (and --base / --ngram), or reinstall dart_jax.")
     if base is None:
-        from dart_jax.convert.packaged import smollm2_gguf
-
         base = smollm2_gguf()
     return base, head, trie
 

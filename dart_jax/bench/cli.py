@@ -85,9 +85,11 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dart", help="DART head checkpoint (hub id or folder)")
     p.add_argument("--ngram", help="n-gram trie (hub id, folder or file)")
     p.add_argument("--small-ngram", action="store_true", help="use the hub repo's small.trie")
+    p.add_argument("--demo", choices=["smollm2", "tiny"], default="smollm2",
+                   help="without --dart or --random: the demo set measured (smollm2 = SmolLM2-135M-Instruct with our "
+                        "DART head, the default; tiny = the embedded toy)")
     p.add_argument("--random", action="store_true",
-                   help="build a tiny random target + head + trie in a temporary folder (timing only; τ ≈ 1). "
-                        "Default when no --dart is given and the demo model is not installed")
+                   help="build a tiny random target + head + trie in a temporary folder (timing only; τ ≈ 1)")
     p.add_argument("--random-layers", type=int, default=4, help="layers of the random target (default 4)")
     p.add_argument("--random-hidden", type=int, default=64, help="hidden size of the random target (default 64)")
     p.add_argument("--random-shape", metavar="NAME",
@@ -181,14 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     _clock_option(p)
     _common(p, reps=5, warmup=1)
 
-    p = sub.add_parser("shapes", help="verify step vs decode step on a Qwen3 shape (random weights)",
+    p = sub.add_parser("shapes", help="verify step vs decode step on a model shape (random weights)",
                        description="Time the target's verify step (root + BUDGET tree nodes against a cache of "
                                    "--context tokens, taps included) for each budget, and a 1-token decode step, "
                                    "with random weights of a known Qwen3 shape. Shapes: "
                                    "Qwen3-0.6B, Qwen3-1.7B, Qwen3-4B, Qwen3-8B, Qwen3-14B, Qwen3-32B. "
                                    "Use --tiny, or --layers/--vocab to cut a large shape down for a CPU.")
     p.add_argument("--model", help="known shape name (default Qwen3-8B)")
-    p.add_argument("--config", dest="config_path", help="a Qwen3 config.json (or its folder) instead")
+    p.add_argument("--config", dest="config_path", help="a Qwen3 or Llama config.json (or its folder) instead")
     p.add_argument("--tiny", action="store_true", help="a tiny shape that runs in seconds on a CPU")
     p.add_argument("--layers", type=int, help="cut the depth to N layers")
     p.add_argument("--vocab", type=int, help="cut the vocabulary to N tokens")
@@ -237,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     models = ModelSet(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram,
                       random=args.random, random_layers=args.random_layers, random_hidden=args.random_hidden,
                       random_shape=args.random_shape, keep=args.keep, eagle3=getattr(args, "eagle3", None),
-                      mesh=args.mesh)
+                      mesh=args.mesh, demo=args.demo)
     work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
                     max_new_tokens=args.max_new_tokens, max_length=args.max_length, temperature=args.temperature,
                     chat=not args.no_chat)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.api.model import DartModel
+from dart_jax.api.model import DEMOS, DartModel, demo_paths
 from dart_jax.bench.shapes import KNOWN_SHAPES
 from dart_jax.bench.tiny import build_random_assets, make_tiny_eagle3
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
@@ -83,12 +83,10 @@ def load_prompts(path: str | Path | None = None, *, categories: str | None = Non
     return prompts
 
 
-def _demo_assets() -> dict[str, Path] | None:
-    demo = Path(str(resources.files("dart_jax") / "demo"))
-    parts = {"base": demo / "base", "dart": demo / "head", "ngram": demo / "ngram.trie"}
-    ready = (any(parts["base"].glob("*.safetensors")) and (parts["dart"] / "config.json").is_file()
-             and parts["ngram"].is_file()) if demo.is_dir() else False
-    return parts if ready else None
+def _demo_assets(name: str = "smollm2") -> dict[str, Path]:
+    """The demo model set `name` (see `DartModel.demo`; the smollm2 base is fetched on first use)."""
+    base, dart, ngram = demo_paths(name)
+    return {"base": base, "dart": dart, "ngram": ngram}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +103,7 @@ class ModelSet:
     random_shape: str | None = None
     keep: int | str | None = None
     eagle3: str | None = None  # an EAGLE-3 head; a random one over the demo / random target when "random"
+    demo: str = "smollm2"  # the demo set measured when neither --dart nor --random is given
     mesh: str | None = None  # shard the model over devices ("model=4", "data=2,model=4")
 
 
@@ -171,7 +170,7 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
             yield (DartModel.from_pretrained(m.base, m.dart, m.ngram, small_ngram=m.small_ngram, **opts, **eagle3),
                    {"kind": "given", "base": m.base, "dart": m.dart, "ngram": m.ngram, "eagle3": m.eagle3})
         return
-    demo = None if random else _demo_assets()
+    demo = None if random else _demo_assets(m.demo)
     if demo:
         with _eagle3_opts(m, demo["base"], seed) as eagle3:
             yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **opts, **eagle3),

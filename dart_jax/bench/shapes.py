@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from dart_jax.bench.util import progress, summary_ms, time_calls
-from dart_jax.convert.qwen3 import Qwen3Config
+from dart_jax.convert.qwen3 import target_config_from_hf
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_window
 from dart_jax.decoding.engine import verify_tree
 from dart_jax.decoding.settings import GenerationSettings
@@ -121,7 +121,7 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     jdtype = jnp.dtype(dtype)
-    config = Qwen3Config.from_hf(fields)
+    config = target_config_from_hf(fields)
     mesh = make_mesh(mesh, option="--mesh")
     check_fits(mesh, model_sizes(config), option="--mesh")
     max_len = context + max(max(budgets) + 1, AutoregressiveDecoder.chunk)

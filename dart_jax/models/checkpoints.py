@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from dart_jax.convert import dart_head as head_format
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert import qwen3 as qwen3_format
+from dart_jax.convert.target import load_target_config, target_folder
 from dart_jax.convert.dart_head import DartHeadConfig
 from dart_jax.convert.safetensors_io import cast_weight, open_safetensors, read_slice, read_tensor, tensor_index
 from dart_jax.errors import FileFormatError, InputError
@@ -77,8 +78,8 @@ def load_target(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Me
     """The target module of any supported family (Qwen3, or a Llama-family base such as SmolLM2)
     from a HF folder, a hub id or a Llama `.gguf` file (dequantized to float32 and converted once
     into the cache, `dart_jax.convert.gguf`); otherwise as `load_qwen3`."""
-    folder = qwen3_format.target_folder(path_or_id)
-    return _load_target(folder, qwen3_format.load_target_config(folder), dtype, mesh, rules)
+    folder = target_folder(path_or_id)
+    return _load_target(folder, load_target_config(folder), dtype, mesh, rules)
 
 
 def _load_target(folder: Path, config, dtype, mesh, rules) -> Qwen3:

@@ -80,10 +80,11 @@ class Attention(nnx.Module):
         self.k_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
         self.v_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
         self.o_proj = Linear(nq * d, h, ("heads", "embed"), **kw)
-        self.q_norm = self.k_norm = None
         if c.qk_norm:
             self.q_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
             self.k_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
+        else:
+            self.q_norm = self.k_norm = None
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
 
     def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
