@@ -1,6 +1,10 @@
 """`python -m dart_jax.convert`: inspect and re-save DART head checkpoints.
 
-  inspect HEAD [--base BASE]     config summary, tensor list, checks (against BASE's config.json)
+  inspect HEAD [--base BASE] [--hash]
+                                 config summary, tensor list, checks (against BASE's config.json);
+                                 what the checks can and cannot see; --hash: each file's SHA-256
+                                 against the hub's where a reference exists (the HF cache's blob
+                                 names, a shard index's total size)
   export HEAD OUT [--dtype ...]  re-save HEAD in the reference layout as float32 or bfloat16
 
 HEAD and BASE are local folders or hub ids. A bad file, config or argument is reported as one
@@ -9,12 +13,15 @@ HEAD and BASE are local folders or hub ids. A bad file, config or argument is re
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from dart_jax.errors import cli_boundary
 
+from .checksums import CAN, CANNOT, check_files
 from .dart_head import check_head, check_names, export_dart_head, head_folder, read_head_config, tensor_files
 from .qwen3 import load_qwen3_config
 from .safetensors_io import read_tensors
@@ -52,6 +59,15 @@ def _inspect(args) -> None:
     if base is not None:
         print(f"base {args.base}: hidden {base.hidden_size}, vocab {base.vocab_size}, {base.num_hidden_layers} layers")
         print("  the head fits this base model")
+    print(f"  checked: {CAN}")
+    print(f"  not checked: {CANNOT}")
+    if args.hash:
+        print(f"files of {folder}:")
+        print("\n".join(check_files(folder)))
+        if args.base and Path(os.path.expanduser(args.base)).is_dir():
+            base_folder = Path(os.path.expanduser(args.base))
+            print(f"files of {base_folder}:")
+            print("\n".join(check_files(base_folder)))
 
 
 def _export(args) -> None:
@@ -69,6 +85,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("inspect", help="summarise a DART head checkpoint and check it")
     p.add_argument("head", help="DART head folder or hub id (e.g. fvliang/qwen4b-dart)")
     p.add_argument("--base", help="Qwen3 base folder or hub id to check the head against (reads config.json only)")
+    p.add_argument("--hash", action="store_true",
+                   help="also hash every file (the head's, and a local --base folder's): a file from the Hugging Face "
+                        "cache is compared with the hash it was downloaded under; an error names a damaged file")
     p.set_defaults(run=_inspect)
     p = sub.add_parser("export", help="re-save a DART head in the reference layout")
     p.add_argument("head", help="DART head folder or hub id")

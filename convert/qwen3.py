@@ -205,6 +205,9 @@ class Qwen3Config:
         if layer_types is not None and (not isinstance(layer_types, list)
                                         or not all(isinstance(t, str) for t in layer_types)):
             raise InputError(f"{what}: `layer_types` must be a list of strings (or null), got {json_type(layer_types)}.")
+        if layer_types is not None and len(layer_types) != cfg["num_hidden_layers"]:
+            raise InputError(f"{what}: layer_types lists {len(layer_types)} layers but num_hidden_layers is "
+                             f"{cfg['num_hidden_layers']}; make them agree (or remove layer_types).")
         if (sliding is not None and check_bool(what, "use_sliding_window", sliding)) or any(
                 t != "full_attention" for t in layer_types or ()):
             raise InputError(f"{what}: sliding-window attention layers are not supported; "

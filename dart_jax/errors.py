@@ -36,6 +36,27 @@ class ResourceError(InputError):
     and which option to change."""
 
 
+def check_text(text: str, what: str) -> str:
+    """`text` itself when it is valid Unicode (it encodes as UTF-8, as every tokenizer needs); an
+    InputError naming `what` when it holds a lone surrogate: a JSON escape such as "\\ud800", or a
+    byte that was not UTF-8 in a command line argument (Python keeps those as U+DC80..U+DCFF)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        found = (f"the byte 0x{code - 0xDC00:02x} (not UTF-8)" if 0xDC80 <= code <= 0xDCFF
+                 else f"a lone surrogate U+{code:04X}")
+        raise InputError(f"{what} is not valid Unicode text: {found} at character {e.start}; "
+                         "pass UTF-8 text (a surrogate needs its pair).") from None
+    return text
+
+
+def not_utf8(path, e: UnicodeDecodeError, where: str = "") -> "FileFormatError":
+    """The error for a file that is not UTF-8 text (binary, or another encoding), naming the file."""
+    bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, (bytes, bytearray)) else "?"
+    return FileFormatError(path, f"not UTF-8 text (byte 0x{bad}{where}); save it as UTF-8 or pass a text file.")
+
+
 # OSErrors that are the user's to fix: a path that is a folder, not a folder, missing, taken, not writable, full
 _USER_OS_ERRORS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.ENOSPC,
                    errno.EROFS, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EADDRINUSE, errno.EADDRNOTAVAIL}

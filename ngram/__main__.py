@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dart_jax.errors import FileFormatError, InputError, MissingFileError, cli_boundary
+from dart_jax.errors import FileFormatError, InputError, MissingFileError, check_text, cli_boundary
 
 from ._atomic import check_output
 from ._format import looks_like_reference, MAGIC as CSR_MAGIC
@@ -96,6 +96,7 @@ def _sequences(files: list[Path], tokenizer, text_key: str, eos: int | None) -> 
             raise FileFormatError(where, f"the text field holds {type(text).__name__}, not a string.")
         if tokenizer is None:
             raise InputError(f"{where} holds text; pass --tokenizer FOLDER to tokenize it.")
+        check_text(text, where)
         # like the reference builder: special tokens as the tokenizer adds them, then EOS
         return list(tokenizer.encode(text, add_special_tokens=True))
 
@@ -185,6 +186,9 @@ def cmd_build(args):
     suffixes = tuple(x if x.startswith(".") else "." + x for x in args.suffixes.split(",") if x)
     seqs = _sequences(_input_files(args.inputs, suffixes), tokenizer, args.text_key, None if args.no_eos else eos)
     trie = Trie.build(seqs, order=args.order, chunk_tokens=args.chunk_tokens, progress=True)
+    if trie.num_nodes <= 1:
+        raise InputError(f"no tokens in {', '.join(args.inputs)} (empty files, blank lines or empty id lists): "
+                         "a trie needs at least one sequence; pass files that hold text or token ids.")
     if args.reduce is not None:
         trie = trie.reduce(args.reduce)
     trie.save(args.output)
@@ -258,7 +262,7 @@ def cmd_query(args):
     if args.text is not None:
         if tokenizer is None:
             raise InputError("--text needs --tokenizer FOLDER.")
-        context = list(tokenizer.encode(args.text, add_special_tokens=False))
+        context = list(tokenizer.encode(check_text(args.text, "--text"), add_special_tokens=False))
     else:
         context = _parse_ids(args.context or "", "--context")
     if args.tokens is not None:

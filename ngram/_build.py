@@ -20,6 +20,7 @@ NEGATIVE_FREQ = 7
 FREQ_SUM = 8
 NEGATIVE_TOKEN = 9
 PAST_END = 10
+ORDER_COUNTS = 11
 
 CHECK_MESSAGES = {  # str.format'ed with node= and order=
     BAD_LENGTHS: "array lengths disagree (token and freq need N entries, child_start N+1)",
@@ -32,6 +33,8 @@ CHECK_MESSAGES = {  # str.format'ed with node= and order=
     TOO_DEEP: "node {node} ends a path longer than its order {order}",
     UNSORTED: "the children of node {node} are not sorted by token (or repeat a token)",
     NEGATIVE_TOKEN: "node {node} has a negative token id",
+    ORDER_COUNTS: ("its counts are those of an order-{node} trie, not of the order {order} its header says (more "
+                   "windows end at depth {node} than sequence ends allow below the order): the header was changed"),
 }
 
 
@@ -279,6 +282,28 @@ def check_offsets(freq, child_start, order):
             return TOO_DEEP, lo
         lo, hi = child_start[lo], child_start[hi]
         depth += 1
+    return OK, 0
+
+
+@njit(cache=True)
+def check_levels(freq, child_start, order):
+    """The counts against the order (docs/spec.md §6.2, `verify`): below the order a window ends
+    early only at its sequence's end, so the windows ending at depth d+1 (level d+1's freq minus
+    level d+2's) are at most those ending at depth d, in any built, merged or reduced trie; a
+    header whose order was raised breaks this at the true order. Returns ``(status, depth)``;
+    the levels must have passed ``check_offsets``."""
+    sums = np.zeros(order + 2, np.int64)  # sums[d]: total freq of the nodes at depth d
+    lo, hi, depth = 1, child_start[1], 1
+    while hi > lo and depth <= order:
+        total = np.int64(0)
+        for i in range(lo, hi):
+            total += freq[i]
+        sums[depth] = total
+        lo, hi = child_start[lo], child_start[hi]
+        depth += 1
+    for d in range(1, order - 1):
+        if sums[d + 1] - sums[d + 2] > sums[d] - sums[d + 1]:
+            return ORDER_COUNTS, d + 1
     return OK, 0
 
 

@@ -105,8 +105,7 @@ def find_children(token, child_start, num_nodes, node, cands, out, k):
             out[i] = -1
 
 
-# error_model="numpy": a context node whose frequency was reduced to 0 yields inf/nan as the
-# reference's float arithmetic does, instead of raising ZeroDivisionError.
+# error_model="numpy": float division as NumPy does it (a damaged frequency never raises).
 @njit(cache=True, error_model="numpy")
 def ngram_probs(token, freq, child_start, order, context, cands, out_p, out_len, root=None):
     """docs/spec.md §5 n-gram probabilities of ``cands`` after ``context`` (reference get_probability).
@@ -114,7 +113,9 @@ def ngram_probs(token, freq, child_start, order, context, cands, out_p, out_len,
     For suffix lengths ``min(order-1, len(context))`` down to 1 (the empty suffix never counts):
     if that suffix of the context is a path, each still-unmatched candidate that is a child of it
     gets ``P = float32(freq(child)) * (1 / float32(freq(ctx)))`` and matched length = the suffix
-    length. Unmatched candidates keep P = 0, length 0. ``out_p``/``out_len`` are overwritten.
+    length; a suffix whose frequency is 0 (a `reduce` can leave one) is no evidence and is skipped,
+    as if it were not a path (0/0 is a miss, not a NaN). Unmatched candidates keep P = 0, length 0.
+    ``out_p``/``out_len`` are overwritten.
     ``root``: optionally ``build_root_table`` of the trie (``Trie.root_table()``), which makes
     the first step of each suffix a table read instead of a binary search; same results.
     """
@@ -137,7 +138,7 @@ def ngram_probs(token, freq, child_start, order, context, cands, out_p, out_len,
             if node < 0:
                 break
             node = find_child(token, child_start, n, node, context[j])
-        if node < 0:
+        if node < 0 or freq[node] == 0:
             continue
         inv = np.float32(1.0) / np.float32(freq[node])
         find_children(token, child_start, n, node, cands, child, k)

@@ -206,7 +206,7 @@ def ngram_probs_any(tr, order, context, cands, out_p, out_len):
             if node < 0:
                 break
             node = trie_find_child(tr, n, node, context[j])
-        if node < 0:
+        if node < 0 or trie_freq(tr, node) == 0:  # a count reduced to 0 is no evidence (docs/spec.md §5.2)
             continue
         inv = np.float32(1.0) / np.float32(trie_freq(tr, node))
         trie_children(tr, n, node, cand2, 0, child, fr, 0, scratch)

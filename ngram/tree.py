@@ -217,6 +217,7 @@ def _search_one(
     memo_node = np.empty(memo_cap, np.int64)
     memo_inv = np.empty(memo_cap, np.float32)
     memo_done = np.empty(memo_cap, np.bool_)
+    memo_empty = np.empty(memo_cap, np.bool_)  # the slot's node has count 0: no evidence, skipped (0/0 is a miss)
     memo_child = np.empty((memo_cap, k), np.int64)  # child of the slot's node per candidate, or -1
     memo_freq = np.empty((memo_cap, k), np.float32)  # float32 freq of each found child
     memo_ng = np.empty((memo_cap, k), np.float32)  # its n-gram term; 1 (never a term) until needed
@@ -256,7 +257,9 @@ def _search_one(
                                 hash_slot[h] = slot
                                 memo_node[slot] = node
                                 memo_len[slot] = length
-                                memo_inv[slot] = one / np.float32(trie_freq_at(tr, length, node))
+                                node_freq = trie_freq_at(tr, length, node)
+                                memo_empty[slot] = node_freq == 0
+                                memo_inv[slot] = one / np.float32(max(node_freq, 1))
                                 memo_done[slot] = False
                                 break
                             if memo_node[s] == node:
@@ -294,7 +297,7 @@ def _search_one(
                     ng = miss_term
                     for length in range(m, 0, -1):
                         slot = beam_memo[bi, length]
-                        if slot < 0:
+                        if slot < 0 or memo_empty[slot]:
                             continue
                         if not memo_done[slot]:
                             trie_children_keyed(tr, n_trie, memo_node[slot], memo_len[slot] + 1, cand_keys[memo_len[slot]],

@@ -329,6 +329,10 @@ class Trie:
         order, n, offsets = read_header(path)
         trie = cls(*map_arrays(path, n, offsets), order)
         problem = _structure_problem(*trie.arrays(), order, full=verify)
+        if problem is None and verify:
+            status, depth = _build.check_levels(trie._freq, trie._child_start, order)
+            if status != _build.OK:
+                problem = _build.CHECK_MESSAGES[status].format(node=depth, order=order)
         if problem is not None:
             raise FileFormatError(path, f"corrupted trie: {problem}; {REBUILD}.")
         return trie

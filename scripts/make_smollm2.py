@@ -6,7 +6,8 @@ last checkpoint).
     python scripts/make_smollm2.py prompts    # instruction prompts made offline, split by source
     python scripts/make_smollm2.py answers    # the model's own greedy answers (batched plain decoding)
     python scripts/make_smollm2.py trie       # order-3 trie of the training answers, SmolLM2 tokens
-    python scripts/make_smollm2.py head       # python -m dart_jax.train on the answers (background it)
+    python scripts/make_smollm2.py head       # python -m dart_jax.train on the answers, 3 epochs (background it)
+    python scripts/make_smollm2.py more       # 2 more epochs from that head at half the learning rate
     python scripts/make_smollm2.py ship       # head (bf16) and trie into dart_jax/demo/smollm2/
     python scripts/make_smollm2.py all        # every stage in order
 
@@ -205,14 +206,23 @@ def stage_head(args) -> None:
     subprocess.run(cmd, check=True)
 
 
+def stage_more(args) -> None:
+    """Two more epochs from the first head at half the learning rate (what the shipped head had)."""
+    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train.jsonl"),
+           "--out", str(WORK / "run2"), "--init-head", str(WORK / "run" / "head"), "--epochs", "2",
+           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(args.lr / 2),
+           "--seed", str(SEED + 1), "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
 def stage_ship(args) -> None:
     import shutil
 
     from dart_jax.convert.dart_head import read_head
     from dart_jax.convert.dart_head import write_dart_head
 
-    head = WORK / "run" / "head"
-    folder, config, tensors = read_head(head)
+    folder, config, tensors = read_head(WORK / "run2" / "head")
     SHIP.mkdir(parents=True, exist_ok=True)
     write_dart_head(SHIP / "head", config, dict(tensors), "bfloat16")
     shutil.copyfile(WORK / "ngram.trie", SHIP / "ngram.trie")
@@ -226,7 +236,7 @@ def stage_ship(args) -> None:
 
 
 STAGES = {"prompts": stage_prompts, "answers": stage_answers, "trie": stage_trie, "head": stage_head,
-          "ship": stage_ship}
+          "more": stage_more, "ship": stage_ship}
 
 
 def main() -> None:

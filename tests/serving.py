@@ -49,9 +49,14 @@ def live_server(*args: str, timeout: float = 240.0, env: dict | None = None):
         yield url, proc
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `grace` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -29,7 +29,7 @@ PROMPTS = ["What is speculative decoding?", "Why does the draft tree help?", "Te
 @pytest.fixture(scope="module")
 def server():
     # a fixed tree: the streamed accepted lengths are compared with the in-process model's
-    with live_server("--no-ui", "--api-key", KEY, "--slots", "4", "--max-length", "384", "--keep", "60") as (url, proc):
+    with live_server("--demo", "tiny", "--no-ui", "--api-key", KEY, "--slots", "4", "--max-length", "384", "--keep", "60") as (url, proc):
         yield url, proc
 
 
@@ -40,7 +40,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def model():
-    base, head, trie = _demo_paths()
+    base, head, trie = _demo_paths("tiny")
     return DartModel.from_pretrained(base, head, trie, keep=60)
 
 
@@ -213,7 +213,7 @@ def test_a_client_that_disconnects_frees_its_slot(server):
 
 
 def test_sigterm_finishes_running_requests_and_exits_cleanly():
-    with live_server("--no-ui", "--slots", "1", "--max-length", "256", "--warmup", "quick", "--keep", "60") as (url, proc):
+    with live_server("--demo", "tiny", "--no-ui", "--slots", "1", "--max-length", "256", "--warmup", "quick", "--keep", "60") as (url, proc):
         body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 120,
                 "temperature": 0, "stream": True, "method": "ar"}
         texts, reasons = [], []

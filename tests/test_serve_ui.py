@@ -41,7 +41,7 @@ def _executable(env: str, *names: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def server():
-    with live_server("--slots", "2", "--max-length", "1024", "--keep", "60") as (url, proc):
+    with live_server("--demo", "tiny", "--slots", "2", "--max-length", "1024", "--keep", "60") as (url, proc):
         yield url
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dart_jax.ngram.tree import DraftTree, TreeSettings, build_tree, build_tree_batch
+from dart_jax.ngram.compressed import compress
 from dart_jax.ngram.trie import Trie
 
 MARGIN = 1e-3
@@ -38,7 +39,8 @@ def window_counts(sequences, order):
 def ngram_p(counts, order, context, tok):
     for n in range(min(order - 1, len(context)), 0, -1):
         suffix = tuple(context[len(context) - n :])
-        if suffix in counts and suffix + (tok,) in counts:
+        # a suffix counted 0 (left by a reduce) is no evidence: back off (docs/spec.md §5.2)
+        if counts.get(suffix, 0) > 0 and suffix + (tok,) in counts:
             return counts[suffix + (tok,)] / counts[suffix]
     return 0.0
 
@@ -432,3 +434,85 @@ def test_batch_bad_preceding_len():
     probs = np.full((2, 2, 3), 1 / 3, np.float32)
     with pytest.raises(ValueError, match="preceding_len"):
         build_tree_batch(ids, probs, np.ones((2, 4), np.int64), None, eos_id=0, preceding_len=[0, 4])
+
+
+# ------------------------------------------------------------------ counts reduced to 0 (issue 27)
+
+
+def reduce_counts(counts, threshold):
+    """docs/spec.md §5.3 on a path -> freq dict: a child counted under `threshold` goes with its
+    subtree; each kept path loses what was dropped below it (a kept child's own loss included)."""
+    children = {}
+    for path in counts:
+        children.setdefault(path[:-1], []).append(path)
+
+    def loss(path):  # freq dropped below `path`
+        return sum(counts[c] if counts[c] < threshold else loss(c) for c in children.get(path, ()))
+    out = {}
+
+    def keep(path):
+        for c in children.get(path, ()):
+            if counts[c] >= threshold:
+                out[c] = counts[c] - loss(c)
+                keep(c)
+    keep(())
+    return out
+
+
+@pytest.mark.parametrize("order", [3, 4])
+def test_counts_reduced_to_zero_are_a_miss_in_lookups_and_trees(order, tmp_path):
+    """A reduce leaves kept paths counted 0 (every window through them went on to dropped
+    children). 0/0 must be no evidence (back off; docs/spec.md §5.2), never P = 1 or NaN:
+    probabilities and trees against the plain-Python restatement above on such a trie."""
+    rng = np.random.default_rng(order)
+    vocab, a, b = 12, 50, 51  # `a` and `b` only in the planted sequences
+    seqs = random_sequences(rng, vocab, 20, 60)
+    # `a b` then a different rare id each time: `a`, `a b` (and `b`) keep only mass that is dropped
+    seqs += [np.array([a, b, 100 + i, *rng.integers(0, vocab, size=order)]) for i in range(6)]
+    threshold = 3
+    counts = reduce_counts(window_counts(seqs, order), threshold)
+    trie = Trie.build(seqs, order=order).reduce(threshold)
+    token, freq, child_start = trie.arrays()
+    paths, got = {0: ()}, {}
+    for i in range(trie.num_nodes):
+        for c in range(child_start[i], child_start[i + 1]):
+            paths[c] = paths[i] + (int(token[c]),)
+            got[paths[c]] = int(freq[c])
+    assert got == counts  # the restatement of reduce is the trie's
+    tokens = sorted({t for path in counts for t in path})
+    zero_parents = [p for p, f in counts.items() if f == 0 and any(counts.get(p + (t,), 1) == 0 for t in tokens)]
+    assert zero_parents, "the corpus must leave a 0/0 lookup"
+    assert counts[(a,)] == 0 and counts[(a, b)] == 0
+
+    # lookups: every context of up to order-1 ids over the corpus's vocabulary, every candidate
+    cands = np.array(tokens)
+    contexts = [list(p) for p in counts if len(p) < order] + [[int(x) for x in rng.integers(0, vocab, size=order)]
+                                                                 for _ in range(40)]
+    packed = compress(trie, tmp_path / "reduced.ctrie")  # the compressed format's own lookup
+    for context in contexts:
+        want = [ngram_p(counts, order, context, int(t)) for t in cands]
+        for each in (trie, packed):
+            p, _ = each.probability(context, cands)
+            assert np.isfinite(p).all() and np.allclose(p, want, rtol=1e-6, atol=0), (context, p, want)
+    p, length = trie.probability([a], [b])
+    assert p[0] == 0.0 and length[0] == 0  # `a` counted 0: no evidence for `b` after it
+
+    # tree search on contexts that end in zero-count paths, against the oracle
+    checked = 0
+    for _ in range(200):
+        d, k, beam_width, keep = int(rng.integers(2, 5)), int(rng.integers(2, 7)), int(rng.integers(1, 5)), int(rng.integers(3, 25))
+        start = zero_parents[int(rng.integers(len(zero_parents)))]
+        preceding = np.array([*rng.integers(0, vocab, size=int(rng.integers(0, 3))), *start])
+        ids, probs = random_topk(rng, vocab, d, k, eos=0)
+        ids[1, 0] = next(t for t in tokens if counts.get(start + (t,), 1) == 0)  # a 0/0 candidate in row 1
+        if len(set(ids[1].tolist())) < k:
+            continue
+        kept, gap = oracle(ids, probs, preceding, counts, order, eos=0, beam_width=beam_width, keep=keep,
+                           ngram_weight=0.5)
+        if gap <= MARGIN:
+            continue
+        for each in (trie, packed):
+            tree = build_tree(ids, probs, preceding, each, eos_id=0, beam_width=beam_width, keep=keep)
+            check_tree(tree, kept, int(preceding[-1]), keep=keep, d=d)
+        checked += 1
+    assert checked >= 50

@@ -41,7 +41,7 @@ def oracle_probability(counts, order, context, tokens):
     context = [int(t) for t in context]
     for length in range(min(order - 1, len(context)), 0, -1):
         ctx = tuple(context[len(context) - length :])
-        if ctx not in counts:
+        if not counts.get(ctx):  # not a path, or counted 0 by a reduce: no evidence (docs/spec.md §5.2)
             continue
         inv = np.float32(1.0) / np.float32(counts[ctx])
         for i, t in enumerate(tokens):

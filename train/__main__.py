@@ -1,4 +1,5 @@
-"""`python -m dart_jax.train`: train a DART draft head for a Qwen3 target (docs/spec.md §7)."""
+"""`python -m dart_jax.train`: train a DART (docs/spec.md §7) or EAGLE-3 (`--method eagle3`,
+train/eagle3.py) draft head for a target."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +14,7 @@ if __name__ == "__main__" and cli_boundary(lambda: check_args(build_parser().par
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -24,20 +26,25 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from dart_jax.errors import InputError
-from dart_jax.convert.qwen3 import target_folder
-from dart_jax.models.checkpoints import load_dart_head, load_target, save_dart_head
+from dart_jax.convert.target import target_folder
+from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target, save_dart_head
 from dart_jax.models.head import DartHead
+from dart_jax.models.multihost import is_writer, wait_for_all
 from dart_jax.models.sharding import make_mesh, shard_module
 
 from .checkpoint import Checkpoints
 from .data import Dataset, encode_dataset, load_tokenizer, read_conversations
+from .eagle3 import eagle3_loss, new_eagle3_head, save_eagle3_head
 from .loop import Trainer, batches_per_epoch, data_mesh, head_config_for, save_npz_atomic, set_vocab, train_loop, \
     write_json_atomic
 from .regenerate import Regenerator
+from .settings import TrainSettings
 from .vocab import build_draft_vocab, used_from_d2t
 
 # what a run folder holds that was derived from its inputs (rebuilt when they change before training began)
 DERIVED = ("data.npz", "vocab.npz", "regenerated.jsonl")
+# settings that run folders made before they existed do not record (those runs used the defaults)
+LATER_SETTINGS = ("method", "ttt_steps")
 
 
 def main(argv=None) -> int:
@@ -57,11 +64,12 @@ def file_digest(path: str | Path) -> str:
 
 
 def differences(previous: dict, recorded: dict) -> list[str]:
-    """What differs between a run folder's run.json and this run's inputs, in words."""
-    changed = sorted(k for k in set(previous.get("settings", {})) | set(recorded["settings"])
-                     if previous.get("settings", {}).get(k) != recorded["settings"].get(k))
-    out = [f"--{k.replace('_', '-')} {previous.get('settings', {}).get(k)} → {recorded['settings'].get(k)}"
-           for k in changed]
+    """What differs between a run folder's run.json and this run's inputs, in words. A setting
+    added to TrainSettings after run.json was written (LATER_SETTINGS) counts as its default."""
+    defaults = dataclasses.asdict(TrainSettings())
+    before = {**{k: defaults[k] for k in LATER_SETTINGS}, **previous.get("settings", {})}
+    changed = sorted(k for k in set(before) | set(recorded["settings"]) if before.get(k) != recorded["settings"].get(k))
+    out = [f"--{k.replace('_', '-')} {before.get(k)} → {recorded['settings'].get(k)}" for k in changed]
     for key, flag in (("base", "--base"), ("data", "--data"), ("init_head", "--init-head"),
                       ("regenerate", "--regenerate")):
         if key in previous and previous[key] != recorded[key]:
@@ -126,14 +134,15 @@ def run(args) -> Path:
         target = load_target(args.base, dtype=args.dtype, mesh=mesh)
     settings = settings_from_args(args, target.config.vocab_size)
 
+    eagle3 = settings.method == "eagle3"
     init = None
     if args.init_head:
         with bars:
-            init = load_dart_head(args.init_head, target, dtype=jnp.float32)
+            init = (load_eagle3_head if eagle3 else load_dart_head)(args.init_head, target, dtype=jnp.float32)
         if args.draft_vocab is not None and args.draft_vocab != init.config.draft_vocab_size:
             raise ValueError(f"--init-head has a draft vocabulary of {init.config.draft_vocab_size} (kept when "
                              f"continuing from it); drop --draft-vocab or pass {init.config.draft_vocab_size}")
-        if init.config.draft_length != settings.draft_length:
+        if not eagle3 and init.config.draft_length != settings.draft_length:
             raise ValueError(f"--init-head has draft_length {init.config.draft_length}; pass --draft-length "
                              f"{init.config.draft_length}")
         settings = dataclasses.replace(settings, draft_vocab=init.config.draft_vocab_size)
@@ -141,7 +150,9 @@ def run(args) -> Path:
                 "data_sha256": file_digest(args.data), "init_head": args.init_head, "regenerate": args.regenerate}
     checkpoints = Checkpoints(out / "ckpt", args.keep_last)
     try:  # a failed run still closes its checkpoint manager
-        claim_run_folder(out, recorded, checkpoints.latest_step() is not None)
+        if is_writer():  # one process writes the run's files (python -m dart_jax.launch: several)
+            claim_run_folder(out, recorded, checkpoints.latest_step() is not None)
+        wait_for_all("dart_jax.train: run folder claimed")
 
         tokenizer = load_tokenizer(args.tokenizer or target_folder(args.base))
         pad_id = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0
@@ -157,13 +168,15 @@ def run(args) -> Path:
                                     temperature=args.regen_temperature, seed=args.seed)
                 bar = tqdm(conversations, desc="regenerate", disable=not progress)
                 conversations = [regen.conversation(c, i) for i, c in enumerate(bar)]
-                with open(out / "regenerated.jsonl", "w", encoding="utf-8") as f:
-                    for c in conversations:
-                        f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
+                if is_writer():
+                    with open(out / "regenerated.jsonl", "w", encoding="utf-8") as f:
+                        for c in conversations:
+                            f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
             data, dropped = encode_dataset(tokenizer, conversations, settings.max_length, progress=progress)
             if dropped:
                 print(f"dropped {dropped} conversations with no assistant token within --max-length", file=sys.stderr)
-            data.save(data_file)
+            if is_writer():
+                data.save(data_file)
 
         vocab_file = out / "vocab.npz"
         if vocab_file.exists():
@@ -177,6 +190,9 @@ def run(args) -> Path:
 
         if init is not None:
             head = init
+        elif eagle3:
+            head = new_eagle3_head(target, len(used), settings.rope_theta, settings.seed)
+            set_vocab(head, used)
         else:
             config = head_config_for(target.config, settings.draft_length, len(used), settings.rope_theta)
             head = DartHead(config, target.embed_tokens, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(settings.seed))
@@ -185,7 +201,8 @@ def run(args) -> Path:
 
         per_epoch = batches_per_epoch(len(data), settings.batch_size)
         total = settings.epochs * per_epoch
-        trainer = Trainer(target, head, settings, total // settings.grad_accum, mesh)
+        loss_fn = functools.partial(eagle3_loss, gamma=settings.gamma, steps=settings.ttt_steps) if eagle3 else None
+        trainer = Trainer(target, head, settings, total // settings.grad_accum, mesh, loss_fn)
         start = checkpoints.latest_step() or 0
         if start:
             trainer.load_train_state(checkpoints.restore(start, trainer.train_state()))
@@ -201,7 +218,12 @@ def run(args) -> Path:
     if end < total:
         print(f"stopped after micro-step {end} of {total}; run again with the same --out to resume", file=sys.stderr)
         return out
-    folder = save_dart_head(out / "head", trainer.head_config, nnx.state(trainer.head()))
+    if not is_writer():
+        return out / "head"
+    if eagle3:
+        folder = save_eagle3_head(out / "head", trainer.head())
+    else:
+        folder = save_dart_head(out / "head", trainer.head_config, nnx.state(trainer.head()))
     print(f"exported the head to {folder}", file=sys.stderr)
     return folder
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from dart_jax.errors import InputError, check_text, not_utf8
+
 from .masks import sample_anchors
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
@@ -42,6 +44,7 @@ def _parse_record(obj) -> list[dict]:
             raise ValueError(f"turn {j}: '{text_key}' must be a string, found {type(text).__name__}")
         if role not in _ROLES:
             raise ValueError(f"turn {j}: unknown role {role!r}; known: {sorted(_ROLES)}")
+        check_text(text, f"turn {j}: '{text_key}'")
         messages.append({"role": _ROLES[role], "content": text})
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("the conversation has no assistant turn to train on")
@@ -57,15 +60,22 @@ def read_conversations(path, *, skip_bad: bool = False) -> tuple[list[list[dict]
     if not path.is_file():
         raise FileNotFoundError(f"training data {path} not found; pass a JSONL file with --data")
     conversations, bad = [], 0
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:  # a binary file, or another encoding
+                if not skip_bad:
+                    raise not_utf8(path, err, f" on line {lineno}") from None
+                bad += 1
+                continue
             if not line.strip():
                 continue
             try:
                 conversations.append(_parse_record(json.loads(line)))
             except ValueError as err:  # json.JSONDecodeError is a ValueError
                 if not skip_bad:
-                    raise ValueError(f"{path} line {lineno}: {err}. Fix the line or pass --skip-bad to skip such lines.") from None
+                    raise InputError(f"{path} line {lineno}: {err}. Fix the line or pass --skip-bad to skip such lines.") from None
                 bad += 1
     if not conversations:
         raise ValueError(f"{path} holds no usable conversation ({bad} bad lines skipped)")

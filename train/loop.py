@@ -5,14 +5,16 @@ Run layout under `--out`:
   data.npz      the encoded (and optionally regenerated) samples
   vocab.npz     the draft vocabulary (`used` target ids)
   ckpt/<step>/  orbax checkpoints of (params, optimizer state) after `step` micro-batches
-  head/         the exported head (reference layout, `save_dart_head`)
+  head/         the exported head (reference layout: `save_dart_head`, or `eagle3.save_eagle3_head`)
 A micro-step index fixes the data position: epoch = step // batches_per_epoch, batch = the rest.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,7 @@ from tqdm.auto import tqdm
 
 from dart_jax.convert.dart_head import DartHeadConfig
 from dart_jax.models.head import TRAINABLE, DartHead
+from dart_jax.models.multihost import is_writer
 
 from .data import Dataset, batches_per_epoch, make_batch
 from .forward import shifted_ids, train_draft_logits
@@ -91,7 +94,10 @@ def batch_loss(head: DartHead, target, batch: dict, used: jax.Array, gamma: floa
 class Trainer:
     """Holds the frozen target, the head's split state and the jitted step."""
 
-    def __init__(self, target, head: DartHead, settings: TrainSettings, total_updates: int, mesh: Mesh):
+    def __init__(self, target, head: DartHead, settings: TrainSettings, total_updates: int, mesh: Mesh,
+                 loss_fn: Callable | None = None):
+        """`loss_fn(head, target, batch, used)` → (loss, per-row metric sums `kl`, `correct`,
+        `count`) of one batch; default the DART loss `batch_loss` with `settings.gamma`."""
         self.settings, self.mesh, self.head_config = settings, mesh, head.config
         self.used = jnp.asarray(np.asarray(head.d2t.get_value()) + np.arange(head.config.draft_vocab_size), jnp.int32)
         self.head_graph, params, self.head_rest = nnx.split(head, TRAINABLE, ...)
@@ -101,15 +107,17 @@ class Trainer:
         self.optimizer = make_optimizer(settings, total_updates)
         self.opt_state = jax.device_put(self.optimizer.init(self.params), replicated)
         self.batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
-        gamma, used = settings.gamma, self.used
+        if loss_fn is None:
+            loss_fn = functools.partial(batch_loss, gamma=settings.gamma)
+        used = self.used
         head_graph, head_rest, optimizer = self.head_graph, self.head_rest, self.optimizer
 
         def step(params, opt_state, target_state, batch):
-            def loss_fn(p):
+            def loss_of(p):
                 head = nnx.merge(head_graph, p, head_rest)
-                return batch_loss(head, nnx.merge(target_graph, target_state), batch, used, gamma)
+                return loss_fn(head, nnx.merge(target_graph, target_state), batch, used)
 
-            (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+            (loss, sums), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss, sums
 
@@ -133,8 +141,8 @@ class Trainer:
 
 
 def data_mesh() -> Mesh:
-    """All local devices on one 'data' axis (one device works too)."""
-    return Mesh(np.asarray(jax.local_devices()), ("data",))
+    """All devices on one 'data' axis (one device works too; several processes: all of theirs)."""
+    return Mesh(np.asarray(jax.devices()), ("data",))
 
 
 def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpoints, *, start_step: int,
@@ -177,12 +185,16 @@ def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpo
 
 
 def write_json_atomic(path: Path, obj) -> None:
+    if not is_writer():  # several processes (multi-host): process 0 writes the run's files
+        return
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
 
 
 def save_npz_atomic(path: Path, **arrays) -> None:
+    if not is_writer():
+        return
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, path)

@@ -7,25 +7,31 @@ import math
 
 from dart_jax.errors import InputError
 
-from .settings import TrainSettings
+from .settings import DEFAULT_GAMMA, METHODS, TrainSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainSettings()
     p = argparse.ArgumentParser(
         prog="python -m dart_jax.train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Train a DART draft head on JSONL conversations with the frozen target as teacher "
-                    "(annealed KL over the d rows, prefix-shared masked training). Re-running with the same "
+        description="Train a draft head on JSONL conversations with the frozen target as teacher: DART "
+                    "(annealed KL over the d rows, prefix-shared masked training) or EAGLE-3 (--method eagle3: "
+                    "training-time test over --ttt-steps unrolled draft steps). Re-running with the same "
                     "--out resumes from the latest checkpoint; the result is exported to OUT/head.")
     p.add_argument("--base", required=True, help="target (Qwen3 or Llama family): hub id, local folder or .gguf file (its tokenizer renders the data)")
     p.add_argument("--data", required=True, help="JSONL file: ShareGPT 'conversations' or OpenAI 'messages' per line")
     p.add_argument("--out", required=True, help="run folder: checkpoints, encoded data, vocabulary, exported head")
-    p.add_argument("--init-head", help="start from this DART head (hub id or folder); its draft vocabulary is kept")
+    p.add_argument("--method", choices=METHODS, default=d.method,
+                   help="dart: a DART head; eagle3: an EAGLE-3 head (published AngelSlim/SpecForge layout)")
+    p.add_argument("--init-head", help="start from this head (hub id or folder) of --method's kind; its draft "
+                                       "vocabulary is kept")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id when it is not stored with --base")
-    p.add_argument("--draft-length", type=int, default=d.draft_length, help="m mask slots (d = m + 1 rows)")
+    p.add_argument("--draft-length", type=int, default=d.draft_length, help="dart: m mask slots (d = m + 1 rows)")
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps,
+                   help="eagle3: draft steps unrolled in training (training-time test)")
     p.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary size (default min(32000, target vocab))")
     p.add_argument("--max-length", type=int, default=d.max_length, help="samples are cut to this many tokens")
-    p.add_argument("--anchors-per-seq", type=int, default=d.anchors_per_seq, help="anchor positions sampled per sequence")
+    p.add_argument("--anchors-per-seq", type=int, default=d.anchors_per_seq, help="dart: anchor positions sampled per sequence")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per micro-batch (all devices)")
     p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer update")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (linear warm-up, then cosine to 0)")
@@ -33,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
     p.add_argument("--clip", type=float, default=d.clip, help="gradient clipping (global norm)")
     p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--gamma", type=float, default=d.gamma, help="annealing factor of the per-row KL weights γ^(t−1)")
+    p.add_argument("--gamma", type=float, default=argparse.SUPPRESS,
+                   help="loss weight γ^r of row r (dart) or of unrolled step r (eagle3) "
+                        f"(default: {DEFAULT_GAMMA['dart']} for dart, {DEFAULT_GAMMA['eagle3']} for eagle3)")
     p.add_argument("--rope-theta", type=float, default=d.rope_theta, help="RoPE base of a new head")
     p.add_argument("--seed", type=int, default=d.seed, help="fixes the init, the data order and the anchors")
     p.add_argument("--save-every", type=int, default=500, help="checkpoint every N micro-batches")
@@ -59,7 +67,9 @@ def settings_from_args(args, vocab_size: int) -> TrainSettings:
         draft_length=args.draft_length, draft_vocab=args.draft_vocab or min(32000, vocab_size),
         max_length=args.max_length, anchors_per_seq=args.anchors_per_seq, batch_size=args.batch_size,
         grad_accum=args.grad_accum, lr=args.lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        clip=args.clip, epochs=args.epochs, gamma=args.gamma, seed=args.seed, rope_theta=args.rope_theta)
+        clip=args.clip, epochs=args.epochs, seed=args.seed, rope_theta=args.rope_theta,
+        gamma=getattr(args, "gamma", DEFAULT_GAMMA[args.method]), method=args.method,
+        ttt_steps=args.ttt_steps)
 
 
 def check_args(args) -> None:

@@ -35,10 +35,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from dart_jax.decoding.settings import GenerationSettings
-from dart_jax.errors import InputError, cli_boundary
+from dart_jax.errors import InputError, MissingFileError, check_text, cli_boundary, not_utf8
+from dart_jax.models.multihost import is_writer
 
 from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
-from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_paths, length_notice
+from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_options, demo_paths, length_notice
 
 DEMO = DEMO_DIR
 # a held-out prompt of each demo (not in its head's training data nor in its trie)
@@ -76,7 +77,8 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
     group.add_argument("--keep", type=tree_size, default="auto",
                        help="draft tree size (nodes besides the root), at most what the tree search can fill "
                             "(draft rows x beam width x candidates); 'auto' picks the fastest of a few sizes up to "
-                            "--max-keep each step, plain decoding included, from timings on this device")
+                            "--max-keep each step, plain decoding included, from timings on this device (the "
+                            "SmolLM2 demo on a CPU, when neither --keep nor --max-keep is given: a fixed 7)")
     group.add_argument("--max-keep", type=int, default=None,
                        help="the largest tree 'auto' may use (default 60, the reference's size)")
     group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
@@ -158,6 +160,7 @@ def load_model(args) -> DartModel:
                 enable_thinking=args.thinking, system_prompt=getattr(args, "system", None))
     if args.ckpt is None:
         base, head, trie = _demo_paths(getattr(args, "demo", "smollm2"))
+        opts = demo_options(getattr(args, "demo", "smollm2"), opts)
         base = args.base or base
         ngram = args.ngram or trie
     else:
@@ -189,8 +192,12 @@ def read_requests(path: str | Path, defaults: GenerationSettings) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"--prompts file {path} not found; pass a JSONL file with one "
                                 "{\"prompt\": ...} or {\"messages\": [...]} object per line.")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e) from None
     requests = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -203,9 +210,13 @@ def read_requests(path: str | Path, defaults: GenerationSettings) -> list[dict]:
             unknown = sorted(set(item) - {"prompt", "messages", "id", *_SETTING_NAMES})
             if unknown:
                 raise ValueError(f"unknown field(s) {unknown}; known: prompt, messages, id, {', '.join(_SETTING_NAMES)}")
+            if isinstance(prompt, str):
+                check_text(prompt, "'prompt'")
+            elif "messages" in item:
+                check_messages(prompt)
             settings = dataclasses.replace(defaults, **{k: item[k] for k in _SETTING_NAMES if k in item})
         except (ValueError, TypeError) as e:
-            raise ValueError(f"{path}:{n}: {e}") from None
+            raise InputError(f"{path}:{n}: {e}") from None
         requests.append({"id": item.get("id", n), "line": n, "prompt": prompt, "settings": settings})
     if not requests:
         raise ValueError(f"{path} holds no prompts.")
@@ -216,6 +227,9 @@ def run_batch(args) -> list[dict]:
     """--prompts: decode every line, in batches of --batch-size, and write one result line per prompt."""
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
+    _check_modes(args)
+    if args.output:
+        check_output(args.output)
     requests = read_requests(args.prompts, _settings(args))
     model = load_model(args)
     prompts = [request["prompt"] for request in requests]
@@ -242,14 +256,48 @@ def run_batch(args) -> list[dict]:
         if notice:
             print(f"note: {args.prompts}:{request['line']}: {notice}", file=sys.stderr)
     text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-    if args.output:
+    if args.output and is_writer():  # several processes (python -m dart_jax.launch): process 0 writes
         out = Path(args.output)
         tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    else:
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, out)
+        finally:
+            if tmp.is_file():
+                tmp.unlink()
+    elif not args.output:
         sys.stdout.write(text)
     return lines
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_messages(messages: list) -> None:
+    """A messages list as the chat template takes it: {"role", "content"} objects with a known role
+    and valid Unicode text; the error names the message."""
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise InputError(f"message {i} needs string fields 'role' and 'content', got {m!r}.")
+        if m["role"] not in ROLES:
+            raise InputError(f"message {i} has role {m['role']!r}; use system, user or assistant.")
+        check_text(m["content"], f"the content of message {i}")
+
+
+def check_output(path: str | Path, flag: str = "--output") -> Path:
+    """An output file path checked before any work: its folder exists and is writable, and the
+    path is not a folder (the results would be lost after the whole run otherwise)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{flag} {path} is a folder; pass a file name (e.g. {path / 'out.jsonl'}).")
+    folder = path.parent
+    if not folder.is_dir():
+        if folder.exists():
+            raise InputError(f"{flag} {path}: {folder} is not a folder; pass a path inside a folder.")
+        raise MissingFileError(f"{flag} {path}: the folder {folder} does not exist; create it first.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: the folder {folder} is not writable; pick another path.")
+    return path
 
 
 def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
@@ -261,17 +309,18 @@ def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
                                 "{\"role\": ..., \"content\": ...} objects.")
     try:
         messages = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e) from None
+    except json.JSONDecodeError as e:
         raise InputError(f"{path}: not JSON ({e}); expected a list of {{\"role\": ..., \"content\": ...}} objects.") from None
     if isinstance(messages, dict) and isinstance(messages.get("messages"), list):
         messages = messages["messages"]  # an OpenAI request body
     if not isinstance(messages, list) or not messages:
         raise InputError(f"{path}: expected a non-empty JSON list of {{\"role\": ..., \"content\": ...}} objects.")
-    for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise InputError(f"{path}: message {i} needs string fields 'role' and 'content', got {m!r}.")
-        if m["role"] not in ("system", "user", "assistant", "tool"):
-            raise InputError(f"{path}: message {i} has role {m['role']!r}; use system, user or assistant.")
+    try:
+        check_messages(messages)
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
     if system:
         if any(m["role"] == "system" for m in messages):
             raise InputError(f"--system and the system message in {path} both give a system prompt; keep one.")
@@ -280,6 +329,11 @@ def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
 
 
 def _check_modes(args) -> None:
+    for flag, value in (("--prompt", args.prompt), ("--system", args.system)):
+        if value is not None:
+            check_text(value, flag)
+    for value in args.stop or ():
+        check_text(value, "--stop")
     if args.prompt is not None and not args.prompt.strip():
         raise InputError("--prompt is empty; give the text to answer, or leave --prompt out for the default prompt.")
     if args.prompt is not None and args.messages:
@@ -291,6 +345,8 @@ def _check_modes(args) -> None:
             raise InputError(f"--chat is interactive and cannot be combined with {', '.join(clash)}.")
     if args.prompts and (args.prompt is not None or args.messages):
         raise InputError("--prompts reads its prompts from the file; drop --prompt / --messages.")
+    if args.output and not args.prompts:
+        raise InputError("--output takes the results of --prompts; add --prompts FILE.jsonl or drop --output.")
     if args.no_chat and args.messages:
         raise InputError("--messages goes through the chat template; drop --no-chat.")
 
@@ -463,7 +519,11 @@ def chat_loop(args, inp=None, out=None) -> list[dict]:
                 history = list(start)
                 out.write("(history cleared)\n")
                 continue
-            history.append({"role": "user", "content": line.rstrip("\n")})
+            try:
+                history.append({"role": "user", "content": check_text(line.rstrip("\n"), "the message")})
+            except InputError as e:
+                out.write(f"error: {e}\n")
+                continue
         sink = []
         try:
             for piece, _ in model.stream(history, settings=settings, result=sink, method=_method(args, model), **stops):

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import jax
 import numpy as np
 
 from transformers import AutoTokenizer
@@ -18,6 +19,7 @@ from transformers import AutoTokenizer
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
 from dart_jax.convert.hub import resolve
+from dart_jax.convert.base_files import check_base_files, check_generation_eos
 from dart_jax.convert.packaged import smollm2_gguf
 from dart_jax.convert.target import load_target_config, target_folder
 from dart_jax.convert.gguf import is_gguf
@@ -27,7 +29,7 @@ from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafte
 from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
-from dart_jax.errors import InputError, MissingFileError
+from dart_jax.errors import InputError, MissingFileError, check_text
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
 from dart_jax.ngram import TreeSettings, Trie
@@ -243,6 +245,22 @@ def demo_paths(name: str = "smollm2", folder: Path = DEMO_DIR) -> tuple[Path, Pa
     return base, head, trie
 
 
+# the SmolLM2 demo's draft tree on a CPU: there a verify costs about 1.8x (4 nodes), 2.4x (8) and
+# 3.6x (16) a plain token, and on held-out prompts a fixed 7-node tree beat 3 and 15 nodes and
+# keep="auto", whose estimates settle on plain decoding within a short answer
+# (benchmarks/RESULTS.md, 2026-11-25); accelerators keep "auto" up to 60 nodes
+DEMO_CPU_KEEP = 7
+
+
+def demo_options(name: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """`from_pretrained` options for a demo: the SmolLM2 demo on a CPU drafts trees of
+    DEMO_CPU_KEEP nodes unless a tree size (keep) or max_keep is given."""
+    auto = str(opts.get("keep", "auto")).strip().lower() == "auto"
+    if name == "smollm2" and auto and opts.get("max_keep") is None and jax.default_backend() == "cpu":
+        return {**opts, "keep": DEMO_CPU_KEEP}
+    return opts
+
+
 def published_base(dart: str | os.PathLike) -> str:
     """The base hub id of a published DART head, given its hub id or a local copy of it."""
     name = str(dart).rstrip("/")
@@ -303,12 +321,13 @@ def load_trie(ngram, *, small: bool = False, cache_dir: str | os.PathLike | None
     return Trie.from_reference(path, out=converted, progress=True)
 
 
-def _eos_ids(tokenizer, base_folder: Path, config_eos: Sequence[int]) -> list[int]:
+def _eos_ids(tokenizer, base_folder: Path, config_eos: Sequence[int], vocab_size: int) -> list[int]:
     ids = set(int(e) for e in config_eos)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     gen = base_folder / "generation_config.json"
     if gen.is_file():
+        check_generation_eos(gen, vocab_size)
         eos = json.loads(gen.read_text()).get("eos_token_id")
         if eos is not None:
             ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]))
@@ -378,6 +397,7 @@ class DartModel:
             base = published_base(dart)
         head_dir = head_folder(dart)
         base_folder = target_folder(base) if is_gguf(base) else resolve(base, BASE_PATTERNS, what="base model")
+        check_base_files(base_folder)  # its small files, before third-party code reads them
         head_config = read_head_config(head_dir)
         target_config = load_target_config(base_folder)
         check_fits_target(head_config, target_config, where=f"the DART head {head_dir}")
@@ -416,7 +436,8 @@ class DartModel:
         head = load_dart_head(head_dir, target, dtype=dtype, mesh=mesh)
         if eagle3 is not None:
             eagle3_opts["eagle3"] = load_eagle3_head(eagle3_dir, target, dtype=dtype, mesh=mesh)
-        return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids),
+        return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids,
+                                                                 target_config.vocab_size),
                    mesh=mesh, adaptive=adaptive, **groups, **eagle3_opts)
 
     @classmethod
@@ -426,7 +447,7 @@ class DartModel:
         we trained for it, shipped with the package. "tiny": the embedded 1 M-parameter Qwen3 toy
         (offline, for fast tests). `opts` as for `from_pretrained` (keep=16, dtype, ...)."""
         base, head, trie = demo_paths(name or "smollm2")
-        return cls.from_pretrained(base, head, trie, **opts)
+        return cls.from_pretrained(base, head, trie, **demo_options(name or "smollm2", opts))
 
     # ------------------------------------------------------------------ prompts and text
     @property
@@ -447,6 +468,8 @@ class DartModel:
         system prompt if one is set); a `messages` list of {role, content} dicts (system, user and
         assistant turns) always goes through the chat template; token ids are used as is.
         `enable_thinking` (default: the model's ChatSettings) is Qwen3's thinking switch."""
+        if isinstance(prompt, str):
+            check_text(prompt, "the prompt")
         items = None if isinstance(prompt, str) else list(prompt)
         if items is not None and not (items and all(isinstance(m, Mapping) for m in items)):
             return _check_ids(items)
@@ -460,6 +483,8 @@ class DartModel:
                    if not (isinstance(m.get("role"), str) and isinstance(m.get("content"), str))]
             if bad:
                 raise ValueError(f"message {bad[0]} needs string fields 'role' and 'content', got {dict(items[bad[0]])!r}.")
+            for i, m in enumerate(items):
+                check_text(m["content"], f"the content of message {i}")
             thinking = self._thinking(enable_thinking)
             switch = {"enable_thinking": thinking} if self.has_thinking_switch else {}
             prompt = self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True, **switch)

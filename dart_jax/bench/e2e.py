@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.api.model import DEMOS, DartModel, demo_paths
+from dart_jax.api.model import DartModel, demo_options, demo_paths
 from dart_jax.bench.shapes import KNOWN_SHAPES
 from dart_jax.bench.tiny import build_random_assets, make_tiny_eagle3
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
@@ -173,7 +173,8 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
     demo = None if random else _demo_assets(m.demo)
     if demo:
         with _eagle3_opts(m, demo["base"], seed) as eagle3:
-            yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **opts, **eagle3),
+            yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **demo_options(m.demo, opts),
+                                             **eagle3),
                    {"kind": "demo", **{k: str(v) for k, v in demo.items()}, "eagle3": m.eagle3})
         return
     with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:

@@ -39,6 +39,8 @@ from typing import Callable
 
 import numpy as np
 
+from dart_jax.models.multihost import agree
+
 
 def auto_sizes(keep: int) -> tuple[int, ...]:
     """The tree sizes (nodes besides the root) that `keep="auto"` chooses among, up to `keep`:
@@ -99,9 +101,13 @@ class TreeSizer:
 
     def choose(self, rows: int, measure: Callable[[int], dict[int, float]]) -> int:
         """The size for the next step of a pool computing `rows` rows; `measure(rows)` times every
-        size the first time a row count is seen."""
+        size the first time a row count is seen. Over several processes, process 0's choice (each
+        process times its own steps, and all must run the same one)."""
         if not self.adaptive:
             return self.sizes[0]
+        return agree(self._choose(rows, measure))
+
+    def _choose(self, rows: int, measure: Callable[[int], dict[int, float]]) -> int:
         costs = self.costs(rows, measure)
         cost = {s: self._seconds.get((rows, s), self._scale * costs[s]) for s in self.sizes}
         rate = {s: self.expected_accept(s) / cost[s] for s in self.sizes}
@@ -123,7 +129,13 @@ class TreeSizer:
         """Whether some tree size could beat plain decoding for a pool step over `rows` rows even if
         it accepted the most it can (a cost known from the dry steps alone counted at half, as in
         the exploration): False once the costs are known and none can, so that decoding needs no
-        drafter at all (the engine then runs its plain decoder). True before anything is measured."""
+        drafter at all (the engine then runs its plain decoder). True before anything is measured.
+        Over several processes, process 0's answer."""
+        if not self.adaptive or 0 not in self.sizes:
+            return True
+        return bool(agree(int(self._drafting_pays(rows))))
+
+    def _drafting_pays(self, rows: int) -> bool:
         if not self.adaptive or 0 not in self.sizes or rows not in self._costs:
             return True
         costs = self._costs[rows]

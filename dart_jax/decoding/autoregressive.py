@@ -17,9 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from dart_jax.errors import ResourceError
+from dart_jax.models.multihost import to_host
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
+from dart_jax.models.sharding import constrain_cache, constrain_replicated, inputs_on_mesh
 
 from .sampling import SamplingParams, sample_tokens, split_rows
 from .requests import Budget, Stats
@@ -49,8 +52,9 @@ def attention_window(needed: int, length: int) -> int:
 
 
 def device_memory_bytes() -> int | None:
-    """What the default device can hold: its allocator's limit, or the host's memory on a CPU."""
-    device = jax.devices()[0]
+    """What the default device can hold: its allocator's limit, or the host's memory on a CPU.
+    (This process's first device: another process's devices cannot be asked, multi-host.)"""
+    device = jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
@@ -190,6 +194,21 @@ class CachePool:
             self._held = (length, batch, caches)
 
 
+@functools.lru_cache(maxsize=None)
+def _pinned_outputs(fn, mesh):
+    """`fn` with each output that is a target cache pinned to its sharding on `mesh` and the rest
+    replicated; `fn` itself without a mesh."""
+    if mesh is None:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return tuple(constrain_cache(out, mesh) if isinstance(out, KVCache) else constrain_replicated(out, mesh)
+                     for out in fn(*args, **kwargs))
+
+    return run
+
+
 class AutoregressiveDecoder:
     """Plain decoding of `target` with the engine's sampling; caches come from a `CachePool`
     whose sets start with a target `KVCache` (other caches in the set are kept untouched)."""
@@ -198,10 +217,16 @@ class AutoregressiveDecoder:
         self.target, self.shapes = target, shapes
         graphdef, self.state = nnx.split(target)
         self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),))
-        self.prefill = jitted(_prefill_rows, graphdef, donate_argnames="cache")
-        self.decode = jitted(_decode, graphdef, static_argnames=("window", "live"), donate_argnames="cache")
-        self.decode_chunk = jitted(_decode_chunk, graphdef, static_argnames=("window", "chunk"),
-                                   donate_argnames="cache")
+        # over a mesh (the target's parameters carry it): the caches keep their shardings, the rest
+        # comes back whole on every device, so that every host of a multi-host mesh reads it
+        mesh = next((leaf.sharding.mesh for leaf in jax.tree.leaves(self.state)
+                     if isinstance(getattr(leaf, "sharding", None), NamedSharding)), None)
+        self.prefill = inputs_on_mesh(jitted(_pinned_outputs(_prefill_rows, mesh), graphdef, donate_argnames="cache"),
+                                      mesh)
+        self.decode = inputs_on_mesh(jitted(_pinned_outputs(_decode, mesh), graphdef, static_argnames=("window", "live"),
+                                            donate_argnames="cache"), mesh)
+        self.decode_chunk = inputs_on_mesh(jitted(_pinned_outputs(_decode_chunk, mesh), graphdef,
+                                                  static_argnames=("window", "chunk"), donate_argnames="cache"), mesh)
 
     chunk = 32  # tokens per device loop: one host round trip per chunk, not per token
 
@@ -230,7 +255,7 @@ class AutoregressiveDecoder:
         try:
             token, cache, keys = self.prefill(self.state, jnp.asarray(padded), jnp.asarray(lens),
                                               jnp.zeros((b,), jnp.int32), cache, keys, params)
-            first = np.asarray(token)
+            first = to_host(token)
             for s in stats:
                 s.prefill_s = time.perf_counter() - start
             yield [budget.take([t]) for budget, t in zip(budgets, first)]
@@ -244,7 +269,7 @@ class AutoregressiveDecoder:
                 out, token, cache, cache_len, keys, remaining = self.decode_chunk(
                     self.state, token, cache, cache_len, keys, params, remaining, eos_row,
                     window=attention_window(committed + chunk, length), chunk=chunk)
-                host = np.asarray(out)
+                host = to_host(out)
                 elapsed = time.perf_counter() - t0
                 committed += chunk
                 rows = []

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.models.multihost import to_host
+
 from .adaptive import median_time
 from .autoregressive import attention_window, live_rows
 from .layout import plain_layout, prefill_layout, step_layout, tree_layout
@@ -231,7 +233,12 @@ class Batcher(SlotPool):
         b = self.slots
         self.proposal = {f.name: np.zeros((b, *f.shape), np.float32 if f.dtype == "float32" else np.int32)
                          for f in self.fields}
-        self.preceding = np.zeros((b, self.depth + 1), np.int64)
+        # the tree search's context per slot, as the reference passes it (docs/spec.md §5.4): after the
+        # prefill the prompt and the first token, after a step the root, the accepted ids and the
+        # bonus; kept up to the longest that is read (the trie's order - 1) or written (depth + 2)
+        order = engine.trie.order if engine.trie is not None else 0
+        self.context = max(self.depth + 2, order - 1)
+        self.preceding = np.zeros((b, self.context), np.int64)
         self.preceding_len = np.ones(b, np.int64)
         self.committed = np.zeros(b, np.int64)
         self._empty = {size: self._empty_trees(size + 1) for size in engine.tree_sizes if size}
@@ -258,8 +265,7 @@ class Batcher(SlotPool):
             for f in self.fields:
                 self.proposal[f.name][slot] = out[f.name][slot]
             first = int(out["first"][slot])
-            # the ids fed to the drafter (prompt[1:] + first), of which the tree search reads the last ones
-            self._set_preceding(slot, np.append(request.prompt_ids[1:], first)[-(self.depth + 1):])
+            self._set_preceding(slot, np.append(request.prompt_ids, first)[-self.context:])
             self.committed[slot] = request.prompt_ids.size
             request.stats.prefill_s = elapsed
             events.append(self._take(request, [first], 0))
@@ -291,7 +297,7 @@ class Batcher(SlotPool):
             for f in self.fields:
                 self.proposal[f.name][slot] = out[f.name][slot]
             fed = np.append(out["path_tokens"][slot, 1:count], out["bonus"][slot])
-            self._set_preceding(slot, fed)
+            self._set_preceding(slot, np.append(out["path_tokens"][slot, :1], fed))  # the root first
             self.committed[slot] += count
             s = request.stats
             s.tree_s += t1 - t0
@@ -326,7 +332,8 @@ class Batcher(SlotPool):
             for f in self.fields:
                 self.proposal[f.name][slot] = out[f.name][slot]
             fed = out["tokens"][slot, :count]
-            self._set_preceding(slot, fed[-(self.depth + 1):])
+            root = self.preceding[slot, self.preceding_len[slot] - 1]
+            self._set_preceding(slot, np.append(root, fed)[-self.context:])
             self.committed[slot] += count
             s = request.stats
             s.device_s += t1 - t0
@@ -432,7 +439,7 @@ class PlainBatcher(SlotPool):
         self._joined(joining, prompt_len)
         m = ids.shape[0]
         self.token = self.token.at[:m].set(jnp.where(jnp.asarray(start == 0), first, self.token[:m]))
-        host = np.asarray(first)
+        host = to_host(first)
         elapsed = time.perf_counter() - start_time
         events = []
         for slot, request in joining:
@@ -451,7 +458,7 @@ class PlainBatcher(SlotPool):
         self.token, self.cache, self.cache_len, self.keys = d.decode(d.state, self.token, self.cache, self.cache_len,
                                                                      self.keys, self.params, window=window,
                                                                      live=self._live())
-        host = np.asarray(self.token)
+        host = to_host(self.token)
         elapsed = time.perf_counter() - t0
         events = []
         for slot in rows:

@@ -64,6 +64,18 @@ def named_sharding(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
 
 
+def put(x, sharding: jax.sharding.Sharding):
+    """`jax.device_put(x, sharding)`, also when the sharding spans the devices of several processes
+    and `x` is an array on this process's devices: JAX moves only host values (every process
+    passing the same one) or arrays already spread over the processes onto such a sharding."""
+    if isinstance(x, jax.Array) and x.is_fully_addressable and not sharding.is_fully_addressable:
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = jax.device_put(np.asarray(jax.random.key_data(x)), sharding)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        x = np.asarray(x)
+    return jax.device_put(x, sharding)
+
+
 def shard_module(module: nnx.Module, mesh: Mesh, rules: Mapping[str, str | None] = DEFAULT_RULES) -> nnx.Module:
     """Move every parameter of `module` (in place) to its NamedSharding on `mesh`; returns the module."""
     for _, var in nnx.iter_graph(module):
@@ -72,14 +84,14 @@ def shard_module(module: nnx.Module, mesh: Mesh, rules: Mapping[str, str | None]
             value = var[...]
             if axes is None:
                 axes = (None,) * value.ndim
-            var.set_value(jax.device_put(value, named_sharding(axes, value.shape, mesh, rules)))
+            var.set_value(put(value, named_sharding(axes, value.shape, mesh, rules)))
     return module
 
 
 def shard_cache(cache, mesh: Mesh, rules: Mapping[str, str | None] = DEFAULT_RULES):
     """Place a cache (`qwen3.KVCache` [layers, batch, seq, kv_heads, head_dim], or one with `axes`) on `mesh`."""
     axes = cache_axes(cache)
-    return jax.tree.map(lambda a: jax.device_put(a, named_sharding(axes, a.shape, mesh, rules)), cache)
+    return jax.tree.map(lambda a: put(a, named_sharding(axes, a.shape, mesh, rules)), cache)
 
 
 def make_mesh(spec: "str | Mesh | None", *, option: str = "mesh") -> Mesh | None:
@@ -200,14 +212,14 @@ def inputs_on_mesh(fn: Callable, mesh: Mesh | None) -> Callable:
         return fn
     everywhere = NamedSharding(mesh, PartitionSpec())
 
-    def put(x):
+    def onto_mesh(x):
         if isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and not (
                 isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh)):
-            return jax.device_put(x, everywhere)
+            return put(x, everywhere)
         return x
 
     @functools.wraps(fn)
     def run(state, *args, **kwargs):
-        return fn(state, *jax.tree.map(put, args), **{k: jax.tree.map(put, v) for k, v in kwargs.items()})
+        return fn(state, *jax.tree.map(onto_mesh, args), **{k: jax.tree.map(onto_mesh, v) for k, v in kwargs.items()})
 
     return run

@@ -8,16 +8,19 @@ The API is at http://HOST:PORT/v1 (GET /v1/models, POST /v1/chat/completions, PO
 /v1/completions, streaming or not); the UI at http://HOST:PORT/ui. Concurrent requests share a
 pool of --slots sequences (continuous batching). The server compiles its shapes before it accepts
 requests, prints its URL when ready, and stops cleanly on Ctrl-C or SIGTERM: running requests
-finish (or are cancelled after --shutdown-timeout seconds).
+finish, or after --shutdown-timeout seconds end with an error (a stream: an error event and [DONE]).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
 import socket
 import sys
+
+import jax
 
 from dart_jax.api.generate import DEMO_PROMPT, add_model_options, load_model
 from dart_jax.errors import InputError, cli_boundary
@@ -26,6 +29,7 @@ try:
     import uvicorn
 
     from .app import create_app
+    from .multihost import SharedScheduler
     from .scheduler import Scheduler
     from .ui import mount
     _MISSING = None
@@ -41,7 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--no-ui", action="store_true", help="serve the API only")
     ap.add_argument("--api-key", default=os.environ.get("DART_JAX_API_KEY"),
-                    help="require 'Authorization: Bearer KEY' on /v1 (default: $DART_JAX_API_KEY; unset = open)")
+                    help="require 'Authorization: Bearer KEY' on /v1, /docs and /openapi.json, and a login with the "
+                         "key as the password on /ui (default: $DART_JAX_API_KEY; unset = open)")
     ap.add_argument("--model-name", help="the model id clients send (default: the head's folder or hub id; "
                                          "'dart-jax-demo' for the demo)")
     ap.add_argument("--slots", type=int, default=8, help="sequences decoded together per method (the pool size)")
@@ -57,15 +62,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+SHUTDOWN_MESSAGE = "the server is shutting down; this answer was cut short, send the request again later."
+SHUTDOWN_GRACE = 2.0  # seconds uvicorn waits past --shutdown-timeout, for the cut answers to reach their clients
+
+
 class _Server(uvicorn.Server if _MISSING is None else object):
-    """uvicorn's server, printing the URL once it listens."""
+    """uvicorn's server, printing the URL once it listens. At shutdown, requests still running
+    shortly before the graceful deadline are ended through the scheduler, so that each stream
+    ends with an error event and [DONE] (and a plain request with a 503) rather than a cut
+    connection."""
 
     url = ""
+    scheduler = None
+    cut_after: float | None = None  # seconds after the shutdown starts (None: just inside uvicorn's deadline)
 
     async def startup(self, sockets=None):
         await super().startup(sockets)
         if self.started:
             print(f"dart_jax: serving on {self.url}", flush=True)
+
+    async def shutdown(self, sockets=None):
+        cutter = None
+        timeout = self.config.timeout_graceful_shutdown
+        if self.scheduler is not None and timeout is not None:
+            async def cut():
+                # leave the answers a moment to reach their clients before uvicorn cancels what is left
+                after = self.cut_after if self.cut_after is not None else timeout - min(1.0, timeout / 2)
+                await asyncio.sleep(max(0.0, after))
+                self.scheduler.interrupt(SHUTDOWN_MESSAGE)
+            cutter = asyncio.create_task(cut())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if cutter is not None:
+                cutter.cancel()
+
+
+def warmup_ids(model) -> list[int]:
+    """The warm-up prompt's ids, raw (no chat template: a base without one serves /v1/completions)."""
+    return model.encode(DEMO_PROMPT, chat=False)
 
 
 def _check(args) -> None:
@@ -93,19 +128,27 @@ def serve(args) -> int:
     _check(args)
     model = load_model(args)
     name = args.model_name or ("dart-jax-demo" if args.ckpt is None else str(args.ckpt).rstrip("/"))
-    scheduler = Scheduler(model, slots=args.slots, max_length=args.max_length).start()
+    if jax.process_count() > 1:  # python -m dart_jax.launch: process 0 serves, the others follow its steps
+        scheduler = SharedScheduler(model, slots=args.slots, max_length=args.max_length)
+        if jax.process_index() != 0:
+            scheduler.follow()
+            return 0
+        scheduler.start()
+    else:
+        scheduler = Scheduler(model, slots=args.slots, max_length=args.max_length).start()
     try:
         if args.warmup != "none":
             print(f"dart_jax: compiling ({args.warmup} warm-up) ...", file=sys.stderr, flush=True)
-            scheduler.warmup(model.encode(DEMO_PROMPT), full=args.warmup == "full")
+            scheduler.warmup(warmup_ids(model), full=args.warmup == "full")
         app = create_app(scheduler, model_name=name, api_key=args.api_key)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{host}:{args.port}"
         if not args.no_ui:
-            app = mount(app, scheduler, title=f"dart_jax · {name}")
+            app = mount(app, scheduler, title=f"dart_jax · {name}", api_key=args.api_key)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                timeout_graceful_shutdown=args.shutdown_timeout)
+                                timeout_graceful_shutdown=args.shutdown_timeout + SHUTDOWN_GRACE)
         server = _Server(config)
+        server.scheduler, server.cut_after = scheduler, args.shutdown_timeout
         server.url = url + ("" if args.no_ui else "/ui") + f"  (API: {url}/v1)"
         # uvicorn finishes running requests on SIGINT/SIGTERM, then raises the signal again: end quietly then
         for sig in (signal.SIGINT, signal.SIGTERM):

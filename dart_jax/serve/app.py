@@ -4,11 +4,16 @@
     POST /v1/chat/completions    messages through the model's chat template; streaming (SSE) or not
     POST /v1/completions         a raw text prompt (or token ids); streaming or not
     GET  /health                 liveness
+    GET  /docs, /openapi.json    the API's description (behind the key when there is one)
 
+A request's `tree_size` is rounded to the nearest size the server offers (`tree_sizes` in GET
+/v1/models), so that requests cannot make it build pools and compile steps without bound.
 Every response carries a `dart` object saying how it was decoded: the method, the draft tree size,
 the accepted length of every step and their mean, and tokens/s; a streamed chunk carries the
 accepted length of the step it came from. Errors are OpenAI's {"error": {message, type, param,
-code}} with a 4xx status (5xx only for the server's own faults).
+code}} with a 4xx status (5xx only for the server's own faults). A body is read up to a size
+limit before anything parses it (a 413 beyond), so no client can make the server tokenise
+megabytes of text for a request that cannot fit its context anyway.
 """
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from jinja2 import TemplateError
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -31,6 +38,60 @@ from .scheduler import Job, Scheduler, async_sink
 from .text import TextStream
 
 _FINISH = {"eos": "stop", "length": "length", "stop": "stop"}
+# bytes of a request body per token of context (JSON escapes take up to 12 bytes a character), and at least 1 MiB
+BODY_BYTES_PER_TOKEN, MIN_BODY_BYTES = 256, 1 << 20
+
+
+def body_limit(max_length: int) -> int:
+    """The largest request body the API reads for a server of `max_length` tokens of context."""
+    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * int(max_length))
+
+
+def check_bearer(header: str, key: str) -> bool:
+    """Whether an Authorization header carries `key` as a bearer token (the scheme's case is free, RFC 7235)."""
+    scheme, _, token = header.strip().partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())
+
+
+class BodyLimit:
+    """ASGI middleware: the body of a request under `prefix` is read up to `limit` bytes before the
+    app sees it; a larger one (declared or sent) gets a 413 in OpenAI's error shape at once."""
+
+    def __init__(self, app, limit: int, prefix: str = "/v1/"):
+        self.app, self.limit, self.prefix = app, int(limit), prefix
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            return await self._refuse(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send):
+        error = APIError(413, f"the request body is larger than this server's limit of {self.limit} bytes (about "
+                              f"{BODY_BYTES_PER_TOKEN} bytes per token of context); shorten the prompt.",
+                         code="request_too_large")
+        await JSONResponse(error.body(), status_code=413)(scope, receive, send)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -58,8 +119,7 @@ class Server:
     def authorize(self, request: Request) -> None:
         if self.api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+        if not check_bearer(request.headers.get("authorization", ""), self.api_key):
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
                                 "key the server was started with (--api-key).", code="invalid_api_key")
 
@@ -96,6 +156,8 @@ class Server:
             while True:
                 event = await q.get()
                 if event.error:
+                    if event.finish_reason == "shutdown":
+                        raise APIError(503, event.error, kind="server_error", code="server_shutting_down")
                     raise APIError(500, f"generation failed: {event.error}", kind="server_error")
                 piece = stream.feed(event.ids)
                 if stream.stopped:
@@ -154,9 +216,13 @@ class Server:
 def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = None) -> FastAPI:
     """The API app; mount the UI on it with `dart_jax.serve.ui.mount`."""
     server = Server(scheduler, model_name, api_key)
+    # with a key, the API's description is served behind it too (below) rather than by FastAPI
+    open_docs = api_key is None
     app = FastAPI(title="dart_jax", description="DART speculative decoding, OpenAI-compatible API",
-                  docs_url="/docs", redoc_url=None)
+                  docs_url="/docs" if open_docs else None, openapi_url="/openapi.json" if open_docs else None,
+                  redoc_url=None)
     app.state.server = server
+    app.add_middleware(BodyLimit, limit=body_limit(scheduler.max_length))
 
     @app.exception_handler(APIError)
     async def _api_error(_, exc: APIError):
@@ -174,6 +240,15 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
 
     auth = [Depends(server.authorize)]
 
+    if not open_docs:
+        @app.get("/openapi.json", dependencies=auth, include_in_schema=False)
+        async def openapi():
+            return app.openapi()
+
+        @app.get("/docs", dependencies=auth, include_in_schema=False)
+        async def docs():
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="dart_jax API")
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "jobs": scheduler.load()}
@@ -183,7 +258,8 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": server.created,
                                             "owned_by": "dart_jax", "methods": sorted(scheduler.methods),
                                             "max_length": scheduler.max_length,
-                                            "tree_size": scheduler.default_tree_size}]}
+                                            "tree_size": scheduler.default_tree_size,
+                                            "tree_sizes": list(scheduler.tree_sizes)}]}
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -193,6 +269,9 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
             ids = server.model.encode(messages)
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
+        except TemplateError as e:  # the model's chat template is broken: the server's fault, not the client's
+            raise APIError(500, f"the model's chat template failed ({type(e).__name__}: {e}); the server's "
+                                "tokenizer_config.json / chat_template.jinja needs fixing.", kind="server_error") from None
         settings = server.settings(body, len(ids), body.max_completion_tokens or body.max_tokens)
         job, q = server.submit(ids, settings, body)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())

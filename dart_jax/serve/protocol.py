@@ -10,7 +10,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dart_jax.errors import check_text
+
 SEED_RANGE = (0, 2**63 - 1)
+
+
+def _valid_text(value, what: str):
+    """Strings (also inside lists and content parts) that are valid Unicode: JSON lets a body carry a
+    lone surrogate ("\\ud800"), which no tokenizer takes."""
+    if isinstance(value, str):
+        check_text(value, what)
+    elif isinstance(value, list):
+        for item in value:
+            _valid_text(item.get("text") if isinstance(item, dict) else item, what)
+    return value
 
 
 class APIError(Exception):
@@ -29,6 +42,11 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _unicode(cls, content):
+        return _valid_text(content, "the message content")
 
     def text(self) -> str:
         """The message's text; content parts must all be text."""
@@ -76,7 +94,7 @@ class _Sampling(BaseModel):
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if len(stops) > 16 or any(not s for s in stops):
             raise ValueError("stop takes up to 16 non-empty strings")
-        return stops
+        return _valid_text(stops, "a stop string")
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -107,6 +125,10 @@ class CompletionRequest(_Sampling):
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            _valid_text(prompt, "the prompt")
+        elif isinstance(prompt, str):
+            _valid_text(prompt, "the prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise ValueError("one prompt per request (a list of several strings is a batch: send them separately)")

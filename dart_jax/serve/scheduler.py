@@ -4,7 +4,9 @@ Web handlers (the HTTP API's coroutines, the UI's generators) never touch JAX. T
 `Job` with a sink for its events and read the events from there; the scheduler thread admits jobs
 into the pools and steps them in turn:
 - method "dart": one `Batcher` pool of `slots` sequences per draft-tree size (the server's default
-  size, plus any other size a request asks for, made on first use);
+  size, plus any other size a request asks for, made on first use); a request's size is rounded
+  to the nearest of a few offered sizes (`tree_sizes`), so that no client can make the server
+  build pools, caches and compiled steps without bound;
 - method "ar": a `PlainBatcher` pool of `slots` sequences, plain autoregressive decoding of the
   target (one token per sequence and step, all sequences in one call);
 - method "eagle3" (a model loaded with an EAGLE-3 head): one `Batcher` pool over the EAGLE-3 engine
@@ -25,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from dart_jax.api.model import DartModel
+from dart_jax.api.model import DartModel, max_tree_nodes
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, SlotPool
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
@@ -33,13 +35,14 @@ from dart_jax.decoding.settings import GenerationSettings
 log = logging.getLogger("dart_jax.serve")
 
 METHODS = {"dart": "DART", "ar": "plain (autoregressive)"}
+TREE_SIZES = (8, 16, 32, 60, 96)  # the draft tree sizes a server offers besides its default
 
 
 @dataclasses.dataclass
 class Event:
     """What one step of a job produced: new token ids and the step's accepted length (0 for the
     prefill's first token, 1 for a plain step). The last event has `done` and a finish reason:
-    'eos', 'length' or 'cancelled', or 'error' with `error` set."""
+    'eos', 'length' or 'cancelled', or 'error' / 'shutdown' (the server stops) with `error` set."""
 
     ids: list[int]
     accepted: int
@@ -104,6 +107,8 @@ class Scheduler:
             max_length = min(2048, model.target.config.max_position_embeddings)
         self.model, self.slots, self.max_length = model, int(slots), int(max_length)
         self.default_tree_size = model.engine.tree.keep
+        most = max_tree_nodes(model.engine.tree, model.engine.drafter.rows)
+        self.tree_sizes = sorted({self.default_tree_size} | {s for s in TREE_SIZES if s <= most})
         self.methods = dict(METHODS)
         if model.eagle3_engine is not None:  # loaded with --eagle3: its own pool, its tree size fixed
             self.methods["eagle3"] = "EAGLE-3"
@@ -114,6 +119,7 @@ class Scheduler:
         self.finished: collections.Counter = collections.Counter()  # jobs ended, by finish reason
         self._open: set[Job] = set()
         self._stop = threading.Event()
+        self._closing = threading.Event()  # interrupted: no new jobs
         self._thread = threading.Thread(target=self._loop, name="dart_jax-scheduler", daemon=True)
         # the default pool is made (and its caches allocated) now, so that a pool too large fails at start
         self._pool("dart", self.default_tree_size)
@@ -130,12 +136,16 @@ class Scheduler:
         size = self.default_tree_size if tree_size is None else tree_size
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 256:
             raise ValueError(f"tree_size must be an integer in [1, 256] (draft tree nodes), got {size!r}.")
-        return size
+        return self.offered_size(size)
+
+    def offered_size(self, size: int) -> int:
+        """The offered tree size nearest to `size` (the smaller one on a tie)."""
+        return min(self.tree_sizes, key=lambda s: (abs(s - size), s))
 
     def submit(self, prompt_ids, settings: GenerationSettings, sink: Callable[[Event], None], *,
                method: str = "dart", tree_size: int | None = None) -> Job:
         """Queue a generation; its events go to `sink`. Raises ValueError for a bad request."""
-        if self._stop.is_set():
+        if self._stop.is_set() or self._closing.is_set():
             raise RuntimeError("the server is shutting down.")
         size = self.check(prompt_ids, settings, method, tree_size)
         job = Job(next(self._ids), method, list(prompt_ids), settings, size, sink)
@@ -151,6 +161,12 @@ class Scheduler:
     def load(self) -> dict:
         """Jobs open now (queued or running) and ended so far by finish reason."""
         return {"open": len(self._open), "finished": dict(self.finished)}
+
+    def interrupt(self, message: str) -> None:
+        """End every open job now with finish reason 'shutdown' and `message` as its error (the
+        server stops: its clients hear why instead of a cut connection); later submissions are refused."""
+        self._closing.set()
+        self._inbox.put(("interrupt", message))
 
     def start(self) -> "Scheduler":
         self._thread.start()
@@ -226,6 +242,8 @@ class Scheduler:
                 self._admit(job)
             elif kind == "cancel":
                 self._cancel(job)
+            elif kind == "interrupt":
+                self._fail_all(job, reason="shutdown")
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -269,8 +287,9 @@ class Scheduler:
             job.stats.total_s = time.perf_counter() - job.created
         job.sink(Event(list(ids or []), accepted, True, reason, error))
 
-    def _fail_all(self, error: str | None) -> None:
-        """Finish every job still open: 'error' after a crash, 'cancelled' at shutdown."""
+    def _fail_all(self, error: str | None, reason: str = "error") -> None:
+        """Finish every job still open: `reason` ('error' after a crash, 'shutdown' when the server
+        stops) with `error`, or 'cancelled' without one (the thread ends)."""
         jobs = list(self._jobs.values())
         while True:
             try:
@@ -280,6 +299,10 @@ class Scheduler:
             if kind == "submit":
                 jobs.append(job)
         for job in jobs:
+            if job._handle is not None:
+                for pool in self._pools.values():
+                    if pool.cancel(job._handle):
+                        break
             if not job.done:
-                self._finish(job, "error" if error else "cancelled", error=error)
+                self._finish(job, reason if error else "cancelled", error=error)
         self._jobs.clear()

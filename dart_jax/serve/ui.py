@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import queue
+import secrets
 import threading
 import time
 from typing import Any
@@ -31,7 +32,6 @@ CSS = """
 .dj-msg { white-space: pre-wrap; overflow-wrap: anywhere; }
 .dj-stats { font-variant-numeric: tabular-nums; }
 """
-TREE_SIZES = (8, 16, 32, 60, 96)
 _LABELS = {"dart": "DART", "ar": "Plain"}
 
 
@@ -248,7 +248,7 @@ class ChatUI:
     # ------------------------------------------------------------------ layout
     def blocks(self) -> gr.Blocks:
         methods = [(label, name) for name, label in self.scheduler.methods.items()]
-        sizes = sorted(set(TREE_SIZES) | {self.scheduler.default_tree_size})
+        sizes = list(self.scheduler.tree_sizes)
         with gr.Blocks(title=self.title, analytics_enabled=False) as demo:
             gr.Markdown(f"## {html.escape(self.title)}\nDART speculative decoding: each highlighted chunk is one "
                         "step's accepted draft (hover for its length). The API is at `/v1` (OpenAI-compatible).")
@@ -293,10 +293,15 @@ class ChatUI:
         return demo
 
 
-def mount(app, scheduler: Scheduler, *, title: str, path: str = "/ui"):
-    """Mount the chat UI on `app` (a FastAPI app) at `path`."""
+def mount(app, scheduler: Scheduler, *, title: str, path: str = "/ui", api_key: str | None = None):
+    """Mount the chat UI on `app` (a FastAPI app) at `path`. With `api_key`, the UI and its Gradio
+    endpoints need a login first: any user name, the key as the password."""
     demo = ChatUI(scheduler, title).blocks()
     demo.queue(default_concurrency_limit=max(scheduler.slots, 1) * 2)
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
     app.state.ui_path = path
-    return gr.mount_gradio_app(app, demo, path=path, css=CSS, theme=theme, footer_links=[])
+    login = {}
+    if api_key is not None:
+        login = dict(auth=lambda _user, password: secrets.compare_digest(str(password).encode(), api_key.encode()),
+                     auth_message="This server needs its API key: any user name, the key as the password.")
+    return gr.mount_gradio_app(app, demo, path=path, css=CSS, theme=theme, footer_links=[], **login)

@@ -1,0 +1,319 @@
+"""Issue 27, the server's side: bad text and huge bodies get OpenAI-shaped 4xx errors before any
+tokenising, the API key guards the UI and the API's description too (and takes `bearer` in any
+case), tree sizes are bounded, a base without a chat template still serves, and a shutdown ends
+running streams with an error event and [DONE].
+
+The web layer is driven in process over a stand-in scheduler (it never calls JAX: requests that
+must be refused never reach it); the scheduler's own bound and interrupt run on the embedded tiny
+model without decoding a step."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from dart_jax.api.model import DEMO_DIR, DartModel
+from dart_jax.serve import __main__ as serve_cli
+from dart_jax.serve.app import body_limit, check_bearer, create_app
+from dart_jax.serve.scheduler import TREE_SIZES, Event, Job, Scheduler, thread_sink
+
+from serving import free_port
+
+KEY = "s3cret-key"
+NAME = "dart-jax-demo"
+MAX_LENGTH = 384
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The embedded tiny model (the scheduler's tests build its pools)."""
+    return DartModel.demo("tiny", keep=16)
+
+
+class TextModel:
+    """What the web layer uses of a DartModel, over the tiny demo's real tokenizer, encoding as
+    DartModel.encode does (chat template, then the tokenizer)."""
+
+    def __init__(self):
+        from transformers import AutoTokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(str(DEMO_DIR / "base"))
+
+    def encode(self, prompt, chat=True):
+        if not isinstance(prompt, str) or chat:
+            items = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            prompt = self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids):
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def text_model():
+    return TextModel()
+
+
+class StandIn:
+    """What the web layer uses of a Scheduler. A job's events come from a thread: `steps` pieces of
+    token ids, one every `pause` seconds, then 'length' (or, after `interrupt`, 'shutdown')."""
+
+    def __init__(self, model, steps: int = 3, pause: float = 0.0):
+        self.model, self.max_length, self.slots = model, MAX_LENGTH, 2
+        self.methods = {"dart": "DART", "ar": "plain"}
+        self.default_tree_size, self.tree_sizes = 16, [8, 16]
+        self.steps, self.pause, self.jobs, self.encoded = steps, pause, [], 0
+        self._interrupted = threading.Event()
+
+    def submit(self, ids, settings, sink, *, method="dart", tree_size=None):
+        job = Job(len(self.jobs) + 1, method, list(ids), settings, tree_size or 16, sink)
+        self.jobs.append(job)
+        threading.Thread(target=self._run, args=(job,), daemon=True).start()
+        return job
+
+    def _run(self, job):
+        for i in range(self.steps):
+            if self._interrupted.wait(self.pause):
+                job.finish_reason = "shutdown"
+                job.sink(Event([], 0, True, "shutdown", serve_cli.SHUTDOWN_MESSAGE))
+                return
+            job.token_ids.append(5 + i)
+            job.sink(Event([5 + i], 1))
+        job.finish_reason = "length"
+        job.sink(Event([], 1, True, "length"))
+
+    def interrupt(self, message):
+        self._interrupted.set()
+
+    def cancel(self, job):
+        pass
+
+    def load(self):
+        return {"open": 0, "finished": {}}
+
+
+def client_for(text_model, api_key=KEY, **kw) -> tuple[TestClient, StandIn]:
+    scheduler = StandIn(text_model, **kw)
+    return TestClient(create_app(scheduler, model_name=NAME, api_key=api_key), raise_server_exceptions=False), scheduler
+
+
+def openai_error(r, status: int) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    return body["error"]
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def test_text_that_is_not_unicode_is_a_400_naming_the_field(text_model):
+    client, scheduler = client_for(text_model)
+    chat = {"model": NAME, "max_tokens": 2}
+    lone = '{"model": "%s", "messages": [{"role": "user", "content": "caf\\ud800e"}]}' % NAME
+    r = client.post("/v1/chat/completions", content=lone, headers={**AUTH, "content-type": "application/json"})
+    err = openai_error(r, 400)
+    assert err["param"] == "messages" and "U+D800" in err["message"]
+    parts = {**chat, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc9c"}]}]}
+    r = client.post("/v1/chat/completions", content=json.dumps(parts), headers={**AUTH, "content-type": "application/json"})
+    assert "not valid Unicode" in openai_error(r, 400)["message"]
+    for prompt in ("x\ud83dy", ["\udfff"]):
+        body = json.dumps({"model": NAME, "prompt": prompt})
+        r = client.post("/v1/completions", content=body, headers={**AUTH, "content-type": "application/json"})
+        assert openai_error(r, 400)["param"] == "prompt"
+    body = json.dumps({**chat, "messages": [{"role": "user", "content": "hi"}], "stop": ["\ud800"]})
+    r = client.post("/v1/chat/completions", content=body, headers={**AUTH, "content-type": "application/json"})
+    assert openai_error(r, 400)["param"] == "stop"
+    bad_bytes = b'{"model": "%s", "prompt": "caf\xe9 \x9c"}' % NAME.encode()
+    r = client.post("/v1/completions", content=bad_bytes, headers={**AUTH, "content-type": "application/json"})
+    openai_error(r, 400)
+    assert scheduler.jobs == []
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_parsed_or_tokenised(text_model, monkeypatch):
+    client, scheduler = client_for(text_model)
+    calls = []
+    monkeypatch.setattr(type(text_model), "encode", lambda self, *a, **k: calls.append(1) or [1, 2])
+    limit = body_limit(MAX_LENGTH)
+    assert limit >= 1 << 20
+    huge = json.dumps({"model": NAME, "prompt": "word " * (limit // 5 + 10)}).encode()
+    assert len(huge) > limit
+    r = client.post("/v1/completions", content=huge, headers={**AUTH, "content-type": "application/json"})
+    assert openai_error(r, 413)["code"] == "request_too_large"
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for i in range(0, len(huge), 1 << 16):
+            yield huge[i:i + (1 << 16)]
+    r = client.post("/v1/chat/completions", content=chunked(), headers={**AUTH, "content-type": "application/json"})
+    assert openai_error(r, 413)["code"] == "request_too_large"
+    assert calls == [] and scheduler.jobs == []
+    # a body under the limit goes through
+    r = client.post("/v1/completions", json={"model": NAME, "prompt": "hello", "max_tokens": 3}, headers=AUTH)
+    assert r.status_code == 200 and calls == [1], r.text
+
+
+def test_the_key_guards_docs_and_openapi_and_bearer_is_case_insensitive(text_model):
+    client, _ = client_for(text_model)
+    for path in ("/docs", "/openapi.json", "/v1/models"):
+        assert openai_error(client.get(path), 401)["code"] == "invalid_api_key"
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            assert client.get(path, headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200, (path, scheme)
+        assert client.get(path, headers={"Authorization": f"Bearer {KEY}x"}).status_code == 401
+    assert "/v1/chat/completions" in client.get("/openapi.json", headers=AUTH).json()["paths"]
+    assert check_bearer(f"  bEaReR   {KEY} ", KEY) and not check_bearer(f"Basic {KEY}", KEY) and not check_bearer(KEY, KEY)
+    open_client, _ = client_for(text_model, api_key=None)
+    assert open_client.get("/docs").status_code == 200 and open_client.get("/openapi.json").status_code == 200
+
+
+def test_the_key_guards_the_ui_and_its_gradio_endpoints(text_model):
+    from dart_jax.serve.ui import mount
+
+    scheduler = StandIn(text_model)
+    app = mount(create_app(scheduler, model_name=NAME, api_key=KEY), scheduler, title="t", api_key=KEY)
+    client = TestClient(app, raise_server_exceptions=False)
+    # without logging in: no config (the page's components and endpoints), no prediction, no queue
+    config = client.get("/ui/config")
+    assert config.status_code in (401, 403), config.text[:300]
+    for path in ("/ui/gradio_api/queue/join", "/ui/gradio_api/run/predict", "/ui/gradio_api/call/respond"):
+        r = client.post(path, json={"data": ["hello", [], "dart", False, "ar", 0, 1, 0, 8, 16], "fn_index": 0,
+                                    "session_hash": "x"})
+        assert r.status_code in (401, 403, 404), (path, r.status_code, r.text[:300])
+    assert client.post("/ui/login", data={"username": "me", "password": "wrong"}).status_code in (400, 401)
+    assert client.post("/ui/login", data={"username": "me", "password": KEY}).status_code == 200
+    assert client.get("/ui/config").status_code == 200
+    assert scheduler.jobs == []
+
+
+def test_without_a_key_the_ui_needs_no_login(text_model):
+    from dart_jax.serve.ui import mount
+
+    scheduler = StandIn(text_model)
+    client = TestClient(mount(create_app(scheduler, model_name=NAME), scheduler, title="t"))
+    assert client.get("/ui/config").status_code == 200
+
+
+def test_tree_sizes_are_bounded_to_a_few_offered_ones(model):
+    scheduler = Scheduler(model, slots=1, max_length=64)
+    try:
+        assert scheduler.default_tree_size == 16 and scheduler.tree_sizes == sorted({16, *TREE_SIZES})
+        ids = model.encode("hi", chat=False)
+        from dart_jax.decoding.settings import GenerationSettings
+        settings = GenerationSettings(max_new_tokens=4, max_length=64)
+        sizes = {scheduler.check(ids, settings, "dart", n) for n in range(1, 257)}
+        assert sizes == set(scheduler.tree_sizes)
+        assert scheduler.check(ids, settings, "dart", 17) == 16 and scheduler.check(ids, settings, "dart", 250) == 96
+        assert scheduler.check(ids, settings, "dart", 12) == 8  # a tie goes to the smaller size
+        for n in (3, 40, 77, 200):
+            scheduler.submit(ids, settings, lambda e: None, tree_size=n)
+        scheduler._drain(block=False)  # admits them (no step runs: nothing compiles)
+        assert {key for key in scheduler._pools if key[0] == "dart"} <= {("dart", s) for s in scheduler.tree_sizes}
+        assert len(scheduler._pools) <= len(scheduler.tree_sizes)
+    finally:
+        scheduler._fail_all(None)
+        for pool in scheduler._pools.values():
+            pool.close()
+
+
+def test_interrupt_ends_every_open_job_with_a_shutdown_error_and_refuses_new_ones(model):
+    scheduler = Scheduler(model, slots=1, max_length=64)
+    try:
+        from dart_jax.decoding.settings import GenerationSettings
+        settings = GenerationSettings(max_new_tokens=4, max_length=64)
+        ids = model.encode("hi", chat=False)
+        queues = []
+        for _ in range(2):  # one takes the slot, one waits
+            q, sink = thread_sink()
+            scheduler.submit(ids, settings, sink)
+            queues.append(q)
+        scheduler._drain(block=False)
+        scheduler.interrupt("going down")
+        scheduler._drain(block=False)
+        for q in queues:
+            event = q.get_nowait()
+            assert event.done and event.finish_reason == "shutdown" and event.error == "going down"
+        with pytest.raises(RuntimeError, match="shutting down"):
+            scheduler.submit(ids, settings, lambda e: None)
+        assert scheduler.load()["open"] == 0
+    finally:
+        for pool in scheduler._pools.values():
+            pool.close()
+
+
+def test_the_server_starts_for_a_base_without_a_chat_template(model, monkeypatch):
+    monkeypatch.setattr(model.tokenizer, "chat_template", None)
+    with pytest.raises(ValueError, match="no chat template"):
+        model.encode(serve_cli.DEMO_PROMPT)
+    assert serve_cli.warmup_ids(model) == model.encode(serve_cli.DEMO_PROMPT, chat=False)
+
+
+def test_shutdown_ends_running_streams_with_an_error_event_and_done(text_model):
+    """A real uvicorn server (in a thread) stopped while two answers stream: each stream ends with
+    an OpenAI error event and [DONE] before the graceful deadline, and a plain request gets a 503."""
+    import uvicorn
+
+    scheduler = StandIn(text_model, steps=10_000, pause=0.02)
+    app = create_app(scheduler, model_name=NAME)
+    port = free_port()
+    server = serve_cli._Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                              timeout_graceful_shutdown=2.0))
+    server.scheduler = scheduler
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    lines: dict[int, list[str]] = {0: [], 1: []}
+    plain: list[httpx.Response] = []
+
+    def stream(i):
+        body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines[i].append(line)
+
+    def complete():
+        plain.append(httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": "hi"}, timeout=30))
+    readers = [threading.Thread(target=stream, args=(i,)) for i in (0, 1)] + [threading.Thread(target=complete)]
+    for t in readers:
+        t.start()
+    while (len(lines[0]) < 3 or len(lines[1]) < 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    server.should_exit = True  # what SIGTERM does
+    for t in readers:
+        t.join(30)
+    thread.join(30)
+    assert time.monotonic() - started < 5
+    for got in lines.values():
+        assert got[-1] == "data: [DONE]", got[-3:]
+        error = json.loads(got[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "server_shutting_down" and "shutting down" in error["message"]
+    assert plain and openai_error(plain[0], 503)["code"] == "server_shutting_down"
+
+
+def test_shutdown_cut_runs_before_uvicorn_cancels(text_model):
+    """The cut is timed inside the graceful deadline, also for a deadline of 0."""
+    import uvicorn
+
+    for timeout in (0.0, 0.4):
+        scheduler = StandIn(text_model)
+        server = serve_cli._Server(uvicorn.Config(create_app(scheduler, model_name=NAME), timeout_graceful_shutdown=timeout))
+        server.scheduler = scheduler
+        server.servers, server.server_state.tasks = [], set()
+
+        async def run():
+            server.lifespan = type("L", (), {"shutdown": staticmethod(lambda: asyncio.sleep(0))})()
+            hold = asyncio.create_task(asyncio.sleep(10))
+            server.server_state.tasks.add(hold)
+            hold.add_done_callback(server.server_state.tasks.discard)
+            await server.shutdown()
+            return hold.cancelled()
+        assert asyncio.run(run())
+        assert scheduler._interrupted.is_set()
