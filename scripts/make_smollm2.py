@@ -219,8 +219,7 @@ def stage_more(args) -> None:
 def stage_ship(args) -> None:
     import shutil
 
-    from dart_jax.convert.dart_head import read_head
-    from dart_jax.convert.dart_head import write_dart_head
+    from dart_jax.convert.dart_head import read_head, write_dart_head
 
     folder, config, tensors = read_head(WORK / "run2" / "head")
     SHIP.mkdir(parents=True, exist_ok=True)

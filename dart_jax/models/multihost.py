@@ -31,7 +31,7 @@ def wait_for_all(name: str) -> None:
     """Block until every process reaches the barrier `name` (e.g. until process 0 wrote a file the
     others read)."""
     if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(name)
+        multihost_utils.sync_global_devices(name)
 
 
 def share(payload: bytes | None) -> bytes:

@@ -34,25 +34,17 @@ class SharedScheduler(Scheduler):
         """The loop of a process other than 0 (blocks until process 0 stops)."""
         self._loop()
 
-    def _loop(self) -> None:
-        try:
-            while True:
-                ops, stop = self._exchange(block=not any(p.active for p in self._pools.values()))
-                for op in ops:
-                    self._apply(op)
-                if stop:
-                    break
-                for pool in list(self._pools.values()):
-                    if pool.active:
-                        self._step_pool(pool)
-                self._known = {i: job for i, job in self._known.items() if not job.done}
-        except Exception as e:  # noqa: BLE001 - a bug, or a peer gone: every client hears of it
-            self._fail_all(f"internal error: {type(e).__name__}: {e}")
-            raise
-        finally:
-            self._fail_all(None)
-            for pool in self._pools.values():
-                pool.close()
+    def _turn(self) -> bool:
+        """One turn in every process: process 0's operations of the turn applied alike, then the
+        same pools stepped; False once process 0 stops."""
+        ops, stop = self._exchange(block=not any(p.active for p in self._pools.values()))
+        for op in ops:
+            self._apply(op)
+        if stop:
+            return False
+        self._step_pools()
+        self._known = {i: job for i, job in self._known.items() if not job.done}
+        return True
 
     def _exchange(self, block: bool) -> tuple[list[tuple], bool]:
         """What process 0's clients asked since the last turn, as plain operations, in every process."""

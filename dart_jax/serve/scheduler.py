@@ -217,11 +217,8 @@ class Scheduler:
 
     def _loop(self) -> None:
         try:
-            while not self._stop.is_set():
-                self._drain(block=not any(p.active for p in self._pools.values()))
-                for pool in list(self._pools.values()):
-                    if pool.active:
-                        self._step_pool(pool)
+            while self._turn():
+                pass
         except Exception as e:  # a bug: every client hears of it, the log has the traceback
             log.exception("the scheduler stopped")
             self._fail_all(f"internal error: {type(e).__name__}: {e}")
@@ -230,6 +227,19 @@ class Scheduler:
             self._fail_all(None)
             for pool in self._pools.values():
                 pool.close()
+
+    def _turn(self) -> bool:
+        """One turn of the loop: take what clients asked, step every active pool; False to stop."""
+        if self._stop.is_set():
+            return False
+        self._drain(block=not any(p.active for p in self._pools.values()))
+        self._step_pools()
+        return True
+
+    def _step_pools(self) -> None:
+        for pool in list(self._pools.values()):
+            if pool.active:
+                self._step_pool(pool)
 
     def _drain(self, block: bool) -> None:
         try:
