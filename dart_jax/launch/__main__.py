@@ -118,14 +118,16 @@ def _die_with_parent():
         pass
 
 
-# Gloo's connection notices, which it prints on the standard output (they would break `--json`)
-_GLOO_NOTICE = re.compile(rb"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+# Gloo's connection notices, which it prints on the standard output (they would break `--json`);
+# its threads may interleave two of them, leaving "[Gloo] Rank " prefixes and a line's tail apart
+_GLOO_PREFIX = b"[Gloo] Rank "
+_GLOO_NOTICE = re.compile(rb"^\d+ is connected to \d+ peer ranks")
 
 
 def _forward(stream, prefix: str, out) -> None:
     """Copy a process's output line by line to `out`, each line after `prefix`."""
     for line in iter(stream.readline, b""):
-        if _GLOO_NOTICE.match(line):
+        if _GLOO_NOTICE.match(line.replace(_GLOO_PREFIX, b"")):
             continue
         out.buffer.write(prefix.encode() + line)
         out.flush()
