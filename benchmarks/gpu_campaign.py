@@ -1,31 +1,34 @@
 """The GPU campaign: every GPU figure the project tracks, in one command on an H100/H200.
 
-    bash benchmarks/gpu_campaign.sh            # installs the project (no deps), then runs this
-    python benchmarks/gpu_campaign.py --out DIR [--budget-s 540]
+    bash benchmarks/gpu_campaign.sh [--resume DIR]     # installs the project (no deps), then runs this
+    python benchmarks/gpu_campaign.py --out DIR [--budget-s 450] [--resume DIR ...] [--smoke]
 
-Stages, most valuable first, each under its own time limit, each writing its JSON and log to
---out as it finishes (a campaign cut short still leaves what it measured):
+Stages, most valuable first; each writes its JSON (and log) to --out as it finishes, under its own
+time limit, so a campaign cut short still leaves what it measured. A stage whose JSON is already
+in --out or in a --resume folder is skipped (its JSON is copied into --out), so the next call goes
+on where the last one stopped: pass the previous call's results as --resume.
 
-1. `bench e2e` and `bench phases` on one random target of the Qwen3-8B shape (bf16, fewer layers
-   so that it is written quickly; built once, outside --out, and shared by the runs): the whole
-   DART step (draft head, tree search, verify, transfers) against plain decoding's honest
-   per-token time, and greedy agreement of DART and plain decoding in bf16 (`same_output`); also
-   with `--keep auto`.
-2. The test suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests left
-   out (their packages are not in the image).
-3. `bench shapes` at the Qwen3-8B, 4B and 1.7B shapes (random weights, bf16): the target's verify
-   step for trees of 1…60 nodes against one decode step.
+ 1. forced-Qwen3-8B-b1: `bench e2e --force-tau 1,2,3,3.61,5` on a random target of the Qwen3-8B
+    widths and vocabulary (bf16, --layers layers, default 4; built once outside --out and shared
+    by stages 1-3), batch 1, 61-node trees: the end-to-end speedup at forced acceptance
+    (dart_jax/bench/forced.py); τ = 1 gives the bare step against a plain token.
+ 2. profile-Qwen3-8B: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps,
+    the per-phase and per-op tables (profile-Qwen3-8B/profile.{json,md}, the trace beside them).
+ 3. forced-Qwen3-8B-pool: the same at batch 4 and 16 through the continuous-batching pool.
+ 4. forced-Qwen3-4B-b1, forced-Qwen3-1.7B-b1: stage 1 at those shapes.
+ 5. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+    left out (their packages are not in the image); when at least 150 s are left.
+ 6. shapes-Qwen3-8B/4B/1.7B: `bench shapes`, the target's verify for trees of 1…60 nodes against
+    a decode step (measured on 2026-11-25; kept for comparison).
 
-(On 2026-11-25 an H100 measured stage 3; the old order, with 12 layers rebuilt for every run, ran
-out of time in stage 1. See benchmarks/RESULTS.md.)
-
-Then `RESULTS-gpu.md` in --out: the tables, and a PROJECTION of the end-to-end speedup at the
-paper's τ (3.61 on Qwen3-8B): τ × (plain decoding's time per token) / (a DART step's time). It is
-labelled a projection: random weights give the step costs, not the acceptance.
+Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
+itself on a CPU in about a minute: the stages of one tiny random model ("tiny") instead of the
+three shapes, no tests (figures meaningless).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -35,9 +38,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 PAPER_TAU_8B = 3.61
-SHAPES = ("Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B")
+TAUS = "1,2,3,3.61,5"
+SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,4,16,32,60"
 
 
@@ -53,7 +58,7 @@ def run(cmd: list[str], log: Path, limit_s: float, env: dict | None = None) -> t
         except subprocess.TimeoutExpired:
             code = 124
     seconds = time.perf_counter() - start
-    print(f"[{code}] {seconds:6.1f}s  {' '.join(cmd[2:6])} …", flush=True)
+    print(f"[{code}] {seconds:6.1f}s  {log.stem}", flush=True)
     return code, seconds
 
 
@@ -64,74 +69,182 @@ def load(path: Path) -> dict | None:
         return None
 
 
-def main() -> int:
+@dataclasses.dataclass
+class Stage:
+    name: str
+    result: str  # path of its JSON under --out: the stage is done when it exists and parses
+    command: Callable[[], list[str]]
+    limit_s: float
+    needs: str | None = None  # the model set it runs on (built on first need)
+    env: dict | None = None
+    min_left_s: float = 45.0
+
+
+class Campaign:
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.out = args, args.out
+        self.deadline = time.perf_counter() + args.budget_s
+        self.assets: dict[str, Path | None] = {}
+        self.tmp = Path(tempfile.mkdtemp(prefix="dart_jax_campaign_"))
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def done(self, stage: Stage) -> bool:
+        """Whether `stage` has its JSON in --out, or in a --resume folder (then copied here)."""
+        if load(self.out / stage.result) is not None:
+            return True
+        for folder in self.args.resume:
+            src = folder / stage.result
+            if load(src) is not None:
+                dst = self.out / stage.result
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if src.parent.name.startswith("profile-"):  # the whole profile folder (tables and trace)
+                    shutil.copytree(src.parent, dst.parent, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(src, dst)
+                return True
+        return False
+
+    def model(self, shape: str) -> Path | None:
+        """The random model set of `shape` (tiny with --smoke), built on first need; None if that failed."""
+        if shape not in self.assets:
+            folder = self.tmp / shape
+            build = ("import sys; from dart_jax.bench.tiny import build_random_assets as b; "
+                     "from dart_jax.bench.shapes import KNOWN_SHAPES as K; "
+                     "b(sys.argv[1], layers=int(sys.argv[2]), shape=None if sys.argv[3] == '-' else K[sys.argv[3]])")
+            code, _ = run([sys.executable, "-c", build, str(folder), str(3 if self.args.smoke else self.args.layers),
+                           "-" if self.args.smoke else shape], self.out / f"build-{shape}.log",
+                          min(240, self.left() - 30))
+            self.assets[shape] = folder if code == 0 else None
+        return self.assets[shape]
+
+    def given(self, shape: str) -> list[str]:
+        folder = self.assets[shape]
+        return ["--base", str(folder / "base"), "--dart", str(folder / "head"), "--ngram", str(folder / "ngram.trie"),
+                "--limit", "1", "--max-new-tokens", "16" if self.args.smoke else "128", "--no-progress"]
+
+    def stages(self) -> list[Stage]:
+        a, bench = self.args, [sys.executable, "-m", "dart_jax.bench"]
+        shapes = ("tiny",) if a.smoke else SHAPES
+        taus = "1,3" if a.smoke else TAUS
+        keep = "8" if a.smoke else "60"
+        reps = ["--reps", "1", "--warmup", "0"] if a.smoke else ["--reps", "3", "--warmup", "1"]
+        out = self.out
+        stages = []
+        for i, shape in enumerate(shapes):
+            stages.append(Stage(f"forced-{shape}-b1", f"forced-{shape}-b1.json", lambda s=shape: bench + [
+                "e2e", "--force-tau", taus, "--keep", keep, *reps, *self.given(s),
+                "--output", str(out / f"forced-{s}-b1.json")], 200, needs=shape))
+            if i == 0:
+                stages.append(Stage(f"profile-{shape}", f"profile-{shape}/profile.json", lambda s=shape: [
+                    sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / f"profile-{s}"),
+                    "--force-tau", "3" if a.smoke else str(PAPER_TAU_8B), "--keep", keep,
+                    "--steps", "2" if a.smoke else "8", *[x for x in self.given(s) if x != "--no-progress"]], 150,
+                    needs=shape))
+                stages.append(Stage(f"forced-{shape}-pool", f"forced-{shape}-pool.json", lambda s=shape: bench + [
+                    "e2e", "--force-tau", "3" if a.smoke else f"1,{PAPER_TAU_8B}", "--force-batches",
+                    "2" if a.smoke else "4,16", "--keep", keep, *reps, *self.given(s),
+                    "--output", str(out / f"forced-{s}-pool.json")], 200, needs=shape))
+        if not (a.smoke or a.skip_tests):
+            stages.append(Stage("tests", "tests.json", lambda: [
+                sys.executable, "-m", "pytest", "-q", "-x", "-n", "8", "-p", "no:cacheprovider",
+                "--ignore=tests/test_serve_api.py", "--ignore=tests/test_serve_ui.py", "--ignore=tests/test_notebook.py",
+                "--ignore=tests/test_bench_campaign.py"], 360, env={"JAX_DEFAULT_MATMUL_PRECISION": "highest"},
+                min_left_s=150))
+        for shape in shapes:
+            model = (["--tiny", "--reps", "2", "--warmup", "1", "--budgets", "1,4"] if a.smoke else
+                     ["--model", shape, "--dtype", "bfloat16", "--reps", "20", "--warmup", "3", "--budgets", BUDGETS])
+            stages.append(Stage(f"shapes-{shape}", f"shapes-{shape}.json", lambda s=shape, m=model: bench + [
+                "shapes", *m, "--no-progress",
+                "--output", str(out / f"shapes-{s}.json")], 150))
+        return stages
+
+    def run_all(self) -> None:
+        try:
+            for stage in self.stages():
+                if self.done(stage):
+                    print(f"[skip] {stage.name}: {stage.result} is there", flush=True)
+                    continue
+                if self.left() < stage.min_left_s:
+                    print(f"[stop] {stage.name}: {self.left():.0f} s left", flush=True)
+                    continue
+                if stage.needs and self.model(stage.needs) is None:
+                    print(f"[fail] {stage.name}: the {stage.needs} model set was not built (see its build log)")
+                    continue
+                code, seconds = run(stage.command(), self.out / f"{stage.name}.log",
+                                    min(stage.limit_s, self.left() - 15), env=stage.env)
+                if stage.name == "tests":  # its "JSON": the outcome, so that a later call skips it
+                    tail = [ln for ln in (self.out / "tests.log").read_text().splitlines() if ln.strip()][-1:]
+                    if code != 124:
+                        (self.out / "tests.json").write_text(json.dumps(
+                            {"exit_code": code, "seconds": seconds, "summary": tail[0] if tail else ""}) + "\n")
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="folder for the JSON results, logs and RESULTS-gpu.md")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget of the whole campaign")
-    ap.add_argument("--layers", type=int, default=4, help="layers of the random Qwen3-8B-shaped target of stage 1 (default 4)")
-    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--resume", type=Path, action="append", default=[], metavar="DIR",
+                    help="a previous call's results: its finished stages are skipped (repeatable)")
+    ap.add_argument("--budget-s", type=float, default=450.0,
+                    help="wall-clock budget of the whole campaign (default 450: an 8-minute device call with margin)")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the random targets (default 4)")
+    ap.add_argument("--skip-tests", action="store_true", help="leave out the fp32 test stage")
     ap.add_argument("--smoke", action="store_true",
-                    help="a check of the campaign itself on a CPU: tiny shapes and model, no tests (figures meaningless)")
-    args = ap.parse_args()
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    deadline = time.perf_counter() + args.budget_s
-    left = lambda: deadline - time.perf_counter()  # noqa: E731
-    py = [sys.executable, "-m"]
-    bench = py + ["dart_jax.bench"]
+                    help="a check of the campaign itself on a CPU: one tiny model (stages named 'tiny'), no tests "
+                         "(figures meaningless)")
+    args = ap.parse_args(argv)
+    for folder in args.resume:
+        if not folder.is_dir():
+            ap.error(f"--resume {folder}: no such folder (pass the --out folder of an earlier call)")
+    args.out.mkdir(parents=True, exist_ok=True)
     info = subprocess.run([sys.executable, "-c", "import jax, flax, numba; print(jax.__version__, flax.__version__, "
                            "numba.__version__, jax.devices())"], capture_output=True, text=True)
     smi = shutil.which("nvidia-smi")
     gpu = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.strip() if smi else "(no nvidia-smi)"
-    (out / "env.txt").write_text(f"{info.stdout}{info.stderr}\n{gpu}\n")
-
-    # 1. the whole step, the honest baseline, bf16 agreement, auto: one random model set for all
-    assets = Path(tempfile.mkdtemp(prefix="dart_jax_campaign_"))
-    build = ("import sys; from dart_jax.bench.tiny import build_random_assets as b; "
-             "from dart_jax.bench.shapes import KNOWN_SHAPES as K; "
-             "b(sys.argv[1], layers=int(sys.argv[2]), shape=None if sys.argv[3] == '-' else K[sys.argv[3]])")
-    code, _ = run([sys.executable, "-c", build, str(assets), str(3 if args.smoke else args.layers),
-                   "-" if args.smoke else "Qwen3-8B"], out / "build.log", min(240, left() - 60))
-    given = ["--base", str(assets / "base"), "--dart", str(assets / "head"), "--ngram", str(assets / "ngram.trie"),
-             "--limit", "1", "--max-new-tokens", "16" if args.smoke else "64", "--no-progress"]
-    for name, extra in (("e2e-keep60", ["e2e", "--keep", "60"]), ("phases-keep60", ["phases", "--keep", "60"]),
-                        ("e2e-auto", ["e2e", "--keep", "auto"])):
-        if code != 0 or left() < 90:
-            break
-        run(bench + extra + given + ["--output", str(out / f"{name}.json")], out / f"{name}.log",
-            min(200, left() - 30))
-    shutil.rmtree(assets, ignore_errors=True)
-
-    # 2. the suite in fp32 on the GPU
-    if not (args.skip_tests or args.smoke) and left() > 150:
-        run(py + ["pytest", "-q", "-x", "-n", "8", "-p", "no:cacheprovider",
-                  "--ignore=tests/test_serve_api.py", "--ignore=tests/test_serve_ui.py",
-                  "--ignore=tests/test_notebook.py"], out / "tests.log", min(360, left() - 120),
-            env={"JAX_DEFAULT_MATMUL_PRECISION": "highest"})
-
-    # 3. verify cost by tree size at real shapes
-    for shape in reversed(SHAPES):
-        if left() < 60:
-            break
-        model = ["--tiny", "--reps", "3"] if args.smoke else ["--model", shape, "--dtype", "bfloat16", "--reps", "20"]
-        run(bench + ["shapes", *model, "--budgets", BUDGETS, "--warmup", "3", "--no-progress",
-                     "--output", str(out / f"shapes-{shape}.json")],
-            out / f"shapes-{shape}.log", min(150, left() - 30))
-    report(out)
+    (args.out / "env.txt").write_text(f"{info.stdout}{info.stderr}\n{gpu}\n")
+    Campaign(args).run_all()
+    report(args.out, 3 if args.smoke else args.layers)
     return 0
 
 
-def report(out: Path) -> None:
+def _speedup_table(rows: list[dict], label: str) -> list[str]:
+    lines = [f"| {label} | batch | τ asked | τ measured | plain tok/s | DART tok/s | speedup | same output | resynced |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['_label']} | {r['batch']} | {r['tau_asked']:g} | {r['tau']:.2f} | {r['ar_tok_s']:.0f} | "
+                     f"{r['dart_tok_s']:.0f} | **{r['speedup']:.2f}×** | {r['same_output']} | {r.get('resynced', 0)} |")
+    return lines
+
+
+def report(out: Path, layers: int | str = "?") -> None:
     env = (out / "env.txt").read_text().strip() if (out / "env.txt").exists() else "?"
     lines = [f"## GPU campaign, {datetime.date.today().isoformat()}", "",
              "Command: `bash benchmarks/gpu_campaign.sh` (benchmarks/gpu_campaign.py). Hardware and versions:", "",
-             "```", env, "```", ""]
-    lines += ["### Verify step by tree size (random weights, bf16; ms, and ratio to a token of plain decoding's "
+             "```", env, "```", "",
+             "### End-to-end speedup at forced acceptance (random weights, bf16 at the Qwen3 shapes; "
+             "`bench e2e --force-tau`)", "",
+             "The trees hold plain greedy decoding's next D tokens, D drawn per step with mean τ - 1 (geometric, "
+             "capped at the tree depth); same tree size, verify and step as DART (dart_jax/bench/forced.py).", ""]
+    rows = []
+    for shape in SHAPES + ("tiny",):
+        for kind in ("b1", "pool"):
+            d = load(out / f"forced-{shape}-{kind}.json")
+            if d:
+                rows += [{**r, "_label": f"{shape} ({layers} layers)"} for r in d["rows"]]
+    lines += _speedup_table(rows, "target") if rows else ["(not measured: see the logs)"]
+    prof = next(iter(sorted(out.glob("profile-*/profile.md"))), None)
+    lines += ["", prof.read_text().strip() if prof else "### Profile\n\n(not measured: see the logs)"]
+    lines += ["", "### Verify step by tree size (random weights, bf16; ms, and ratio to a token of plain decoding's "
               "device loop)", "",
               "| shape | decode call ms | plain token ms | " + " | ".join(f"{b} nodes" for b in BUDGETS.split(",")) + " |",
               "|---|---|---|" + "---|" * len(BUDGETS.split(","))]
-    for shape in SHAPES:
+    for shape in SHAPES + ("tiny",):
         d = load(out / f"shapes-{shape}.json")
+        if not d and shape == "tiny":
+            continue
         if not d:
             lines.append(f"| {shape} | (not measured) |")
             continue
@@ -139,33 +252,9 @@ def report(out: Path) -> None:
         cells = [f"{s['verify_ms'][b]:.2f} ({s['ratio_to_plain'][b]:.2f}×)" if b in s["verify_ms"] else "-"
                  for b in BUDGETS.split(",")]
         lines.append(f"| {shape} | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
-    e2e, phases, auto = (load(out / f"{n}.json") for n in ("e2e-keep60", "phases-keep60", "e2e-auto"))
-    lines += ["", "### Whole steps on a random Qwen3-8B-shaped target (bf16)", ""]
-    if e2e and phases:
-        rows = e2e["rows"]
-        ar_tok_s = sum(r["ar_tok_s"] for r in rows) / len(rows)
-        ar_ms = 1e3 / ar_tok_s
-        step_ms = phases["summary"]["step_ms"]
-        ratio = step_ms / ar_ms
-        same = all(r.get("same_output", False) for r in rows)
-        lines += [f"- plain decoding (device loop, no host round trip per token): {ar_ms:.2f} ms per token",
-                  f"- a DART step, 61-node tree (median, draft + search + verify + transfers): {step_ms:.2f} ms = "
-                  f"{ratio:.2f}× a plain token; phases: " + ", ".join(
-                      f"{k} {v:.0%}" for k, v in phases["summary"]["shares"].items()),
-                  f"- greedy DART output equal to plain decoding in bf16 on every prompt: {same}",
-                  f"- **PROJECTION** (not a measurement): at the paper's τ = {PAPER_TAU_8B} on Qwen3-8B, "
-                  f"speedup ≈ τ / step ratio = {PAPER_TAU_8B / ratio:.2f}× (the paper reports 2.71×; the target "
-                  "is ≥ 3.1×, a step within 1.15× of a plain token)"]
-    else:
-        lines.append("- (not measured: see the logs)")
-    if auto:
-        rows = auto["rows"]
-        lines.append(f"- `--keep auto` on random weights (τ ≈ 1, so plain chunks should win): DART/AR = "
-                     f"{sum(r['speedup'] for r in rows) / len(rows):.2f}×")
-    log = out / "tests.log"
-    if log.exists():
-        tail = [ln for ln in log.read_text().splitlines() if ln.strip()][-1:]
-        lines += ["", "### Test suite on the GPU (fp32, matmul precision highest)", "", f"`{tail[0] if tail else '?'}`"]
+    tests = load(out / "tests.json")
+    if tests:
+        lines += ["", "### Test suite on the GPU (fp32, matmul precision highest)", "", f"`{tests['summary']}`"]
     (out / "RESULTS-gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

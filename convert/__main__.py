@@ -24,6 +24,7 @@ from dart_jax.errors import cli_boundary
 from .checksums import CAN, CANNOT, check_files
 from .dart_head import check_head, check_names, export_dart_head, head_folder, read_head_config, tensor_files
 from .qwen3 import load_qwen3_config
+from .int8 import write_int8_head
 from .safetensors_io import read_tensors
 
 
@@ -78,6 +79,12 @@ def _export(args) -> None:
     print(f"wrote {out}/config.json and {out}/model.safetensors ({args.dtype})")
 
 
+def _int8(args) -> None:
+    out = write_int8_head(args.head, args.out)
+    size = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
+    print(f"wrote {out}/config.json and {out}/model.safetensors (int8 weights, per-row scales; {size / 1e6:.1f} MB)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dart_jax.convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +102,11 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the float tensors")
     p.add_argument("--base", help="Qwen3 base folder or hub id to check the head against first")
     p.set_defaults(run=_export)
+    p = sub.add_parser("int8", help="write an int8 copy of a draft head (DART or EAGLE-3): each 2-D weight as int8 "
+                                    "with one scale per row, about half a bf16 head's size; loads like any head")
+    p.add_argument("head", help="draft head folder (DART or EAGLE-3)")
+    p.add_argument("out", help="output folder (created, or replaced if it holds only a head; its parent must exist)")
+    p.set_defaults(run=_int8)
     args = parser.parse_args(argv)
     return cli_boundary(lambda: args.run(args), prog="python -m dart_jax.convert")
 

@@ -2,6 +2,12 @@
 
 bf16 tensors come back as ``ml_dtypes.bfloat16`` arrays; sharded checkpoints are read through
 ``model.safetensors.index.json``.
+
+Int8 weights (docs/spec.md §1.1): a 2-D tensor `X` stored as int8 beside a float tensor
+`X_scale` of shape [rows, 1] in the same file (one scale per output row, symmetric, as
+compressed-tensors' "int-quantized" channel format stores it) reads as the float tensor q · scale in the scale's
+dtype; `tensor_index` and `read_tensors` show only that float view, so a head's checks and
+loaders see an ordinary float checkpoint. `quantize_rows` makes such a pair.
 """
 from __future__ import annotations
 
@@ -23,6 +29,36 @@ SINGLE_NAME = "model.safetensors"
 # the float kinds a weight may be stored in (safetensors' names); integer or bool weights are an error
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _NUMPY_FLOATS = ("float16", "bfloat16", "float32", "float64")
+SCALE_SUFFIX = "_scale"  # int8 weight X + its per-row scales X_scale
+
+
+def quantize_rows(array: np.ndarray, scale_dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """A 2-D float weight as (int8 values [rows, cols], scales [rows, 1] in `scale_dtype`):
+    symmetric, one scale per row (its largest magnitude / 127), rounded to nearest; a row of
+    zeros gets scale 1. `dequantize_rows` inverts it within half a scale step per value."""
+    w = np.asarray(array, dtype=np.float32)
+    if w.ndim != 2:
+        raise InputError(f"int8 storage takes 2-D weights, got shape {w.shape}.")
+    peak = np.max(np.abs(w), axis=1, keepdims=True)
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(scale_dtype)
+    q = np.clip(np.rint(w / scale.astype(np.float32)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def dequantize_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """int8 values [rows, cols] times per-row scales [rows, 1], in the scales' dtype."""
+    return (q.astype(np.float32) * scale.astype(np.float32)).astype(scale.dtype)
+
+
+def _int8_pairs(entries: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, str]:
+    """weight name → its scale's name, for each int8 2-D tensor stored with a [rows, 1] float scale."""
+    pairs = {}
+    for name, (shape, dtype) in entries.items():
+        scale = entries.get(name + SCALE_SUFFIX)
+        if dtype == "I8" and len(shape) == 2 and scale is not None and scale[1] in FLOAT_DTYPES \
+                and tuple(scale[0]) == (shape[0], 1):
+            pairs[name] = name + SCALE_SUFFIX
+    return pairs
 
 
 def _index_files(index: Path, folder: Path) -> dict[str, str]:
@@ -158,10 +194,20 @@ def read_tensors(folder: Path, names: Iterable[str] | None = None, *,
     out: dict[str, np.ndarray] = {}
     for f in weight_files(folder):
         with open_safetensors(f) as fh:
-            for key in fh.keys():
-                if wanted is None or key in wanted:
-                    if key in out:
-                        raise FileFormatError(f, f"tensor {key!r} is stored in more than one file of {folder}.")
+            keys = list(fh.keys())
+            pairs = _int8_pairs({key: header_entry(fh, f, key) for key in keys})
+            scales = set(pairs.values())
+            for key in keys:
+                if key in scales or not (wanted is None or key in wanted):
+                    continue
+                if key in out:
+                    raise FileFormatError(f, f"tensor {key!r} is stored in more than one file of {folder}.")
+                if key in pairs:
+                    scale = read_tensor(fh, f, pairs[key])  # a float weight: finite
+                    out[key] = dequantize_rows(read_tensor(fh, f, key, weight=False), scale)
+                    if is_weight is not None and is_weight(key):
+                        check_weight(out[key], key, f)
+                else:
                     out[key] = read_tensor(fh, f, key, weight=is_weight is not None and is_weight(key))
     return out
 
@@ -176,15 +222,24 @@ def tensor_index(folder: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     from the headers only. With an index file, each tensor must be in the shard it names."""
     folder = Path(folder)
     index: dict[str, tuple[Path, tuple[int, ...], str]] = {}
+    scales: set[str] = set()
     for f in weight_files(folder):
         with open_safetensors(f) as fh:
-            for key in fh.keys():
+            entries = {key: header_entry(fh, f, key) for key in fh.keys()}
+            pairs = _int8_pairs(entries)
+            for key in set(pairs.values()):
+                del entries[key]
+                scales.add(key)
+            for key, (shape, dtype) in entries.items():
                 if key in index:
                     raise FileFormatError(f, f"tensor {key!r} appears in both {index[key][0].name} and {f.name}; "
                                              "the checkpoint's shards overlap.")
-                index[key] = (f, *header_entry(fh, f, key))
+                # an int8 weight shows as the float tensor it reads as (its scale's dtype)
+                index[key] = (f, shape, dtype if key not in pairs else header_entry(fh, f, pairs[key])[1])
     if (folder / INDEX_NAME).exists():
         for name, file in _index_files(folder / INDEX_NAME, folder).items():
+            if name in scales:
+                continue
             if name not in index or index[name][0].name != file:
                 where = "in no shard" if name not in index else f"in {index[name][0].name}"
                 raise FileFormatError(folder / INDEX_NAME, f"lists tensor {name!r} in {file}, but it is {where}; "

@@ -24,7 +24,7 @@ from ._compressed import (
     _TOK_COUNT, _TOK_WIDTH, _TOK_WORDS, check_compressed, ct_freq, fill_mark_ranks, kid_pair, pack_bits, pack_counts,
     pack_kids, read_bits, remap_ranks,
 )
-from ._format import MAX_ORDER, REBUILD
+from ._format import MAGIC as TRIE_MAGIC, MAX_ORDER, REBUILD
 from .trie import Trie, _as_ids
 
 __all__ = ["CompressedTrie", "compress", "load_any", "MAGIC"]
@@ -486,6 +486,15 @@ def load_any(path, *, verify: bool = False):
         if magic == MAGIC:
             return CompressedTrie.load(path, verify=verify)
     return Trie.load(path, verify=verify)
+
+
+def trie_format(path) -> str | None:
+    """Which of dart_jax's trie formats the file at `path` is, by its magic number: "trie" (the CSR
+    file of `Trie.save`), "compressed" (`CompressedTrie.save`), or None (anything else, such as a
+    reference .trie, which `Trie.from_reference` converts). `load_any` loads either of ours."""
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    return {MAGIC: "compressed", TRIE_MAGIC: "trie"}.get(magic)
 
 
 def is_compressed(path) -> bool:

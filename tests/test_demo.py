@@ -15,7 +15,7 @@ DEMO = Path(dart_jax.__file__).parent / "demo"
 def test_demo_assets_are_shipped():
     for rel in ("base/config.json", "base/model.safetensors", "base/tokenizer.json", "head/config.json",
                 "head/model.safetensors", "ngram.trie", "smollm2/head/config.json", "smollm2/head/model.safetensors",
-                "smollm2/ngram.trie"):
+                "smollm2/ngram.trie", "smollm2/eagle3/config.json", "smollm2/eagle3/model.safetensors"):
         assert (DEMO / rel).is_file(), rel
 
 
@@ -46,3 +46,24 @@ def test_smollm2_demo_cli_is_lossless_on_a_held_out_prompt():
     out = json.loads(proc.stdout)
     assert out["token_ids"] == out["ar"]["token_ids"] and out["greedy_match"] is True
     assert out["stats"]["tau"] > 1.5, out["accept_lengths"]
+
+
+def test_smollm2_demo_compares_dart_eagle3_and_plain_out_of_the_box():
+    """`generate --compare` on the default demo offers DART, the EAGLE-3 head we trained for it and
+    plain decoding without any flag; under greedy decoding both drafters give plain decoding's
+    tokens (the oracle: the plain method, the target's own greedy loop) and both heads draft
+    tokens the target accepts."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dart_jax.generate", "--compare", "--json", "--no-warmup", "--max-new-tokens", "48",
+         "--prompt", "Write a Python function that returns the n-th Fibonacci number."],
+        capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert set(out["methods"]) == {"dart", "eagle3", "ar"}
+    plain = out["methods"]["ar"]["token_ids"]
+    for name in ("dart", "eagle3"):
+        assert out["methods"][name]["token_ids"] == plain, name
+        assert out["methods"][name]["greedy_match"] is True
+        lengths = out["methods"][name]["accept_lengths"]
+        assert sum(lengths) / len(lengths) > 1.3, (name, lengths)

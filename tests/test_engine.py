@@ -605,7 +605,8 @@ def test_plain_pool_requests_join_and_leave_and_sample_as_alone(tiny):
                 steps += 1
                 if steps == 3:
                     handles.append(pool.submit(*jobs[-1]))
-                if steps == 12:
+                if len(handles) == 5 and not handles[-1].done and len(handles[-1].token_ids) > 1:
+                    # once it has run a step (the pool decodes a chunk of up to 32 tokens a step)
                     assert pool.cancel(handles[-1])
         finally:
             pool.close()

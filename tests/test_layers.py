@@ -3,7 +3,8 @@
 Read from the source with `ast` (nothing is imported), so a violation anywhere, also inside a
 function, is found:
   errors                    the leaf under everything: user-error classes and the CLIs' boundary
-  ngram, convert            leaves: nothing else of dart_jax (but errors)
+  files                     atomic output files and folders (on errors), under every layer
+  ngram, convert            leaves: nothing else of dart_jax (but errors, files)
   models                    convert
   decoding                  models, convert, ngram
   api                       decoding, models, convert, ngram
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"dart_jax": "dart_jax", "ngram": "dart_jax.ngram", "convert": "dart_jax.convert", "train": "dart_jax.train"}
 ALLOWED = {
     "errors": set(),
+    "files": set(),
     "ngram": set(),
     "convert": set(),
     "models": {"convert"},
@@ -34,10 +36,14 @@ ALLOWED = {
 for _layer in ALLOWED:
     if _layer != "errors":
         ALLOWED[_layer].add("errors")
+    if _layer not in ("errors", "files"):
+        ALLOWED[_layer].add("files")
 # the documented API names `dart_jax.convert.load_qwen3` & co. are built in dart_jax.models; convert hands
 # them on lazily, and this is the one place a lower layer may name a higher one; the package root
 # hands on DartModel lazily so that importing a leaf (dart_jax.ngram) does not load jax
-EXCEPTIONS = {("dart_jax.convert", "dart_jax.models.checkpoints"), ("dart_jax", "dart_jax.api.model")}
+# likewise dart_jax.bench hands on its runners, so that `python -m dart_jax.bench` refuses a bad flag before jax loads
+EXCEPTIONS = {("dart_jax.convert", "dart_jax.models.checkpoints"), ("dart_jax", "dart_jax.api.model"),
+              ("dart_jax.bench", "dart_jax.bench.cli")}
 # imports that may stay inside functions: optional or heavy, needed by few code paths
 LAZY_OK = ("torch", "transformers", "matplotlib", "tokenizers", "safetensors.torch")
 
@@ -123,6 +129,8 @@ def test_the_check_catches_upward_and_hidden_imports():
     assert violations("from ..api.model import DartModel\n", "dart_jax.models.head")
     assert violations("import importlib\nimportlib.import_module('dart_jax.train.loop')\n", "dart_jax.bench.cli")
     assert not violations("from ..models.head import DartHead\n", "dart_jax.decoding.drafter")
+    assert not violations("from dart_jax.files import atomic_path\n", "dart_jax.ngram.trie")  # under ngram
+    assert violations("from dart_jax.ngram import Trie\n", "dart_jax.files")  # but nothing above errors
     guarded = "try:\n    import fastapi\nexcept ImportError:\n    fastapi = None\n"
     assert not violations(guarded, "dart_jax.serve.app")
     assert violations(guarded.replace("ImportError", "ValueError"), "dart_jax.serve.app")

@@ -21,6 +21,8 @@ from typing import TextIO
 import jax
 from numba.core import event as numba_event
 
+from .options import default_cache_dir  # the command lines' option default, defined with them
+
 _NUMBA = "numba:compile"
 _EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
            "/jax/core/compile/backend_compile_duration", _NUMBA)
@@ -86,6 +88,16 @@ def install() -> None:
             _installed = True
 
 
+def compiling_in(thread_id: int | None) -> tuple[float, str] | None:
+    """(seconds so far, what in words) of the compilation that thread `thread_id` runs now, or None
+    (e.g. for a server's UI to show "compiling…" instead of a speed while its scheduler compiles)."""
+    busy = _busy.get(thread_id) if thread_id is not None else None
+    if busy is None:
+        return None
+    start, name = busy
+    return time.monotonic() - start, _NAMES.get(name, "a helper")
+
+
 class CompileTimer:
     """`with timer:` adds up the seconds this thread spends compiling (tracing, lowering, XLA or
     loading from the persistent cache) inside the block, and `wall` the block's own seconds;
@@ -109,13 +121,6 @@ class CompileTimer:
         self.last_seconds = self.seconds - self._before  # compilation inside the block just ended
         self.wall += self.last_wall
         _state().timers.remove(self)
-
-
-def default_cache_dir() -> Path:
-    """Where the command lines keep compiled executables: $XDG_CACHE_HOME/dart_jax/xla
-    (~/.cache/dart_jax/xla when XDG_CACHE_HOME is unset)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "dart_jax" / "xla"
 
 
 def use_compile_cache(path: str | os.PathLike | None = None) -> Path | None:

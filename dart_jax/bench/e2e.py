@@ -22,7 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.api.model import DartModel, demo_options, demo_paths
+from dart_jax.api import methods as decoding_methods
+from dart_jax.api.model import DartModel, demo_eagle3, demo_options, demo_paths
+from dart_jax.api.prompts import read_prompt_file
 from dart_jax.bench.shapes import KNOWN_SHAPES
 from dart_jax.bench.tiny import build_random_assets, make_tiny_eagle3
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
@@ -47,21 +49,9 @@ def load_prompts(path: str | Path | None = None, *, categories: str | None = Non
                  limit: int | None = None) -> list[dict[str, str]]:
     """Prompts from a JSONL file: one object per line with `prompt` and optional `category`/`id`."""
     path = Path(path) if path else default_prompts_path()
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} not found; pass a JSONL file with one "
-                                "{\"prompt\": ..., \"category\": ...} object per line")
-    prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n} is not valid JSON ({err}); each line must be one JSON object") from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"]:
-            raise ValueError(f"{path}:{n} needs a non-empty string field \"prompt\"")
-        prompts.append({"id": str(item.get("id", f"{path.stem}-{n}")), "category": str(item.get("category", "all")),
-                        "prompt": item["prompt"]})
+    lines = read_prompt_file(path, fields=None, messages=False, token_ids=False, what="prompt file")
+    prompts = [{"id": str(item.get("id", f"{path.stem}-{n}")), "category": str(item.get("category", "all")),
+                "prompt": item["prompt"]} for n, item in lines]
     if categories:
         wanted = [c.strip() for c in categories.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {p["category"] for p in prompts})
@@ -105,6 +95,17 @@ class ModelSet:
     eagle3: str | None = None  # an EAGLE-3 head; a random one over the demo / random target when "random"
     demo: str = "smollm2"  # the demo set measured when neither --dart nor --random is given
     mesh: str | None = None  # shard the model over devices ("model=4", "data=2,model=4")
+    eagle3_total_token: int | None = None  # EAGLE-3 tree (default: from_pretrained's, or the demo's on a CPU)
+    eagle3_depth: int | None = None
+    eagle3_top_k: int | None = None
+
+    def eagle3_sizes(self) -> dict[str, int]:
+        return {k: v for k, v in (("eagle3_total_token", self.eagle3_total_token), ("eagle3_depth", self.eagle3_depth),
+                                  ("eagle3_top_k", self.eagle3_top_k)) if v is not None}
+
+    def shipped_eagle3(self) -> bool:
+        """Whether the demo measured ships an EAGLE-3 head of its own (loaded unless --eagle3 names one)."""
+        return not (self.dart or self.random or self.random_shape) and demo_eagle3(self.demo) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +153,7 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
     """Yield (DartModel, description of the model set); a random set lives as long as the block."""
     m = models
     opts = {} if m.keep is None else {"keep": m.keep}
+    opts.update(m.eagle3_sizes())
     if m.mesh:
         opts["mesh"] = m.mesh
     if m.eagle3 == "random" and m.dart:
@@ -173,9 +175,9 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
     demo = None if random else _demo_assets(m.demo)
     if demo:
         with _eagle3_opts(m, demo["base"], seed) as eagle3:
-            yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **demo_options(m.demo, opts),
-                                             **eagle3),
-                   {"kind": "demo", **{k: str(v) for k, v in demo.items()}, "eagle3": m.eagle3})
+            yield (DartModel.from_pretrained(demo["base"], demo["dart"], demo["ngram"], **{**demo_options(m.demo, opts), **eagle3}),
+                   {"kind": "demo", **{k: str(v) for k, v in demo.items()},
+                    "eagle3": m.eagle3 or (str(demo_eagle3(m.demo)) if m.shipped_eagle3() else None)})
         return
     with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:
         shape = KNOWN_SHAPES[m.random_shape] if m.random_shape else None
@@ -187,33 +189,37 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
                     "hidden": config["hidden_size"], "vocab": config["vocab_size"], "eagle3": m.eagle3})
 
 
-METHODS = ("dart", "eagle3", "ar")
+METHODS = decoding_methods.names()  # as loaded; check_methods reads the registry itself
 
 
 def check_methods(methods) -> tuple[str, ...]:
-    """The e2e methods, checked: METHODS' dart and ar (the speedups' baseline), optionally eagle3."""
+    """The e2e methods, checked against dart_jax.api.methods: dart and ar (the speedups' baseline)
+    always, any other registered method optionally."""
+    known, base = decoding_methods.names(), decoding_methods.baseline().name
     methods = tuple(dict.fromkeys(methods))
-    bad = [m for m in methods if m not in METHODS]
-    if bad or "ar" not in methods or "dart" not in methods:
-        raise ValueError(f"--methods takes a comma list of {', '.join(METHODS)} that names dart and ar, got "
+    bad = [m for m in methods if m not in known]
+    if bad or base not in methods or "dart" not in methods:
+        raise ValueError(f"--methods takes a comma list of {', '.join(known)} that names dart and {base}, got "
                          f"{','.join(methods)!r}")
     return methods
 
 
 def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1, seed: int = 0,
-            show_progress: bool = True, methods=("dart", "ar")) -> dict[str, Any]:
+            show_progress: bool = True, methods=("dart", "ar"), probe=None) -> dict[str, Any]:
     """Tokens/s of each method (DART, EAGLE-3, autoregressive decoding) per prompt (wall clock,
     prefill included), each speculative method's speedup over "ar", τ and DART's accepted-length
     histogram; medians over `reps` after `warmup` runs. Rows keep `dart_tok_s`, `ar_tok_s`,
     `speedup`, `tau`, `same_output` for DART and add `<method>_tok_s`, `<method>_speedup`,
-    `<method>_tau`, `<method>_same` for the others."""
+    `<method>_tau`, `<method>_same` for the others. `probe(model)`, when given, is called on the
+    open model after the runs; its dict goes into the summary under "probe"."""
     check_reps(reps, warmup)
     methods = check_methods(methods)
-    if "eagle3" in methods and models.eagle3 is None:
+    if "eagle3" in methods and models.eagle3 is None and not models.shipped_eagle3():
         models = dataclasses.replace(models, eagle3="random")
     items, settings = work.items(), work.settings(seed)
     kwargs = {**dataclasses.asdict(settings), "chat": work.chat}
     rows, hist = [], Counter()
+    drafted = {name: {"hist": Counter(), "steps": 0, "tree_s": 0.0, "device_s": 0.0} for name in methods if name != "ar"}
     with open_model(models, seed) as (model, source):
         bar = progress(len(items) * len(methods) * (reps + warmup), "e2e", show_progress)
         for item in items:
@@ -231,6 +237,11 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
                     bar.update()
             dart_res, ar_res = results["dart"], results["ar"]
             hist.update(dart_res.accept_lengths)
+            for name, acc in drafted.items():  # the last run's steps of each drafting method
+                acc["hist"].update(results[name].accept_lengths)
+                acc["steps"] += len(results[name].accept_lengths)
+                acc["tree_s"] += float(results[name].stats.get("tree_s", 0.0))
+                acc["device_s"] += float(results[name].stats.get("device_s", 0.0))
             dart_rate, ar_rate = median(rates["dart"]), median(rates["ar"])
             row = {"id": item["id"], "category": item["category"], "prompt_tokens": len(dart_res.prompt_ids),
                    "new_tokens": len(dart_res.token_ids), "steps": len(dart_res.accept_lengths),
@@ -245,13 +256,17 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
             rows.append(row)
         bar.close()
         keep = tree_label(model.engine)
+        probed = probe(model) if probe is not None else None
     others = [m for m in methods if m not in ("dart", "ar")]
     per_category = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
         per_category[cat] = _with_methods(_aggregate([r for r in rows if r["category"] == cat]),
                                           [r for r in rows if r["category"] == cat], others)
     summary = {**_with_methods(_aggregate(rows), rows, others), "per_category": per_category,
-               "accept_hist": {str(k): int(v) for k, v in sorted(hist.items())}}
+               "accept_hist": {str(k): int(v) for k, v in sorted(hist.items())},
+               "drafting": {name: step_figures(acc) for name, acc in drafted.items()}}
+    if probed is not None:
+        summary["probe"] = probed
     config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "reps": reps,
               "warmup": warmup, "methods": ",".join(methods)}
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
@@ -307,6 +322,19 @@ def run_batch(models: ModelSet, work: Workload, *, batches=(1, 2, 4, 8, 16), rep
     config = {"model": source, "num_prompts": len(items), **work.config(seed), "batches": list(batches),
               "keep": tree_label(model.engine), "reps": reps, "warmup": warmup}
     return {"mode": "batch", "config": config, "rows": rows, "summary": summary}
+
+
+def step_figures(acc: dict[str, Any]) -> dict[str, Any]:
+    """A drafting method's steps over a run: accepted-length histogram (drafted tokens + the
+    target's own), acceptance per depth (the share of steps that accept a k-th drafted token
+    among those that accepted k − 1), and the host tree search and device time per step."""
+    hist, steps = acc["hist"], acc["steps"]
+    reached = [sum(v for length, v in hist.items() if length - 1 >= k) for k in range(max(hist or [1]))]
+    per_depth = [reached[k] / reached[k - 1] for k in range(1, len(reached)) if reached[k - 1]]
+    return {"steps": steps, "accept_hist": {str(k): int(v) for k, v in sorted(hist.items())},
+            "accept_per_depth": per_depth,
+            "tree_ms_per_step": 1e3 * acc["tree_s"] / steps if steps else float("nan"),
+            "device_ms_per_step": 1e3 * acc["device_s"] / steps if steps else float("nan")}
 
 
 def _tau(result) -> float:

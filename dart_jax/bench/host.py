@@ -15,11 +15,11 @@ import numba
 import numpy as np
 from numba import njit
 
+from dart_jax.bench.options import CORPORA  # noqa: F401 (importable here, as before)
 from dart_jax.bench.util import CLOCKS, median, progress, summary_ms, time_calls, zipf_probs, zipf_tokens
 from dart_jax.ngram import Trie, build_tree, build_tree_batch
 from dart_jax.ngram.trie import ngram_probs
 
-CORPORA = ("zipf", "phrases")
 
 
 @njit(cache=True)

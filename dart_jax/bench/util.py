@@ -14,9 +14,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-# what --clock picks: wall time, or this process's CPU time (steadier on a machine shared with
-# other work, but it counts every thread, so only for single-threaded host code)
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+from dart_jax.bench.options import CLOCKS  # noqa: F401 (--clock's choices; importable here, as before)
+
 
 
 def check_reps(reps: int, warmup: int) -> None:

@@ -136,13 +136,18 @@ def _decode(graphdef, state, token, cache: KVCache, cache_len, keys, params: Sam
 
 
 def _decode_chunk(graphdef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, remaining, eos,
-                  *, window: int, chunk: int):
-    """Up to `chunk` tokens for every sequence in one call, without the host: a device loop of
-    one-token steps (the same keys, so the same samples, as `_decode` step by step). A sequence
-    stops on an id of `eos` [E] or after `remaining` [B] more tokens (0: it is done already); its
-    later entries are -1 and its length stops moving. The loop ends as soon as every sequence is
-    done. → (tokens int32[B,chunk], last token [B], cache, lengths, keys, remaining)."""
+                  *, window: int, chunk: int, live: int | None = None):
+    """Up to `chunk` tokens for each of the first `live` sequences (all: None) in one call, without
+    the host: a device loop of one-token steps (the same keys, so the same samples, as `_decode`
+    step by step). A sequence stops on an id of `eos` [E] or after `remaining` [B] more tokens (0:
+    it is done already, or a free slot of a pool); its later entries are -1 and its length stops
+    moving. The loop ends as soon as every sequence is done. → (tokens int32[live,chunk], last
+    token [B], cache, lengths [B], keys [B], remaining [live]); rows past `live` are not computed."""
     target = nnx.merge(graphdef, state)
+    full = (token, cache_len, keys)
+    if live is not None:  # a pool's first `live` rows
+        token, cache_len, keys, remaining = token[:live], cache_len[:live], keys[:live], remaining[:live]
+        params = param_rows(params, live)
     b = token.shape[0]
     out = jnp.full((b, chunk), -1, jnp.int32)
 
@@ -163,8 +168,10 @@ def _decode_chunk(graphdef, state, token, cache: KVCache, cache_len, keys, param
 
     # the loop works on the attended window alone, written back once after it (not a copy per token)
     _, token, view, cache_len, keys, remaining, out = jax.lax.while_loop(
-        more, body, (jnp.int32(0), token, window_view(cache, window), cache_len, keys, remaining, out))
+        more, body, (jnp.int32(0), token, window_view(cache, window, live), cache_len, keys, remaining, out))
     cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
+    if live is not None:
+        token, cache_len, keys = (whole.at[:live].set(part) for whole, part in zip(full, (token, cache_len, keys)))
     return out, token, cache, cache_len, keys, remaining
 
 
@@ -226,7 +233,8 @@ class AutoregressiveDecoder:
         self.decode = inputs_on_mesh(jitted(_pinned_outputs(_decode, mesh), graphdef, static_argnames=("window", "live"),
                                             donate_argnames="cache"), mesh)
         self.decode_chunk = inputs_on_mesh(jitted(_pinned_outputs(_decode_chunk, mesh), graphdef,
-                                                  static_argnames=("window", "chunk"), donate_argnames="cache"), mesh)
+                                                  static_argnames=("window", "chunk", "live"), donate_argnames="cache"),
+                                           mesh)
 
     chunk = 32  # tokens per device loop: one host round trip per chunk, not per token
 

@@ -59,6 +59,20 @@ class Request:
         return "eos" if self.token_ids and self.token_ids[-1] in self.budget.eos_ids else "length"
 
 
+class Moved(tuple):
+    """What one request got from a pool step: the tuple (request, new token ids, accepted length:
+    0 for the prefill's first token, k+1 for a speculative step, 1 for plain tokens), and `plain`:
+    whether the ids came from plain decoding (a `PlainBatcher`, or tree size 0 of keep="auto"),
+    with no draft to accept."""
+
+    plain: bool
+
+    def __new__(cls, request: "Request", ids: list[int], accepted: int, plain: bool = False):
+        moved = super().__new__(cls, (request, ids, accepted))
+        moved.plain = bool(plain)
+        return moved
+
+
 def pool_slots(batch_size: int, requests: int) -> int:
     """Slots for `requests` requests in batches of at most `batch_size`: a power of two (few pool
     shapes to compile), and no more than the requests need."""
@@ -91,14 +105,17 @@ class SlotPool:
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids, settings: GenerationSettings = GenerationSettings(),
-               stats: Stats | None = None) -> Request:
-        """Queue a request; it joins the pool at a step when a slot is free."""
+               stats: Stats | None = None, *, stop_at_eos: bool = True) -> Request:
+        """Queue a request; it joins the pool at a step when a slot is free. `stop_at_eos=False`
+        decodes past the model's EOS ids, up to the token limits (a warm-up that must run steps
+        whatever the model answers)."""
         if settings.max_length > self.max_length:
             raise ValueError(f"the request's max_length {settings.max_length} exceeds the pool's {self.max_length}; "
                              "open the pool with a larger max_length.")
         ids = self.engine.check_request(prompt_ids, settings)
         stats = stats if stats is not None else Stats()
-        budget = Budget(self.engine.eos_ids, settings.max_new_tokens, settings.max_length - ids.size)
+        budget = Budget(self.engine.eos_ids if stop_at_eos else frozenset(), settings.max_new_tokens,
+                        settings.max_length - ids.size)
         stats.prompt_tokens, stats.token_ids = ids.size, budget.out
         request = Request(ids, settings, stats, budget, self._submitted)
         self._submitted += 1
@@ -169,13 +186,13 @@ class SlotPool:
         return SamplingParams.rows([(s.temperature, s.top_p, s.top_k) if s else (0.0, 1.0, 0)
                                     for s in self.settings])
 
-    def _take(self, request: Request, ids: list[int], accepted: int) -> tuple[Request, list[int], int]:
+    def _take(self, request: Request, ids: list[int], accepted: int, plain: bool = False) -> Moved:
         kept = request.budget.take(ids)
         request.stats.new_tokens = len(request.token_ids)
         if request.done:
             request.stats.total_s = time.perf_counter() - request._started
             self._release(request.slot)
-        return request, kept, accepted
+        return Moved(request, kept, accepted, plain)
 
     def _release(self, slot: int) -> None:
         self.busy[slot] = None
@@ -253,8 +270,8 @@ class Batcher(SlotPool):
         engine = self.engine
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
-        packed, self.cache, self.draft_cache, self.keys = engine._prefill(
-            engine._state, jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.cache,
+        packed, self.cache, self.draft_cache, self.keys = engine.prefill(
+            jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.cache,
             self.draft_cache, self.keys, self.params, rows=self.depth, k=self.k, nodes=engine.n_nodes,
             draft_window=min(engine.drafter.reach(ids.shape[1]), self.length))
         self._joined(joining, prompt_len)
@@ -285,8 +302,8 @@ class Batcher(SlotPool):
         t0 = time.perf_counter()
         packed_tree = self._search(size, rows, m)
         t1 = time.perf_counter()
-        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine._step(
-            engine._state, jax.device_put(packed_tree), self.cache, self.draft_cache, self.cache_len, self.keys,
+        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.step(
+            jax.device_put(packed_tree), self.cache, self.draft_cache, self.cache_len, self.keys,
             self.params, n=size + 1, depth=self.depth, k=self.k, window=window)
         out = self.outputs.unpack(np.asarray(packed))
         t2 = time.perf_counter()
@@ -317,10 +334,9 @@ class Batcher(SlotPool):
             budget = self.busy[slot].budget
             remaining[slot] = budget.limit - len(budget.out)
         window = attention_window(int(self.committed[rows].max()) + engine.drafter.reach(chunk), self.length)
-        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine._plain(
-            engine._state, jnp.asarray(self._roots(m)), self.cache, self.draft_cache, self.cache_len, self.keys,
-            self.params, jnp.asarray(remaining), engine.eos_row, chunk=chunk, depth=self.depth, k=self.k,
-            window=window)
+        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.plain(
+            jnp.asarray(self._roots(m)), self.cache, self.draft_cache, self.cache_len, self.keys,
+            self.params, jnp.asarray(remaining), chunk=chunk, depth=self.depth, k=self.k, window=window)
         out = self.plain.unpack(np.asarray(packed))
         t1 = time.perf_counter()
         counts = out["count"][rows]
@@ -340,7 +356,7 @@ class Batcher(SlotPool):
             s.steps += count
             s.accept_lengths.extend([1] * count)
             s.tree_sizes.extend([0] * count)
-            events.append(self._take(request, fed.tolist(), 1))
+            events.append(self._take(request, fed.tolist(), 1, plain=True))
         return events
 
     def _search(self, size: int, rows: list[int], m: int) -> np.ndarray:
@@ -377,9 +393,9 @@ class Batcher(SlotPool):
             plain_window = attention_window(committed + engine.drafter.reach(chunk), self.length)
 
             def plain():
-                packed, self.cache, self.draft_cache, _, _ = engine._plain(
-                    engine._state, roots, self.cache, self.draft_cache, self.cache_len, self.keys, self.params, full,
-                    engine.eos_row, chunk=chunk, depth=self.depth, k=self.k, window=plain_window)
+                packed, self.cache, self.draft_cache, _, _ = engine.plain(
+                    roots, self.cache, self.draft_cache, self.cache_len, self.keys, self.params, full,
+                    chunk=chunk, depth=self.depth, k=self.k, window=plain_window)
                 np.asarray(packed)
 
             plain()
@@ -390,8 +406,8 @@ class Batcher(SlotPool):
 
             def run():
                 tree = jax.device_put(self._search(size, rows, m))
-                packed, self.cache, self.draft_cache, _, _ = engine._step(
-                    engine._state, tree, self.cache, self.draft_cache, self.cache_len, self.keys, self.params,
+                packed, self.cache, self.draft_cache, _, _ = engine.step(
+                    tree, self.cache, self.draft_cache, self.cache_len, self.keys, self.params,
                     n=size + 1, depth=self.depth, k=self.k, window=window)
                 np.asarray(packed)
 
@@ -412,8 +428,9 @@ class Batcher(SlotPool):
 
 
 class PlainBatcher(SlotPool):
-    """Plain autoregressive decoding of the target in the same kind of pool: each step samples one
-    token for every busy slot in one jitted call (the baseline beside `Batcher`, e.g. in a server)."""
+    """Plain autoregressive decoding of the target in the same kind of pool: each step decodes a
+    chunk of up to `AutoregressiveDecoder.chunk` tokens for every busy slot in one jitted device
+    loop (the loop `generate_ar` runs: the same baseline beside `Batcher`, e.g. in a server)."""
 
     def __init__(self, engine, slots: int, max_length: int = 2048):
         super().__init__(engine, slots, max_length)
@@ -430,7 +447,7 @@ class PlainBatcher(SlotPool):
     def _keep_caches(self) -> None:
         self.engine.pool.keep(self.length, (self.cache, self.draft_cache), self.slots)
 
-    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
+    def _admit(self, free: list[int]) -> list[Moved]:
         d = self.decoder
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
@@ -448,25 +465,35 @@ class PlainBatcher(SlotPool):
             events.append(self._take(request, [int(host[slot])], 0))
         return events
 
-    def _advance(self) -> list[tuple[Request, list[int], int]]:
+    def _advance(self) -> list[Moved]:
         d = self.decoder
         if self._stale_params:
             self.params, self._stale_params = self._params(), False
         rows = [i for i, r in enumerate(self.busy) if r is not None]
+        m, chunk = self._live(), d.chunk
+        remaining = np.zeros(m, np.int32)  # free slots among the first m rows: 0, they do not move
+        for slot in rows:
+            budget = self.busy[slot].budget
+            remaining[slot] = budget.limit - len(budget.out)
         t0 = time.perf_counter()
-        window = attention_window(int(self.committed[rows].max()) + 1, self.length)
-        self.token, self.cache, self.cache_len, self.keys = d.decode(d.state, self.token, self.cache, self.cache_len,
-                                                                     self.keys, self.params, window=window,
-                                                                     live=self._live())
-        host = to_host(self.token)
+        window = attention_window(int(self.committed[rows].max()) + chunk, self.length)
+        # the EOS ids end a row on the device, unless no busy request stops at them (a warm-up)
+        eos = self.engine.eos_row
+        if not any(self.busy[slot].budget.eos_ids for slot in rows):
+            eos = jnp.full_like(eos, -1)
+        out, self.token, self.cache, self.cache_len, self.keys, _ = d.decode_chunk(
+            d.state, self.token, self.cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
+            eos, window=window, chunk=chunk, live=m)
+        host = to_host(out)
         elapsed = time.perf_counter() - t0
         events = []
         for slot in rows:
-            request = self.busy[slot]
-            self.committed[slot] += 1
+            request, row = self.busy[slot], host[slot]
+            fed = row[row >= 0]
+            self.committed[slot] += fed.size
             s = request.stats
             s.device_s += elapsed
-            s.steps += 1
-            s.accept_lengths.append(1)
-            events.append(self._take(request, [int(host[slot])], 1))
+            s.steps += fed.size
+            s.accept_lengths.extend([1] * fed.size)
+            events.append(self._take(request, fed.tolist(), 1, plain=True))
         return events

@@ -44,7 +44,7 @@ from dart_jax.ngram import TreeSettings
 from .adaptive import TreeSizer, auto_sizes
 from .autoregressive import (AutoregressiveDecoder, CachePool, jitted, last_logits, live_rows, param_rows, put_window,
                              window_view)
-from .batcher import Batcher
+from .batcher import Batcher, PlainBatcher
 from .drafter import Drafter
 from .layout import plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Stats, check_prompt
@@ -249,6 +249,34 @@ class Engine:
                                      self.mesh)
         self.pool = CachePool(self._make_caches)
         self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
+
+    # ------------------------------------------------------------------ device calls (a pool's caches)
+    def prefill(self, ids, prompt_len, start, cache, draft_cache, keys, params, *, rows: int, k: int, nodes: int,
+                draft_window: int):
+        """Prompts into the first m = ids.shape[0] rows of a pool whose `start` is 0 (see `_prefill`):
+        ids int32[m,T], prompt lengths [m], start [m], the pool's caches (donated), PRNG keys and
+        sampling params → (packed `prefill_layout` [m], cache, draft cache, keys)."""
+        return self._prefill(self._state, ids, prompt_len, start, cache, draft_cache, keys, params, rows=rows, k=k,
+                             nodes=nodes, draft_window=draft_window)
+
+    def step(self, tree, cache, draft_cache, cache_len, keys, params, *, n: int, depth: int, k: int, window: int):
+        """One speculative step of the first m = tree.shape[0] rows (see `_step`): packed trees of
+        `n` node slots → (packed `step_layout` [m], cache, draft cache, lengths, keys)."""
+        return self._step(self._state, tree, cache, draft_cache, cache_len, keys, params, n=n, depth=depth, k=k,
+                          window=window)
+
+    def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
+              window: int, chunk: int | None = None):
+        """A chunk of plain decoding of the first m = token.shape[0] rows, then one drafter call over
+        it (tree size 0, see `_plain`; `chunk` defaults to `plain_chunk`) → (packed `plain_layout`
+        [m], cache, draft cache, lengths, keys)."""
+        return self._plain(self._state, token, cache, draft_cache, cache_len, keys, params, remaining, self.eos_row,
+                           chunk=self.plain_chunk if chunk is None else chunk, depth=depth, k=k, window=window)
+
+    def batcher(self, slots: int, max_length: int = 2048, *, plain: bool = False) -> "Batcher | PlainBatcher":
+        """A continuous-batching pool of `slots` sequences on this engine: a `Batcher` (speculative
+        steps), or with `plain` a `PlainBatcher` (plain decoding of the target)."""
+        return (PlainBatcher if plain else Batcher)(self, slots, max_length)
 
     def with_tree(self, tree: TreeSettings, adaptive: bool | None = None) -> "Engine":
         """An engine over the same target, drafter and trie with other tree settings (another tree

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +24,9 @@ from flax import nnx
 
 from dart_jax.convert.eagle3 import Eagle3Config
 
-from .head import _ACTIVATION_FNS, Buffer
-from .layers import Linear, RMSNorm, apply_rope, attention, rope_cos_sin, rope_inv_freq
+from .head import Buffer
+from .layers import Attend, HeadLayer, Linear, RMSNorm, attention, rope_cos_sin, rope_inv_freq
 from .qwen3 import Embed
-
-# attend(q [B,Q,Hq,D], k, v [B,T,KVH,D] of the layer's T input rows) → attention output [B,Q,Hq,D]
-Attend = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 @functools.lru_cache(maxsize=16)
@@ -38,39 +34,6 @@ def eagle3_rope(config: Eagle3Config) -> tuple[np.ndarray, float]:
     """Inverse frequencies [head_dim//2] and cos/sin scale, as the reference head builds them."""
     theta, scaling = config.rope_arguments()
     return rope_inv_freq(config.head_dim, theta, scaling)
-
-
-class _Attention(nnx.Module):
-    def __init__(self, config: Eagle3Config, *, dtype, param_dtype, rngs):
-        h2, d = 2 * config.hidden_size, config.head_dim
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = Linear(h2, config.num_attention_heads * d, ("embed", "heads"), **kw)
-        self.k_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
-        self.v_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
-        self.o_proj = Linear(config.num_attention_heads * d, config.hidden_size, ("heads", "embed"), **kw)
-
-
-class _MLP(nnx.Module):
-    def __init__(self, config: Eagle3Config, *, dtype, param_dtype, rngs):
-        h, i = config.hidden_size, config.intermediate_size
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.gate_proj = Linear(h, i, ("embed", "mlp"), **kw)
-        self.up_proj = Linear(h, i, ("embed", "mlp"), **kw)
-        self.down_proj = Linear(i, h, ("mlp", "embed"), **kw)
-        self.act = config.hidden_act
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(_ACTIVATION_FNS[self.act](self.gate_proj(x)) * self.up_proj(x))  # [..,I] -> [..,H]
-
-
-class _MidLayer(nnx.Module):
-    def __init__(self, config: Eagle3Config, *, dtype, param_dtype, rngs):
-        h, eps = config.hidden_size, config.rms_norm_eps
-        self.hidden_norm = RMSNorm(h, eps, param_dtype=param_dtype)
-        self.input_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
-        self.post_attention_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
-        self.self_attn = _Attention(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.mlp = _MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
 class Eagle3Head(nnx.Module):
@@ -91,7 +54,7 @@ class Eagle3Head(nnx.Module):
         self.dtype = dtype
         self.embed_tokens = embed_tokens
         self.fc = Linear(config.fc_in, h, (None, "embed"), **kw)
-        self.midlayer = _MidLayer(config, **kw)
+        self.midlayer = HeadLayer(config, **kw)
         self.norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
         self.lm_head = Linear(h, config.draft_vocab_size, ("embed", "vocab"), **kw)
         # identity offsets when the draft vocabulary is the target's (the reference then has no d2t)
@@ -114,23 +77,11 @@ class Eagle3Head(nnx.Module):
         """The head's layer over T input rows: emb [B,T,H] (the next token's embedding), hidden
         [B,T,H], RoPE positions [B,T]. Every row gives a key and a value; the rows at indices
         `rows` [B,Q] (all: None) also a query, and `attend` says what each sees. → [B,Q,H]."""
-        cfg, mid = self.config, self.midlayer
-        attn = mid.self_attn
-        b, t, _ = emb.shape
-        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        mid = self.midlayer
         with jax.named_scope("eagle3_attention"):
             x = jnp.concatenate([mid.input_layernorm(emb), mid.hidden_norm(hidden)], axis=-1)  # [B,T,2H]
-            cos, sin = rope_cos_sin(positions, *eagle3_rope(cfg))                               # [B,T,D]
-            keys = apply_rope(attn.k_proj(x).reshape(b, t, kvh, hd), cos, sin)                   # [B,T,KVH,D]
-            values = attn.v_proj(x).reshape(b, t, kvh, hd)
-            if rows is not None:
-                at = rows[..., None]
-                x, hidden = jnp.take_along_axis(x, at, axis=1), jnp.take_along_axis(hidden, at, axis=1)
-                cos, sin = jnp.take_along_axis(cos, at, axis=1), jnp.take_along_axis(sin, at, axis=1)
-            q_count = x.shape[1]
-            q = apply_rope(attn.q_proj(x).reshape(b, q_count, cfg.num_attention_heads, hd), cos, sin)
-            out = attend(q, keys, values)                                                        # [B,Q,Hq,D]
-            h = hidden + attn.o_proj(out.reshape(b, q_count, -1))                                # [B,Q,H]
+            cos, sin = rope_cos_sin(positions, *eagle3_rope(self.config))                       # [B,T,D]
+            h = mid.self_attn(x, hidden, cos, sin, rows, attend)                                 # [B,Q,H]
         with jax.named_scope("eagle3_mlp"):
             return h + mid.mlp(mid.post_attention_layernorm(h))
 

@@ -28,16 +28,9 @@ from flax import nnx
 
 from dart_jax.convert.dart_head import ACTIVATIONS, DartHeadConfig
 
-from .layers import Linear, RMSNorm, apply_rope, attention, param, rope_cos_sin, rope_inv_freq
+from .layers import ACTIVATION_FNS, HeadLayer, Linear, RMSNorm, attention, param, rope_cos_sin, rope_inv_freq
 
-_ACTIVATION_FNS = {
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "relu": jax.nn.relu,
-}
-assert set(_ACTIVATION_FNS) == set(ACTIVATIONS)
+assert set(ACTIVATION_FNS) == set(ACTIVATIONS)
 
 
 @functools.lru_cache(maxsize=16)
@@ -71,38 +64,13 @@ def init_head_cache(config: DartHeadConfig, batch: int, max_len: int, dtype=jnp.
     return HeadCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
-class _Attention(nnx.Module):
+class _MidLayer(HeadLayer):
+    """The shared draft-head layer plus DART's `mask_rep`, the input of the mask slots [2H]."""
+
     def __init__(self, config: DartHeadConfig, *, dtype, param_dtype, rngs):
-        h2, d = 2 * config.hidden_size, config.head_dim
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = Linear(h2, config.num_attention_heads * d, ("embed", "heads"), **kw)
-        self.k_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
-        self.v_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
-        self.o_proj = Linear(config.num_attention_heads * d, config.hidden_size, ("heads", "embed"), **kw)
-
-
-class _MLP(nnx.Module):
-    def __init__(self, config: DartHeadConfig, *, dtype, param_dtype, rngs):
-        h, i = config.hidden_size, config.intermediate_size
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.gate_proj = Linear(h, i, ("embed", "mlp"), **kw)
-        self.up_proj = Linear(h, i, ("embed", "mlp"), **kw)
-        self.down_proj = Linear(i, h, ("mlp", "embed"), **kw)
-        self.act = config.hidden_act
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(_ACTIVATION_FNS[self.act](self.gate_proj(x)) * self.up_proj(x))
-
-
-class _MidLayer(nnx.Module):
-    def __init__(self, config: DartHeadConfig, *, dtype, param_dtype, rngs):
-        h, eps = config.hidden_size, config.rms_norm_eps
-        self.mask_rep = param((2 * h,), (None,), param_dtype, rngs)
-        self.hidden_norm = RMSNorm(h, eps, param_dtype=param_dtype)
-        self.input_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
-        self.post_attention_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
-        self.self_attn = _Attention(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.mlp = _MLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        # drawn first, as before the layer was shared, so that a seed gives the same initial head
+        self.mask_rep = param((2 * config.hidden_size,), (None,), param_dtype, rngs)
+        super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
 class DartHead(nnx.Module):
@@ -157,22 +125,11 @@ class DartHead(nnx.Module):
         `visible` [B,Q,S] (S = N, or the cache length with `store`). `store(k, v)` [B,N,KVH,D]
         may put the new keys/values into a cache and return the keys/values to attend over.
         """
-        cfg, attn, layer = self.config, self.midlayer.self_attn, self.midlayer
-        b, n, _ = x.shape
-        q_count = rows.shape[1]
-        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        cfg, layer = self.config, self.midlayer
+        scale = 1.0 / math.sqrt(cfg.head_dim)
         with jax.named_scope("draft_attention"):
             cos, sin = rope_cos_sin(positions, *head_rope(cfg))                          # [B,N,D]
-            keys = apply_rope(attn.k_proj(x).reshape(b, n, kvh, hd), cos, sin)           # [B,N,KVH,D]
-            values = attn.v_proj(x).reshape(b, n, kvh, hd)
-            if store is not None:
-                keys, values = store(keys, values)
-            at = rows[..., None]
-            xq = jnp.take_along_axis(x, at, axis=1)                                      # [B,Q,2H]
-            cos_q, sin_q = jnp.take_along_axis(cos, at, axis=1), jnp.take_along_axis(sin, at, axis=1)
-            q = apply_rope(attn.q_proj(xq).reshape(b, q_count, cfg.num_attention_heads, hd), cos_q, sin_q)
-            out = attention(q, keys, values, visible, 1.0 / math.sqrt(hd))               # [B,Q,Hq,D]
-            h = jnp.take_along_axis(g, at, axis=1) + attn.o_proj(out.reshape(b, q_count, -1))  # [B,Q,H]
+            h = layer.self_attn(x, g, cos, sin, rows, lambda q, k, v: attention(q, k, v, visible, scale), store)
         with jax.named_scope("draft_mlp"):
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             # the reference's forward() ends with norm and its compute_logits() applies it again

@@ -1,4 +1,6 @@
-"""Building blocks shared by the Qwen3 target and the DART head.
+"""Building blocks shared by the Qwen3 target and the draft heads (DART, EAGLE-3): linear layers,
+RMSNorm, RoPE, masked attention, and the draft heads' attention over the 2H-wide row
+[embedding; hidden] (`HeadAttention`) and their gated MLP (`GatedMLP`).
 
 Every parameter carries `logical_axes` metadata (batch, seq, heads, kv_heads, head_dim, embed,
 mlp, vocab) so that sharding over a Mesh is a rules table (see `dart_jax.models.sharding`).
@@ -6,7 +8,7 @@ mlp, vocab) so that sharding over a Mesh is a rules table (see `dart_jax.models.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -150,3 +152,80 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: 
     probs = jnp.where(mask[:, None, None, :, :], probs, 0.0).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B,T,Hkv,G,D]
     return out.reshape(b, t, hq, d)
+
+
+# the draft heads' `hidden_act` values (dart_jax.convert.dart_head.ACTIVATIONS) → functions
+ACTIVATION_FNS = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+# attend(q [B,Q,Hq,D], k, v [B,S,KVH,D]) → attention output [B,Q,Hq,D]
+Attend = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class HeadAttention(nnx.Module):
+    """A draft head's attention (DART and EAGLE-3 alike, the reference's LlamaAttention with a
+    2H-wide input): q/k/v projections of the row [embedding; hidden] [.., 2H], o back to H.
+    `config` has hidden_size, head_dim, num_attention_heads and num_key_value_heads."""
+
+    def __init__(self, config, *, dtype, param_dtype, rngs):
+        h2, d = 2 * config.hidden_size, config.head_dim
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = Linear(h2, config.num_attention_heads * d, ("embed", "heads"), **kw)
+        self.k_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
+        self.v_proj = Linear(h2, config.num_key_value_heads * d, ("embed", "kv_heads"), **kw)
+        self.o_proj = Linear(config.num_attention_heads * d, config.hidden_size, ("heads", "embed"), **kw)
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+
+    def __call__(self, x: jax.Array, residual: jax.Array, cos: jax.Array, sin: jax.Array, rows: jax.Array | None,
+                 attend: Attend, store: Callable | None = None) -> jax.Array:
+        """x [B,N,2H] and residual [B,N,H] are the N input rows, cos/sin [B,N,D] their RoPE. Every
+        row gives a key and a value (`store(k, v)` [B,N,KVH,D] may put them into a cache and return
+        the keys/values to attend over); the rows at indices `rows` [B,Q] (None: all) also a query,
+        and `attend` says what each sees. → residual + attention output, [B,Q,H]."""
+        b, n, _ = x.shape
+        keys = apply_rope(self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim), cos, sin)  # [B,N,KVH,D]
+        values = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim)
+        if store is not None:
+            keys, values = store(keys, values)
+        if rows is not None:
+            at = rows[..., None]
+            x, residual = jnp.take_along_axis(x, at, axis=1), jnp.take_along_axis(residual, at, axis=1)  # [B,Q,..]
+            cos, sin = jnp.take_along_axis(cos, at, axis=1), jnp.take_along_axis(sin, at, axis=1)
+        q_count = x.shape[1]
+        q = apply_rope(self.q_proj(x).reshape(b, q_count, self.num_heads, self.head_dim), cos, sin)
+        out = attend(q, keys, values)                                                              # [B,Q,Hq,D]
+        return residual + self.o_proj(out.reshape(b, q_count, -1))                                 # [B,Q,H]
+
+
+class GatedMLP(nnx.Module):
+    """down(act(gate(x)) * up(x)), H → I → H: the draft heads' MLP (`config.hidden_act`)."""
+
+    def __init__(self, config, *, dtype, param_dtype, rngs):
+        h, i = config.hidden_size, config.intermediate_size
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Linear(h, i, ("embed", "mlp"), **kw)
+        self.up_proj = Linear(h, i, ("embed", "mlp"), **kw)
+        self.down_proj = Linear(i, h, ("mlp", "embed"), **kw)
+        self.act = config.hidden_act
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(ACTIVATION_FNS[self.act](self.gate_proj(x)) * self.up_proj(x))  # [..,I] -> [..,H]
+
+
+class HeadLayer(nnx.Module):
+    """A draft head's decoder layer (DART and EAGLE-3 alike): norms of the embedding
+    (`input_layernorm`) and of the hidden state (`hidden_norm`), `HeadAttention` over their
+    concatenation, and `GatedMLP` after `post_attention_layernorm`; the names are the checkpoints'."""
+
+    def __init__(self, config, *, dtype, param_dtype, rngs):
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.hidden_norm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.input_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.post_attention_layernorm = RMSNorm(h, eps, param_dtype=param_dtype)
+        self.self_attn = HeadAttention(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = GatedMLP(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)

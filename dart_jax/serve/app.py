@@ -9,8 +9,12 @@
 A request's `tree_size` is rounded to the nearest size the server offers (`tree_sizes` in GET
 /v1/models), so that requests cannot make it build pools and compile steps without bound.
 Every response carries a `dart` object saying how it was decoded: the method, the draft tree size,
-the accepted length of every step and their mean, and tokens/s; a streamed chunk carries the
-accepted length of the step it came from. Errors are OpenAI's {"error": {message, type, param,
+the accepted length of every step and their mean, tokens/s (compilation left out; `compile_s`
+says how much there was) and, where plain decoding produced tokens (method "ar", or tree size 0 of
+keep="auto"), `plain_tokens` and `draft_tau` (the mean accepted length of the drafted steps
+alone). A streamed chunk carries what the step it came from was: `{"accepted": k}` for a
+speculative step (0 for the prefill's first token), `{"plain_tokens": n}` for n tokens of plain
+decoding (no draft was accepted). Errors are OpenAI's {"error": {message, type, param,
 code}} with a 4xx status (5xx only for the server's own faults). A body is read up to a size
 limit before anything parses it (a 413 beyond), so no client can make the server tokenise
 megabytes of text for a request that cannot fit its context anyway.
@@ -31,11 +35,11 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dart_jax.api.text import StopText
 from dart_jax.decoding.settings import GenerationSettings
 
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest
 from .scheduler import Job, Scheduler, async_sink
-from .text import TextStream
 
 _FINISH = {"eos": "stop", "length": "length", "stop": "stop"}
 # bytes of a request body per token of context (JSON escapes take up to 12 bytes a character), and at least 1 MiB
@@ -149,9 +153,10 @@ class Server:
         return job, q
 
     # ------------------------------------------------------------------ running a job
-    async def pieces(self, job: Job, q: asyncio.Queue, stream: TextStream) -> AsyncIterator[tuple[str, int, str | None]]:
-        """(new text, accepted length of the step, finish reason or None) until the job ends; a
-        job whose client went away (this generator closed early) is cancelled."""
+    async def pieces(self, job: Job, q: asyncio.Queue, stream: StopText) -> AsyncIterator[tuple[str, dict, str | None]]:
+        """(new text, what the step was: {"accepted": k} or {"plain_tokens": n}, finish reason or
+        None) until the job ends; a job whose client went away (this generator closed early) is
+        cancelled."""
         try:
             while True:
                 event = await q.get()
@@ -160,22 +165,28 @@ class Server:
                         raise APIError(503, event.error, kind="server_error", code="server_shutting_down")
                     raise APIError(500, f"generation failed: {event.error}", kind="server_error")
                 piece = stream.feed(event.ids)
+                step = {"plain_tokens": len(event.ids)} if event.plain else {"accepted": event.accepted}
                 if stream.stopped:
                     self.scheduler.cancel(job)
-                    yield piece, event.accepted, "stop"
+                    yield piece, step, "stop"
                     return
                 if event.done:
-                    yield piece + stream.finish(), event.accepted, _FINISH.get(event.finish_reason, event.finish_reason)
+                    yield piece + stream.finish(), step, _FINISH.get(event.finish_reason, event.finish_reason)
                     return
-                yield piece, event.accepted, None
+                yield piece, step, None
         finally:
             self.scheduler.cancel(job)  # no-op when it finished
 
     def decoding(self, job: Job) -> dict[str, Any]:
         steps = list(job.stats.accept_lengths)
-        return {"method": job.method, "tree_size": job.tree_size if job.method == "dart" else None,
-                "accept_lengths": steps, "mean_accepted_length": sum(steps) / len(steps) if steps else 0.0,
-                "steps": len(steps), "tokens_per_s": round(job.tokens_per_s, 3)}
+        out = {"method": job.method, "tree_size": job.tree_size,
+               "accept_lengths": steps, "mean_accepted_length": sum(steps) / len(steps) if steps else 0.0,
+               "steps": len(steps), "tokens_per_s": round(job.tokens_per_s, 3), "compile_s": round(job.compile_s, 3)}
+        figures = job.stats.tree_figures()  # keep="auto": plain_tokens, draft_tau
+        if job.tree_size is None:  # plain decoding: every token after the prefill's first is a plain one
+            figures = {"plain_tokens": len(steps), "draft_tau": 0.0}
+        out.update({k: figures[k] for k in ("plain_tokens", "draft_tau") if k in figures})
+        return out
 
     @staticmethod
     def usage(job: Job) -> dict[str, int]:
@@ -184,7 +195,7 @@ class Server:
 
     async def complete(self, request: Request, job: Job, q: asyncio.Queue, stops: list[str]) -> tuple[str, str]:
         """Run a job to its end for a non-streaming answer; cancelled if the client disconnects."""
-        stream, text, reason = TextStream(self.model.decode, stops), [], None
+        stream, text, reason = StopText(self.model.decode, stops), [], None
 
         async def watch():
             while True:
@@ -287,10 +298,10 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
                 return {**head, "object": "chat.completion.chunk",
                         "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}], **extra}
             yield chunk({"role": "assistant", "content": ""})
-            async for piece, accepted, reason in server.pieces(job, q, TextStream(server.model.decode, body.stop)):
+            async for piece, step, reason in server.pieces(job, q, StopText(server.model.decode, body.stop)):
                 if piece or reason:
                     yield chunk({"content": piece} if piece else {}, reason,
-                                dart={"accepted": accepted} if not reason else server.decoding(job))
+                                dart=step if not reason else server.decoding(job))
             if body.include_usage():
                 yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": server.usage(job)}
         return server.sse(chunks())
@@ -314,10 +325,10 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
                     "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
 
         async def chunks():
-            async for piece, accepted, reason in server.pieces(job, q, TextStream(server.model.decode, body.stop)):
+            async for piece, step, reason in server.pieces(job, q, StopText(server.model.decode, body.stop)):
                 if piece or reason:
                     yield {**head, "choices": [{"index": 0, "text": piece, "finish_reason": reason, "logprobs": None}],
-                           "dart": {"accepted": accepted} if not reason else server.decoding(job)}
+                           "dart": step if not reason else server.decoding(job)}
             if body.include_usage():
                 yield {**head, "choices": [], "usage": server.usage(job)}
         return server.sse(chunks())

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dart_jax.api import methods as decoding_methods
 from dart_jax.errors import check_text
 
 SEED_RANGE = (0, 2**63 - 1)
@@ -78,8 +79,16 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     # dart_jax extras
-    method: Literal["dart", "ar"] = "dart"
-    tree_size: int | None = Field(None, ge=1, le=256)
+    # one of dart_jax.api.methods' names (the schema lists them; the server answers for those it has loaded)
+    method: str = Field("dart", json_schema_extra=lambda schema: schema.update(enum=list(decoding_methods.names())))
+    tree_size: int | None = Field(None, ge=decoding_methods.TREE_SIZE_RANGE[0], le=decoding_methods.TREE_SIZE_RANGE[1])
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str) -> str:
+        if method not in decoding_methods.names():
+            raise ValueError(f"method must be one of {', '.join(decoding_methods.names())}, got {method!r}")
+        return method
 
     @field_validator("n")
     @classmethod

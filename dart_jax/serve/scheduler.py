@@ -3,14 +3,20 @@
 Web handlers (the HTTP API's coroutines, the UI's generators) never touch JAX. They `submit` a
 `Job` with a sink for its events and read the events from there; the scheduler thread admits jobs
 into the pools and steps them in turn:
+- the methods are those of `dart_jax.api.methods` that the model has loaded, each with the pools
+  its record makes (`Method.pool`);
 - method "dart": one `Batcher` pool of `slots` sequences per draft-tree size (the server's default
-  size, plus any other size a request asks for, made on first use); a request's size is rounded
-  to the nearest of a few offered sizes (`tree_sizes`), so that no client can make the server
-  build pools, caches and compiled steps without bound;
+  size, plus any other size a request asks for, made on first use); a request's size is checked
+  as the Python API checks it (`check_tree_size`) and rounded to the nearest of a few offered sizes
+  (`tree_sizes`), so that no client can make the server build pools, caches and compiled steps
+  without bound;
 - method "ar": a `PlainBatcher` pool of `slots` sequences, plain autoregressive decoding of the
-  target (one token per sequence and step, all sequences in one call);
+  target with the device loop of `generate_ar` (up to 32 tokens per sequence and call, all
+  sequences in one call): the same baseline as the CLI's and the benchmarks';
 - method "eagle3" (a model loaded with an EAGLE-3 head): one `Batcher` pool over the EAGLE-3 engine
   (its tree size is the head's, fixed).
+Every pool step is timed for compilation: a job's `tokens_per_s` leaves compiling out (its
+`compile_s` says how much there was), and `compiling()` says what the thread compiles right now.
 A job that is cancelled (the client went away, a stop string was met, the UI's Stop button) leaves
 its pool at once and its slot takes the next job. Every event goes to the job's sink: a
 `queue.Queue` for threads, or an asyncio queue fed through its event loop.
@@ -27,28 +33,35 @@ import threading
 import time
 from typing import Any, Callable
 
-from dart_jax.api.model import DartModel, max_tree_nodes
-from dart_jax.decoding.batcher import Batcher, PlainBatcher, SlotPool
+from dart_jax.api import methods as decoding_methods
+from dart_jax.api.compiling import CompileTimer, compiling_in
+from dart_jax.api.model import DartModel
+from dart_jax.api.methods import TREE_SIZE_RANGE, max_tree_nodes
+from dart_jax.decoding.batcher import SlotPool
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 
 log = logging.getLogger("dart_jax.serve")
 
-METHODS = {"dart": "DART", "ar": "plain (autoregressive)"}
+# the methods every model has (name → label); more come with their drafters (dart_jax.api.methods)
+METHODS = {m.name: m.label for m in decoding_methods.all_methods() if m.head_option is None}
 TREE_SIZES = (8, 16, 32, 60, 96)  # the draft tree sizes a server offers besides its default
 
 
 @dataclasses.dataclass
 class Event:
     """What one step of a job produced: new token ids and the step's accepted length (0 for the
-    prefill's first token, 1 for a plain step). The last event has `done` and a finish reason:
-    'eos', 'length' or 'cancelled', or 'error' / 'shutdown' (the server stops) with `error` set."""
+    prefill's first token, k+1 for a speculative step); `plain` when the ids came from plain
+    decoding (method "ar", or a plain chunk of keep="auto"): no draft was accepted then. The last
+    event has `done` and a finish reason: 'eos', 'length' or 'cancelled', or 'error' / 'shutdown'
+    (the server stops) with `error` set."""
 
     ids: list[int]
     accepted: int
     done: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    plain: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -65,6 +78,10 @@ class Job:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     created: float = dataclasses.field(default_factory=time.perf_counter)
+    compile_s: float = 0.0  # seconds its pool's steps spent compiling while it was in the pool
+    warm_tokens: int = 0  # tokens and seconds of its steps that compiled nothing
+    warm_s: float = 0.0
+    stop_at_eos: bool = True  # False: a warm-up, which decodes past EOS to run (and compile) the steps
     _handle: Any = None  # its Request in a pool
 
     @property
@@ -73,8 +90,17 @@ class Job:
 
     @property
     def tokens_per_s(self) -> float:
+        """Steady-state speed, as the Python API's figures count it: tokens per second of the whole
+        job when nothing compiled, else of its steps that compiled nothing (a freshly compiled
+        program's first run is slow beyond its compilation), else without the compile time."""
         elapsed = time.perf_counter() - self.created if not self.stats.total_s else self.stats.total_s
-        return len(self.token_ids) / elapsed if elapsed > 0 else 0.0
+        n = len(self.token_ids)
+        if self.compile_s == 0:
+            return n / elapsed if elapsed > 0 else 0.0
+        if self.warm_tokens > 0 and self.warm_s > 0:
+            return self.warm_tokens / self.warm_s
+        rest = elapsed - self.compile_s
+        return n / rest if rest > 0 else 0.0
 
 
 def thread_sink() -> tuple[queue.Queue, Callable[[Event], None]]:
@@ -109,9 +135,9 @@ class Scheduler:
         self.default_tree_size = model.engine.tree.keep
         most = max_tree_nodes(model.engine.tree, model.engine.drafter.rows)
         self.tree_sizes = sorted({self.default_tree_size} | {s for s in TREE_SIZES if s <= most})
-        self.methods = dict(METHODS)
-        if model.eagle3_engine is not None:  # loaded with --eagle3: its own pool, its tree size fixed
-            self.methods["eagle3"] = "EAGLE-3"
+        # name → label of every method the model has loaded (e.g. "eagle3" with --eagle3: its own pool)
+        self.methods = {m.name: m.label for m in decoding_methods.loaded(model)}
+        self._timer = CompileTimer()  # entered by the scheduler thread around each pool step
         self._inbox: queue.Queue = queue.Queue()
         self._pools: dict[tuple[str, int | None], SlotPool] = {}  # (method, tree size) → pool
         self._jobs: dict[Any, Job] = {}  # a pool's request → its job
@@ -126,29 +152,35 @@ class Scheduler:
 
     # ------------------------------------------------------------------ client side (any thread)
     def check(self, prompt_ids, settings: GenerationSettings, method: str, tree_size: int | None) -> int:
-        """Raise ValueError naming what is wrong with a request; returns its tree size."""
+        """Raise ValueError naming what is wrong with a request; returns its tree size (None for
+        plain decoding; a method whose tree is fixed ignores `tree_size`)."""
         if method not in self.methods:
             raise ValueError(f"unknown method {method!r}; this server offers {sorted(self.methods)}.")
         if settings.max_length > self.max_length:
             raise ValueError(f"max_length {settings.max_length} exceeds the server's context of {self.max_length} "
                              "tokens (start the server with a larger --max-length).")
         self.model.engine.check_request(prompt_ids, settings)
+        record = decoding_methods.get(method)
+        if not record.tree_per_request:
+            return record.tree_size(self.model)
         size = self.default_tree_size if tree_size is None else tree_size
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 256:
-            raise ValueError(f"tree_size must be an integer in [1, 256] (draft tree nodes), got {size!r}.")
-        return self.offered_size(size)
+        low, high = TREE_SIZE_RANGE
+        if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:
+            raise ValueError(f"tree_size must be an integer in [{low}, {high}] (draft tree nodes), got {size!r}.")
+        return self.offered_size(record.tree_size(self.model, size))  # the Python API's check (max_tree_nodes)
 
     def offered_size(self, size: int) -> int:
         """The offered tree size nearest to `size` (the smaller one on a tie)."""
         return min(self.tree_sizes, key=lambda s: (abs(s - size), s))
 
     def submit(self, prompt_ids, settings: GenerationSettings, sink: Callable[[Event], None], *,
-               method: str = "dart", tree_size: int | None = None) -> Job:
-        """Queue a generation; its events go to `sink`. Raises ValueError for a bad request."""
+               method: str = "dart", tree_size: int | None = None, stop_at_eos: bool = True) -> Job:
+        """Queue a generation; its events go to `sink`. Raises ValueError for a bad request.
+        `stop_at_eos=False` decodes past EOS up to the token limits (the warm-up)."""
         if self._stop.is_set() or self._closing.is_set():
             raise RuntimeError("the server is shutting down.")
         size = self.check(prompt_ids, settings, method, tree_size)
-        job = Job(next(self._ids), method, list(prompt_ids), settings, size, sink)
+        job = Job(next(self._ids), method, list(prompt_ids), settings, size, sink, stop_at_eos=stop_at_eos)
         self._open.add(job)
         self._inbox.put(("submit", job))
         return job
@@ -182,7 +214,9 @@ class Scheduler:
     def warmup(self, prompt_ids, max_new_tokens: int = 8, *, full: bool = True) -> None:
         """Compile the shapes of short requests in every method, so that clients wait for nothing:
         one request alone, and with `full` also 2, 4, … `slots` requests at once (a pool computes
-        the rows up to its highest busy slot, a power of two: each count is its own compiled step)."""
+        the rows up to its highest busy slot, a power of two: each count is its own compiled step).
+        Plain decoding's request alone decodes past EOS, so that its chunk loop compiles whatever
+        the model answers."""
         settings = GenerationSettings(max_new_tokens=max_new_tokens, max_length=self.max_length)
         counts = [1]
         while full and counts[-1] < self.slots:
@@ -192,7 +226,10 @@ class Scheduler:
                 queues = []
                 for _ in range(count):
                     q, sink = thread_sink()
-                    self.submit(prompt_ids, settings, sink, method=method)
+                    # plain decoding's request alone decodes past EOS, so that its chunk loop (long to
+                    # compile) is ready even where the model ends its answer at once
+                    past_eos = count == 1 and not decoding_methods.get(method).drafts
+                    self.submit(prompt_ids, settings, sink, method=method, stop_at_eos=not past_eos)
                     queues.append(q)
                 for q in queues:
                     while not (event := q.get()).done:
@@ -202,18 +239,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the scheduler thread
     def _pool(self, method: str, tree_size: int | None) -> SlotPool:
-        key = (method, tree_size if method == "dart" else None)
+        record = decoding_methods.get(method)
+        key = (method, tree_size if record.tree_per_request else None)
         if key not in self._pools:
-            engine = self.model.engine
-            if method == "ar":
-                self._pools[key] = PlainBatcher(engine, self.slots, self.max_length)
-            elif method == "eagle3":
-                self._pools[key] = Batcher(self.model.engine_for("eagle3"), self.slots, self.max_length)
-            else:
-                if tree_size != engine.tree.keep:
-                    engine = engine.with_tree(dataclasses.replace(engine.tree, keep=tree_size), adaptive=False)
-                self._pools[key] = Batcher(engine, self.slots, self.max_length)
+            self._pools[key] = record.pool(self.model, self.slots, self.max_length, tree_size)
         return self._pools[key]
+
+    def compiling(self) -> tuple[float, str] | None:
+        """(seconds so far, what) of the compilation the scheduler thread runs now, or None."""
+        return compiling_in(self._thread.ident)
 
     def _loop(self) -> None:
         try:
@@ -261,7 +295,8 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         try:
-            job._handle = self._pool(job.method, job.tree_size).submit(job.prompt_ids, job.settings, job.stats)
+            job._handle = self._pool(job.method, job.tree_size).submit(job.prompt_ids, job.settings, job.stats,
+                                                                        stop_at_eos=job.stop_at_eos)
             self._jobs[job._handle] = job
         except ValueError as e:
             self._finish(job, "error", error=str(e))
@@ -277,25 +312,38 @@ class Scheduler:
         self._finish(job, "cancelled")
 
     def _step_pool(self, pool: SlotPool) -> None:
-        for request, kept, accepted in pool.step():
+        inside = [self._jobs.get(r) for r in [*pool.busy, *pool.waiting] if r is not None]
+        with self._timer:
+            moved = pool.step()
+        compiled, wall = self._timer.last_seconds, self._timer.last_wall
+        if compiled:  # the compilation counts for every job that waited on it
+            for job in inside:
+                if job is not None:
+                    job.compile_s += compiled
+        for step in moved:
+            request, kept, accepted = step
             job = self._jobs.get(request)
             if job is None:
                 continue
             job.token_ids.extend(kept)
+            if not compiled:
+                job.warm_tokens += len(kept)
+                job.warm_s += wall
+            plain = getattr(step, "plain", False)
             if request.done:
                 del self._jobs[request]
-                self._finish(job, request.finish_reason, kept, accepted)
+                self._finish(job, request.finish_reason, kept, accepted, plain=plain)
             else:
-                job.sink(Event(kept, accepted))
+                job.sink(Event(kept, accepted, plain=plain))
 
     def _finish(self, job: Job, reason: str, ids: list[int] | None = None, accepted: int = 0,
-                error: str | None = None) -> None:
+                error: str | None = None, plain: bool = False) -> None:
         job.finish_reason = reason
         self.finished[reason] += 1
         self._open.discard(job)
         if not job.stats.total_s:
             job.stats.total_s = time.perf_counter() - job.created
-        job.sink(Event(list(ids or []), accepted, True, reason, error))
+        job.sink(Event(list(ids or []), accepted, True, reason, error, plain))
 
     def _fail_all(self, error: str | None, reason: str = "error") -> None:
         """Finish every job still open: `reason` ('error' after a crash, 'shutdown' when the server

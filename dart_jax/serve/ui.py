@@ -1,8 +1,10 @@
 """The chat UI (Gradio), mounted in the API's process and fed by the same scheduler.
 
-Method switch (DART / plain), sliders for temperature, top-p, top-k, answer length and draft
-tree size; every step's accepted chunk is highlighted as it streams (alternating colours, the
-step's accepted length on hover); live tokens/s and mean accepted length; Stop, Regenerate and
+Method switch (the methods of `dart_jax.api.methods` the model has loaded), sliders for
+temperature, top-p, top-k, answer length and draft tree size; every step's accepted chunk is
+highlighted as it streams (alternating colours, the step's accepted length on hover), text from
+plain decoding (method "ar", or a plain chunk of keep="auto") is not; live tokens/s (compilation
+left out: "compiling…" while the server compiles for a new shape) and mean accepted length; Stop, Regenerate and
 Clear; multi-turn history. "Side by side" sends each message through a second method too and
 shows both answers, their speeds and the speedup. The second runs once the first is done: run
 together, they would share the scheduler's rounds (one plain token per DART step), and the
@@ -19,10 +21,11 @@ from typing import Any
 
 import gradio as gr
 
+from dart_jax.api import methods as decoding_methods
+from dart_jax.api.text import StopText
 from dart_jax.decoding.settings import GenerationSettings
 
 from .scheduler import Job, Scheduler, thread_sink
-from .text import TextStream
 
 CSS = """
 .dj-c0 { background: #fde68a; border-radius: 3px; }
@@ -32,20 +35,40 @@ CSS = """
 .dj-msg { white-space: pre-wrap; overflow-wrap: anywhere; }
 .dj-stats { font-variant-numeric: tabular-nums; }
 """
-_LABELS = {"dart": "DART", "ar": "Plain"}
+PLAIN_TIP = "plain decoding: no draft (tree size 0)"
 
 
-def render(chunks: list[tuple[str, int]], method: str) -> str:
-    """An answer as HTML: each step's text in a span (alternating colours for DART), the step's
-    accepted length on hover. The text is shown as it is (no Markdown): the chat panels keep its
-    spaces and line breaks."""
-    if method != "dart":
-        return html.escape("".join(text for text, _ in chunks))
-    out = []
-    for i, (text, accepted) in enumerate(chunks):
-        if text:  # a step whose text is still held back (a partial character) shows in the next span
-            tip = "first token (prefill)" if accepted == 0 else f"step {i}: {accepted} accepted"
-            out.append(f'<span class="dj-c{len(out) % 2}" title="{tip}">{html.escape(text)}</span>')
+def _label(method: str) -> str:
+    try:
+        return decoding_methods.get(method).label
+    except ValueError:
+        return method
+
+
+def _drafts(method: str) -> bool:
+    try:
+        return decoding_methods.get(method).drafts
+    except ValueError:
+        return False
+
+
+def render(chunks: list[tuple], method: str) -> str:
+    """An answer as HTML: each speculative step's text in a span (alternating colours), the step's
+    accepted length on hover; text from plain decoding (chunks marked plain, or a method that does
+    not draft) is not highlighted. The text is shown as it is (no Markdown): the chat panels keep
+    its spaces and line breaks. `chunks`: (text, accepted length[, plain])."""
+    if not _drafts(method):
+        return html.escape("".join(chunk[0] for chunk in chunks))
+    out, coloured = [], 0
+    for i, (text, accepted, *plain) in enumerate(chunks):
+        if not text:  # a step whose text is still held back (a partial character) shows in the next span
+            continue
+        if plain and plain[0]:
+            out.append(f'<span class="dj-plain" title="{PLAIN_TIP}">{html.escape(text)}</span>')
+            continue
+        tip = "first token (prefill)" if accepted == 0 else f"step {i}: {accepted} accepted"
+        out.append(f'<span class="dj-c{coloured % 2}" title="{tip}">{html.escape(text)}</span>')
+        coloured += 1
     return "".join(out)
 
 
@@ -53,8 +76,8 @@ class _Run:
     """One answer being streamed: its job, its events, its text so far."""
 
     def __init__(self, scheduler: Scheduler, ids, settings, method: str, tree_size: int, decode):
-        self.method, self.chunks = method, []
-        self.stream = TextStream(decode)
+        self.scheduler, self.method, self.chunks = scheduler, method, []
+        self.stream = StopText(decode)
         self.events, sink = thread_sink()
         self.job: Job = scheduler.submit(ids, settings, sink, method=method, tree_size=tree_size)
         self.error: str | None = None
@@ -75,7 +98,7 @@ class _Run:
                 piece += self.stream.finish()
                 self.error, self.finished = event.error, True
             if piece or event.accepted:
-                self.chunks.append((piece, event.accepted))
+                self.chunks.append((piece, event.accepted, event.plain))
             try:
                 event = self.events.get_nowait()
             except queue.Empty:
@@ -83,18 +106,36 @@ class _Run:
 
     @property
     def text(self) -> str:
-        return "".join(t for t, _ in self.chunks)
+        return "".join(chunk[0] for chunk in self.chunks)
 
     def summary(self) -> str:
-        steps = self.job.stats.accept_lengths
-        tau = sum(steps) / len(steps) if steps else 0.0
-        line = (f"**{_LABELS.get(self.method, self.method)}**: {self.job.tokens_per_s:.1f} tokens/s · "
-                f"mean accepted length {tau:.2f} · {len(self.job.token_ids)} tokens in {len(steps)} steps")
+        """One line of figures: tokens/s (compilation left out, and "compiling…" instead while the
+        server compiles for this answer), what the steps were, how the answer ended."""
+        label, job = _label(self.method), self.job
+        steps = job.stats.accept_lengths
+        compiling = None if self.finished else getattr(self.scheduler, "compiling", lambda: None)()
+        if compiling is not None:
+            seconds, what = compiling
+            line = (f"**{label}**: compiling… ({what} for this shape, {seconds:.0f} s; once per prompt length "
+                    f"and batch shape: the speed shows when it is done) · {len(job.token_ids)} tokens so far")
+        elif not _drafts(self.method):
+            line = (f"**{label}**: {job.tokens_per_s:.1f} tokens/s · plain decoding, no draft · "
+                    f"{len(job.token_ids)} tokens")
+        else:
+            tau = sum(steps) / len(steps) if steps else 0.0
+            line = (f"**{label}**: {job.tokens_per_s:.1f} tokens/s · mean accepted length {tau:.2f} · "
+                    f"{len(job.token_ids)} tokens in {len(steps)} steps")
+            figures = job.stats.tree_figures()
+            if figures.get("plain_tokens"):
+                line += (f" ({figures['plain_tokens']} tokens by plain decoding where no tree paid off, not "
+                         f"highlighted; mean accepted length of the drafted steps {figures['draft_tau']:.2f})")
+        if compiling is None and job.compile_s >= 0.05:
+            line += f" · {job.compile_s:.1f} s compiling not counted"
         if self.error:
             return line + f" · error: {html.escape(self.error)}"
-        if self.finished and self.job.finish_reason == "cancelled":
+        if self.finished and job.finish_reason == "cancelled":
             return line + " · stopped"
-        if self.finished and self.job.finish_reason == "length":
+        if self.finished and job.finish_reason == "length":
             return line + " · reached the max new tokens"
         return line
 
@@ -238,10 +279,10 @@ class ChatUI:
             elif stopped:
                 state = "not run (stopped)"
             else:
-                state = f"waits for {_LABELS.get(methods[0], methods[0])}"
-            lines.append(f"**{_LABELS.get(method, method)}**: {state}")
+                state = f"waits for {_label(methods[0])}"
+            lines.append(f"**{_label(method)}**: {state}")
         if len(runs) == 2 and runs[1].job.tokens_per_s > 0:
-            lines.append(f"**speedup** {_LABELS.get(runs[0].method)} / {_LABELS.get(runs[1].method)}: "
+            lines.append(f"**speedup** {_label(runs[0].method)} / {_label(runs[1].method)}: "
                          f"{runs[0].job.tokens_per_s / runs[1].job.tokens_per_s:.2f}x")
         return "  \n".join(lines)
 
@@ -251,12 +292,14 @@ class ChatUI:
         sizes = list(self.scheduler.tree_sizes)
         with gr.Blocks(title=self.title, analytics_enabled=False) as demo:
             gr.Markdown(f"## {html.escape(self.title)}\nDART speculative decoding: each highlighted chunk is one "
-                        "step's accepted draft (hover for its length). The API is at `/v1` (OpenAI-compatible).")
+                        "step's accepted draft (hover for its length); text that is not highlighted came from "
+                        "plain decoding, one token per target call with no draft (the Plain method, or where "
+                        "the adaptive tree size found that no tree pays). The API is at `/v1` (OpenAI-compatible).")
             turns = gr.State([])
             with gr.Row():
                 method_a = gr.Radio(methods, value="dart", label="Method", elem_id="dj-method")
                 side = gr.Checkbox(False, label="Side by side", elem_id="dj-side")
-                method_b = gr.Radio(methods, value="ar", label="Compare with", elem_id="dj-method-b")
+                method_b = gr.Radio(methods, value=decoding_methods.baseline().name, label="Compare with", elem_id="dj-method-b")
             # messages are our own HTML (escaped text in highlight spans), shown as they are: no
             # Markdown or LaTeX, which would mangle text cut into spans; no copy/share buttons,
             # which would copy that HTML rather than the text

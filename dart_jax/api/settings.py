@@ -1,0 +1,91 @@
+"""The options of `DartModel.from_pretrained`: the settings groups filled by field name, the
+tree size ("auto" or an integer, checked by `dart_jax.api.methods.check_tree_size`), and the
+reference's argument names. Re-exported by `dart_jax.api.model`."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+from dart_jax.decoding.settings import ShapeSettings
+from dart_jax.errors import InputError
+from dart_jax.ngram import TreeSettings
+
+from . import methods as _methods
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSettings:
+    """How string prompts are formatted: an optional system message, and Qwen3's thinking switch."""
+
+    system_prompt: str | None = None
+    enable_thinking: bool = False
+
+
+# the option groups that `from_pretrained(**opts)` fills by field name
+_OPTION_GROUPS = {"tree": TreeSettings, "shapes": ShapeSettings, "chat": ChatSettings}
+
+
+def adaptive_keep(opts: dict[str, Any], tree: TreeSettings | None) -> tuple[dict[str, Any], bool]:
+    """`keep="auto"` (the default unless a `tree` object or an integer keep is given): the tree
+    size is chosen per step among a few sizes up to `max_keep` (default 60, the reference's size)
+    by measured speed (dart_jax.decoding.adaptive). → (options with keep an integer, adaptive)."""
+    opts = dict(opts)
+    keep = opts.pop("keep", "auto" if tree is None else tree.keep)
+    max_keep = opts.pop("max_keep", None)
+    if isinstance(keep, str) and keep.strip().lower() == "auto":
+        opts["keep"] = int(max_keep) if max_keep is not None else (tree.keep if tree is not None else TreeSettings().keep)
+        return opts, True
+    if max_keep is not None:
+        raise ValueError("max_keep only applies with keep='auto'.")
+    if isinstance(keep, str):
+        raise ValueError(f"keep must be an integer tree size or 'auto', got {keep!r}.")
+    opts["keep"] = keep
+    return opts, False
+
+
+def split_options(opts: dict[str, Any], **given) -> dict[str, Any]:
+    """Keyword options → one settings object per group (`tree`, `shapes`, `chat`), starting from
+    the objects in `given`; an option that no group has is an error naming the valid ones."""
+    fields = {f.name: group for group, cls in _OPTION_GROUPS.items() for f in dataclasses.fields(cls)}
+    unknown = sorted(set(opts) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; valid: {sorted(fields)}.")
+    out = {}
+    for group, cls in _OPTION_GROUPS.items():
+        base = given.get(group) or cls()
+        mine = {k: v for k, v in opts.items() if fields[k] == group}
+        out[group] = dataclasses.replace(base, **mine) if mine else base
+    return out
+
+
+# the reference's `DartModel.from_pretrained` argument names → ours
+REFERENCE_NAMES = {"base_model_name_or_path": "base", "dart_model_name_or_path": "dart",
+                   "ngram_model_name_or_path": "ngram", "is_small_ngram": "small_ngram", "torch_dtype": "dtype"}
+# arguments the reference hands to transformers that have no meaning here (JAX places the arrays)
+_IGNORED_REFERENCE_ARGS = ("device_map", "low_cpu_mem_usage")
+
+
+def reference_names(opts: dict, base, dart, ngram, small_ngram, dtype) -> tuple:
+    """Take the reference's argument names out of `opts` (in place) and return (base, dart, ngram,
+    small_ngram, dtype); a value given under both names is an error."""
+    ours = {"base": base, "dart": dart, "ngram": ngram, "small_ngram": small_ngram or None, "dtype": dtype}
+    for theirs, mine in REFERENCE_NAMES.items():
+        if theirs not in opts:
+            continue
+        value = opts.pop(theirs)
+        if ours[mine] is not None:
+            raise InputError(f"both {mine}= and the reference's {theirs}= were given; pass one of them.")
+        if mine == "dtype" and value is not None:
+            value = str(value).removeprefix("torch.")
+        ours[mine] = value
+    for name in _IGNORED_REFERENCE_ARGS:
+        if name in opts:
+            opts.pop(name)
+            warnings.warn(f"{name}= is ignored: JAX places the arrays itself (pass mesh= to shard them).", stacklevel=3)
+    return ours["base"], ours["dart"], ours["ngram"], bool(ours["small_ngram"]), ours["dtype"]
+
+
+def check_tree_size(tree: TreeSettings, rows: int, option: str = "keep (--keep)") -> None:
+    """`tree.keep` checked by `dart_jax.api.methods.check_tree_size` (the one check of a tree size)."""
+    _methods.check_tree_size(tree.keep, tree, rows, option)

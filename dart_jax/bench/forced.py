@@ -1,0 +1,383 @@
+"""Forced acceptance: the end-to-end speedup of DART at a chosen τ, without trained weights.
+
+Random weights give honest step costs but τ ≈ 1, so `bench e2e` on them cannot show the speedup a
+trained head would give. `bench e2e --force-tau T` reproduces a chosen acceptance instead:
+
+1. each prompt is first decoded greedily by plain autoregressive decoding of the same target
+   (`engine.baseline`), a few tokens past --max-new-tokens: the *reference*;
+2. DART then runs as usual (same pool, same drafter call, same n-gram tree search, same tree size,
+   same verify step, same acceptance on the device), except that after the tree search each tree
+   is edited on the host so that it holds the reference's next D tokens as a path from the root,
+   and NOT the (D+1)-th token below that path. Greedy acceptance then accepts exactly D nodes and
+   the bonus token: the step's accepted length is D + 1.
+
+D is drawn per sequence and step as D = min(G, Dmax), where G counts the successes before the
+first failure of independent trials of probability α (a geometric law: each further draft token
+accepted with probability α, the textbook model of speculative decoding), and Dmax is the tree's
+depth (the drafter's rows). α is solved so that E[D] + 1 = T exactly, so the mean accepted length
+per step (the project's τ, tokens per step including the bonus) is T; T must lie in [1, Dmax + 1].
+The draws take the law's quantiles along a golden-ratio sequence (`DepthSequence`), so that a run
+of a few dozen steps already has a mean close to T.
+D is also capped by the nodes of the tree and by what is left of the reference (only at its end).
+
+The tree keeps its node count and encoding: where the path needs a node the tree lacks, the
+deepest node that is not on the path (a leaf) moves there; other nodes only change tokens. So the
+verify sees the same shapes and the same number of real nodes as a DART step. The host edit is
+timed and taken out of DART's wall time (`force_ms` reports it); what remains is DART's own step.
+
+Greedy only (the acceptance is forced through the target's argmax). On bf16 accelerators DART's
+tree verify may break a near-tie otherwise than plain decoding (random weights have many): then
+DART's output leaves the reference, and a sequence that left it is no longer forced. So before the
+timed runs, `calibrate` reruns the forced generation (the same draws each run) and, where the
+output left its reference, makes DART's output up to that token, followed by plain greedy
+decoding from there, the new reference, until DART agrees with every reference (`resynced`
+counts the repairs, `same_output` then compares with plain decoding from the prompt, and
+`unforced_steps` counts the steps of the timed run that could not be forced).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from dart_jax.bench.e2e import open_model, tree_label
+from dart_jax.bench.util import check_reps, median, progress
+from dart_jax.decoding.batcher import Batcher
+
+__all__ = ["DepthSequence", "ForcedBatcher", "acceptance_rate", "force_tree", "encode_tree", "parse_taus", "run_forced"]
+
+
+# ------------------------------------------------------------------------------ the depth law
+def expected_depth(alpha: float, max_depth: int) -> float:
+    """E[min(G, max_depth)] for G geometric with success probability alpha: sum of alpha^k, k = 1..max_depth."""
+    return float(sum(alpha ** k for k in range(1, max_depth + 1)))
+
+
+def acceptance_rate(tau: float, max_depth: int) -> float:
+    """The α for which E[min(G, max_depth)] + 1 = tau (bisection; monotone in α)."""
+    if not 1.0 <= tau <= max_depth + 1:
+        raise ValueError(f"--force-tau {tau:g} is out of reach: with trees {max_depth} levels deep the mean accepted "
+                         f"length lies in [1, {max_depth + 1}]; pass a τ in that range")
+    if tau >= max_depth + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if expected_depth(mid, max_depth) + 1 < tau:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def draw_depth(u: float, alpha: float, max_depth: int) -> int:
+    """min(G, max_depth) at the quantile u in [0, 1): the number of k in 1..max_depth with u < α^k
+    (P(D >= k) = α^k for u uniform)."""
+    depth = 0
+    while depth < max_depth and u < alpha ** (depth + 1):
+        depth += 1
+    return depth
+
+
+GOLDEN = (5 ** 0.5 - 1) / 2
+
+
+class DepthSequence:
+    """Depths with the law of `draw_depth`, drawn at the quantiles u_i = frac(u_0 + i·φ) (φ the
+    golden ratio's fractional part, u_0 from `seed`): a low-discrepancy sequence, so that the mean
+    over the n steps of a run is within O(1/n) of the law's mean instead of O(1/√n)."""
+
+    def __init__(self, alpha: float, max_depth: int, seed: int = 0):
+        self.alpha, self.max_depth = alpha, max_depth
+        self.u = float(np.random.default_rng(seed).random())
+
+    def __call__(self) -> int:
+        self.u = (self.u + GOLDEN) % 1.0
+        return draw_depth(self.u, self.alpha, self.max_depth)
+
+
+def parse_taus(text: str) -> list[float]:
+    """'2,3,3.61' → [2.0, 3.0, 3.61]; a ValueError naming the option otherwise."""
+    try:
+        taus = [float(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--force-tau expects comma-separated numbers such as '2,3,3.61,5', got {text!r}") from None
+    if not taus or min(taus) < 1.0:
+        raise ValueError(f"--force-tau expects mean accepted lengths >= 1 (1 = no draft token accepted), got {text!r}")
+    return taus
+
+
+# ------------------------------------------------------------------------------ tree editing
+def encode_tree(tokens: np.ndarray, parents: np.ndarray, slots: int, depth: int) -> dict[str, np.ndarray]:
+    """A tree given by its real nodes (tokens, parents; node 0 the root, any order otherwise) in the
+    search's encoding (`dart_jax.ngram.DraftTree`): nodes sorted by depth (ties by the given
+    order), padded to `slots` node slots; mask = ancestors and self; retrieve = one row per leaf in
+    lexicographic order of the token paths (ties by node index), padded with -1 to depth + 1."""
+    n = len(tokens)
+    level = np.full(n, -1, np.int64)
+    level[0] = 0
+    for start in range(n):  # depth of each node by walking up (n is small: ~60)
+        chain, j = [], start
+        while level[j] < 0:
+            chain.append(j)
+            j = parents[j]
+        for i in reversed(chain):
+            level[i] = level[parents[i]] + 1
+    order = sorted(range(n), key=lambda i: (level[i], i))
+    new = np.empty(n, np.int64)
+    new[order] = np.arange(n)
+    out_tokens = np.zeros(slots, np.int32)
+    out_positions = np.zeros(slots, np.int32)
+    out_parents = np.full(slots, -1, np.int32)
+    out_tokens[:n] = np.asarray(tokens)[order]
+    out_positions[:n] = level[order]
+    for i in range(1, n):
+        out_parents[new[i]] = new[parents[i]]
+    mask = np.eye(slots, dtype=bool)
+    for i in range(1, n):
+        j = out_parents[i]
+        mask[i] |= mask[j]  # parents come first: their rows are final
+    has_child = np.zeros(n, bool)
+    has_child[out_parents[1:n]] = True
+    leaves = [i for i in range(1, n) if not has_child[i]] or ([0] if n == 1 else [])
+    paths = []
+    for leaf in leaves:
+        path, j = [], leaf
+        while j >= 0:
+            path.append(j)
+            j = out_parents[j]
+        paths.append(path[::-1])
+    paths.sort(key=lambda p: ([int(out_tokens[j]) for j in p[1:]], p[-1]))
+    retrieve = np.full((slots - 1, depth + 1), -1, np.int32)
+    for r, path in enumerate(paths):
+        retrieve[r, :len(path)] = path
+    return {"tokens": out_tokens, "positions": out_positions, "parents": out_parents, "mask": mask,
+            "retrieve": retrieve, "num_nodes": np.int32(n), "num_leaves": np.int32(len(paths))}
+
+
+def _fresh_token(taken: set[int], avoid: int) -> int:
+    t = 0
+    while t in taken or t == avoid:
+        t += 1
+    return t
+
+
+def force_tree(tokens: np.ndarray, parents: np.ndarray, num_nodes: int, path: Sequence[int], block: int | None,
+               *, slots: int, depth: int) -> tuple[dict[str, np.ndarray], int]:
+    """One searched tree (its first `num_nodes` real nodes) edited to hold `path` (the target's next
+    tokens) as a chain from the root, with no child of the chain's end carrying `block` (the token
+    after the path; None: nothing to block). Returns (the tree in the search's encoding, the length
+    of the chain actually placed: `len(path)` unless the tree has too few nodes)."""
+    n = int(num_nodes)
+    tok = [int(t) for t in tokens[:n]]
+    par = [int(p) for p in parents[:n]]
+    on_chain = [False] * n
+    on_chain[0] = True
+    cur, placed = 0, 0
+
+    def children(node):
+        return [j for j in range(1, n) if par[j] == node]
+
+    for g in path:
+        kids = children(cur)
+        match = [j for j in kids if tok[j] == g]
+        if match:
+            nxt = match[0]
+        elif kids:
+            nxt = kids[0]  # the best-ranked child takes the token (its subtree stays below it)
+            tok[nxt] = g
+        else:  # a leaf on the chain: move the deepest node off the chain (a leaf) under it
+            free = [j for j in range(n - 1, 0, -1) if not on_chain[j] and not children(j)]
+            if not free:
+                break
+            nxt = free[0]
+            par[nxt], tok[nxt] = cur, g
+        for j in children(cur):  # siblings never repeat the chain's token
+            if j != nxt and tok[j] == g:
+                tok[j] = _fresh_token({tok[k] for k in children(cur)}, g)
+        on_chain[nxt] = True
+        cur, placed = nxt, placed + 1
+    if block is not None and placed == len(path):
+        for j in children(cur):
+            if tok[j] == block:
+                tok[j] = _fresh_token({tok[k] for k in children(cur)}, block)
+    return encode_tree(np.asarray(tok), np.asarray(par), slots, depth), placed
+
+
+class ForcedBatcher(Batcher):
+    """The DART pool with acceptance forced to a mean length `tau` (module docstring): submit each
+    request with `submit_forced(ids, settings, reference)`, where `reference` is its greedy
+    continuation (plain decoding's tokens, the prefill's first token first)."""
+
+    def __init__(self, engine, slots: int, max_length: int, *, tau: float, seed: int = 0):
+        if engine.adaptive:
+            raise ValueError("--force-tau needs a fixed tree size (keep=auto may skip the tree): pass --keep N")
+        super().__init__(engine, slots, max_length)
+        self.max_depth = self.depth
+        self.alpha = acceptance_rate(tau, self.max_depth)
+        self.depths = DepthSequence(self.alpha, self.max_depth, seed)
+        self.references: dict[int, np.ndarray] = {}
+        self.force_s = 0.0
+        self.drawn: list[int] = []  # D + 1 of every forced step (what the accepted length must be)
+        self.unforced_steps = 0
+        self.capped_steps = 0  # steps whose chain the tree or the reference's end cut short
+
+    def submit_forced(self, prompt_ids, settings, reference: Sequence[int], stats=None):
+        if settings.temperature > 0:
+            raise ValueError("--force-tau forces greedy acceptance: use --temperature 0")
+        request = self.submit(prompt_ids, settings, stats)
+        self.references[request.index] = np.asarray(reference, np.int64)
+        return request
+
+    def _search(self, size: int, rows: list[int], m: int) -> np.ndarray:
+        """DART's own search and packing (`Batcher._search`), then each busy row's tree edited."""
+        packed = super()._search(size, rows, m)
+        t0 = time.perf_counter()
+        layout = self.trees[size]
+        trees = layout.unpack(packed)
+        for slot in rows:
+            request = self.busy[slot]
+            ref = self.references.get(request.index)
+            done = len(request.token_ids)  # the root is token done - 1 of the reference
+            if ref is None or done > ref.size or np.any(ref[:done] != np.asarray(request.token_ids)):
+                self.unforced_steps += 1
+                continue
+            want = self.depths()
+            path = ref[done:done + want]
+            block = int(ref[done + len(path)]) if done + len(path) < ref.size else None
+            num_nodes = 1 + int((trees["parents"][slot] >= 0).sum())  # real nodes come first
+            tree, placed = force_tree(trees["tokens"][slot], trees["parents"][slot], num_nodes, path.tolist(), block,
+                                      slots=size + 1, depth=self.depth)
+            if placed < want:
+                self.capped_steps += 1
+            self.drawn.append(placed + 1)
+            for name in trees:
+                trees[name][slot] = tree[name]
+        packed = layout.pack(trees)
+        self.force_s += time.perf_counter() - t0
+        return packed
+
+
+# ------------------------------------------------------------------------------ the bench
+def reference_outputs(engine, prompts: list[np.ndarray], settings) -> list[list[int]]:
+    """Plain greedy decoding of each prompt (the target's own continuation), a tree depth plus one
+    tokens past max_new_tokens so that no forced path is cut by the reference's end."""
+    longer = dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens + engine.rows + 1)
+    return [list(map(int, out)) for out in engine.baseline.generate_batch(prompts, [longer] * len(prompts),
+                                                                         engine.eos_ids)]
+
+
+def first_mismatch(output: Sequence[int], reference: Sequence[int]) -> int | None:
+    """The first position where `output` leaves `reference` (None: a prefix of it)."""
+    for i, t in enumerate(output):
+        if i >= len(reference) or t != reference[i]:
+            return i
+    return None
+
+
+def forced_run(engine, prompts, settings, references, *, tau: float, seed: int) -> tuple[ForcedBatcher, list, float]:
+    """One forced generation of `prompts` in a pool of len(prompts) slots → (pool, requests, wall s)."""
+    pool = ForcedBatcher(engine, len(prompts), settings.max_length, tau=tau, seed=seed)
+    try:
+        t0 = time.perf_counter()
+        handles = [pool.submit_forced(p, settings, r) for p, r in zip(prompts, references)]
+        pool.run()
+        wall = time.perf_counter() - t0
+    finally:
+        pool.close()
+    return pool, handles, wall
+
+
+def calibrate(engine, prompts, settings, references, *, tau: float, seed: int, passes: int = 6):
+    """References DART's forced run agrees with: where DART's output leaves a reference (a near-tie
+    its tree verify breaks otherwise than plain decoding, as bf16 on an accelerator does), the
+    reference becomes DART's output up to and including that token, then plain greedy decoding
+    from there; rerun (the same draws, so the same trees up to that point) until no output leaves
+    its reference, at most `passes` runs. → (references, runs made, resynchronised positions)."""
+    references = [list(r) for r in references]
+    resyncs = 0
+    for run in range(1, passes + 1):
+        _, handles, _ = forced_run(engine, prompts, settings, references, tau=tau, seed=seed)
+        moved = False
+        for i, h in enumerate(handles):
+            at = first_mismatch(list(h.token_ids), references[i])
+            if at is None:
+                continue
+            prefix = [int(t) for t in h.token_ids[:at + 1]]
+            rest = dataclasses.replace(settings, max_new_tokens=max(len(references[i]) - len(prefix), 1))
+            tail = engine.baseline.generate_batch([np.concatenate([np.asarray(prompts[i]), prefix]).astype(np.int32)],
+                                                  [rest], engine.eos_ids)[0] if prefix[-1] not in engine.eos_ids else []
+            references[i] = prefix + [int(t) for t in tail]
+            resyncs, moved = resyncs + 1, True
+        if not moved:
+            return references, run, resyncs
+    return references, passes, resyncs
+
+
+def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = (1,), reps: int = 1,
+               warmup: int = 1, seed: int = 0, show_progress: bool = True) -> dict[str, Any]:
+    """For each forced τ and batch size B: tokens/s of DART with forced acceptance (a pool of B
+    slots over B prompts, host forcing time taken out) and of batched plain decoding on the same
+    prompts, the speedup, τ measured, and whether both outputs agree. Medians over `reps`."""
+    check_reps(reps, warmup)
+    if work.temperature > 0:
+        raise ValueError("--force-tau forces greedy acceptance: use --temperature 0")
+    items, settings = work.items(), work.settings(seed)
+    if min(batches) < 1:
+        raise ValueError(f"--batches must be >= 1, got {list(batches)}")
+    rows = []
+    with open_model(models, seed) as (model, source):
+        engine = model.engine
+        if engine.adaptive:
+            engine = engine.with_tree(engine.tree, adaptive=False)  # the largest size, every step
+        for tau in taus:
+            acceptance_rate(tau, engine.rows)  # refuse an unreachable τ before anything runs
+        ids = [model.encode(item["prompt"], work.chat) for item in items]
+        bar = progress(len(batches) * (len(taus) + 1) * (reps + warmup), "forced", show_progress)
+        for b in batches:
+            prompts = [ids[i % len(ids)] for i in range(b)]
+            plain_refs = reference_outputs(engine, prompts, settings)
+            ar_rates, ar_out = [], None
+            for rep in range(warmup + reps):
+                t0 = time.perf_counter()
+                ar_out = [list(map(int, o)) for o in engine.baseline.generate_batch(prompts, [settings] * b,
+                                                                                    engine.eos_ids)]
+                if rep >= warmup:
+                    ar_rates.append(sum(map(len, ar_out)) / (time.perf_counter() - t0))
+                bar.update()
+            for tau in taus:
+                # the calibration runs are the warm-up (they compile); every run draws the same depths
+                refs, runs, resyncs = calibrate(engine, prompts, settings, plain_refs, tau=tau, seed=seed)
+                rates, raw_rates, last = [], [], None
+                for rep in range(max(warmup - runs, 0) + reps):
+                    pool, handles, wall = forced_run(engine, prompts, settings, refs, tau=tau, seed=seed)
+                    tokens = sum(len(h.token_ids) for h in handles)
+                    if rep >= warmup - runs:
+                        rates.append(tokens / (wall - pool.force_s))
+                        raw_rates.append(tokens / wall)
+                    last = (pool, handles, wall)
+                    bar.update()
+                pool, handles, wall = last
+                lengths = [n for h in handles for n in h.stats.accept_lengths]
+                steps = sum(h.stats.steps for h in handles)
+                rate, ar_rate = median(rates), median(ar_rates)
+                rows.append({"tau_asked": tau, "batch": b, "tau": float(np.mean(lengths)) if lengths else float("nan"),
+                             "tau_drawn": float(np.mean(pool.drawn)) if pool.drawn else float("nan"),
+                             "alpha": pool.alpha, "steps": steps, "new_tokens": sum(len(h.token_ids) for h in handles),
+                             "dart_tok_s": rate, "dart_tok_s_with_forcing": median(raw_rates), "ar_tok_s": ar_rate,
+                             "speedup": rate / ar_rate, "force_ms_per_step": 1e3 * pool.force_s / max(steps, 1),
+                             "unforced_steps": pool.unforced_steps, "capped_steps": pool.capped_steps,
+                             "calibration_runs": runs, "resynced": resyncs,
+                             "same_output": [list(h.token_ids) for h in handles] == ar_out})
+        bar.close()
+        keep = tree_label(engine)
+        depth = engine.rows
+    summary = {"speedup": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["speedup"] for r in rows},
+               "tau_measured": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["tau"] for r in rows},
+               "all_same_output": all(r["same_output"] for r in rows)}
+    config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "tree_depth": depth,
+              "force_tau": list(taus), "batches": list(batches), "reps": reps, "warmup": warmup,
+              "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau"}
+    return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}

@@ -1,0 +1,205 @@
+"""Atomic output, one implementation for every writer: a file or a folder is written under a
+scratch name beside its destination and renamed into place (`os.replace` / `os.rename`) only when
+complete, so a reader never sees a partial output (docs/spec.md §6.2).
+
+- `atomic_path(path)`: one file (a trie). The temporary file, and a writer's `scratch_dir`, are
+  named ``.dart-jax-trie-<host>-<pid>-<random>[.tmp]``.
+- `atomic_folder(dest, owned)`: a folder (a converted head or checkpoint). The scratch folder is
+  ``.NAME.partial-<pid>-<random>``; a replaced folder is first moved to ``.NAME.old-<pid>-<random>``.
+
+A run removes its own scratch in a ``finally`` on any error; what a killed run left (a ``kill -9``
+or a power cut runs no ``finally``) the next run in the same folder removes, once the process
+named in it is gone (`clean_stale`, `clean_leftovers`: one scan, `_dead_entries`).
+
+Like `dart_jax.errors`, a leaf under every layer (ngram and convert both write through it): it
+imports nothing of dart_jax but the errors, nor jax.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import socket
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from dart_jax.errors import InputError, MissingFileError
+
+PREFIX = ".dart-jax-trie-"  # atomic_path's temporary files and scratch_dir's folders
+
+
+# -- leftovers of killed writers -------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or an odd pid): leave its files alone
+    return True
+
+
+def _dead_entries(folder: str | os.PathLike, pattern: re.Pattern) -> Iterator[tuple[re.Match, os.DirEntry]]:
+    """(match, entry) of the entries of `folder` whose whole name matches `pattern` (its group
+    'pid' the writer's process id) and whose writer is gone."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match and not _alive(int(match.group("pid"))):
+            yield match, entry
+
+
+def _remove(path: str | os.PathLike) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+# -- one file: atomic_path, scratch_dir --------------------------------------------------------------
+def _host() -> str:
+    # only characters that cannot be confused with the separators of the name
+    return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())[:40] or "host"
+
+
+def stale_entries(folder: str) -> list[str]:
+    """Temporary files and scratch folders of `atomic_path`/`scratch_dir` in `folder` left by dead
+    processes of this host (another host's are left alone: its pids are not ours to test)."""
+    if os.name != "posix":
+        return []
+    pattern = re.compile(re.escape(PREFIX + _host()) + r"-(?P<pid>\d+)-[0-9a-f]+(\.tmp)?")
+    return [entry.path for _, entry in _dead_entries(folder, pattern)]
+
+
+def clean_stale(folder: str) -> None:
+    """Remove what `stale_entries` finds (best effort: another run may be removing it too)."""
+    for path in stale_entries(folder):
+        _remove(path)
+
+
+def _new_name(folder: str, suffix: str = "") -> str:
+    return os.path.join(folder, f"{PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+
+
+def check_output(path, what: str = "output") -> str:
+    """The absolute output path, after checking that it is not a folder and that its folder exists."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        raise InputError(f"{what} {path!r} is a folder; pass a file name (e.g. {os.path.join(path, 'ngram.trie')!r}).")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        if os.path.exists(folder):
+            raise InputError(f"{what} {path!r}: {folder!r} is not a folder; pass a path inside a folder.")
+        raise MissingFileError(f"{what} {path!r}: the folder {folder!r} does not exist; create it first.")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yield a temporary file name next to `path` (a checked, absolute output path); on success
+    rename it to `path`, on any error remove it."""
+    folder = os.path.dirname(path)
+    clean_stale(folder)
+    tmp = _new_name(folder, ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def scratch_dir(folder: str) -> Iterator[str]:
+    """A fresh scratch folder inside `folder`, removed at the end whatever happens (and by the next
+    run when this process is killed)."""
+    clean_stale(folder)
+    path = _new_name(folder)
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# -- one folder: atomic_folder -----------------------------------------------------------------------
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _open_permissions(folder: Path) -> None:
+    """Give the files written into `folder` the permissions of any new file (0666 less the umask):
+    some writers (safetensors) create theirs 0600, which other users of a shared model folder
+    could not read."""
+    mode = 0o666 & ~_umask()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
+def clean_leftovers(dest: Path) -> None:
+    """Remove what a killed writer of `dest` left; put an old folder back when `dest` is missing
+    (the kill fell between moving the old folder away and moving the new one in)."""
+    dest = Path(dest)
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.(?P<kind>partial|old)-(?P<pid>\d+)-[0-9a-f]+")
+    found = sorted((match.group("kind"), Path(entry.path)) for match, entry in _dead_entries(dest.parent, pattern)
+                   if entry.is_dir(follow_symlinks=False))
+    for kind, entry in found:
+        if kind == "old" and not dest.exists():
+            os.rename(entry, dest)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(dest: str | os.PathLike, owned: Iterable[str], *, make_parents: bool = True,
+                  what: str = "output folder") -> Iterator[Path]:
+    """Yield an empty scratch folder beside `dest`; when the block ends without an exception it
+    becomes `dest` (replacing an existing `dest` that holds only files named in `owned`),
+    otherwise it is removed. `dest` that is a file, or a folder holding other files, or (without
+    `make_parents`) a missing parent folder, is an error before anything is written."""
+    dest = Path(os.path.abspath(os.path.expanduser(str(dest))))
+    parent, owned = dest.parent, set(owned)
+    if dest.exists() or dest.is_symlink():
+        if not dest.is_dir():
+            raise InputError(f"{what} {dest} exists and is not a folder; pass the path of a folder to write "
+                             f"({', '.join(sorted(owned))} go into it).")
+        foreign = sorted(p.name for p in dest.iterdir() if p.name not in owned)
+        if foreign:
+            raise InputError(f"{what} {dest} already holds other files ({', '.join(foreign[:5])}"
+                             f"{' ...' if len(foreign) > 5 else ''}); it would be replaced whole, so pass a new or empty "
+                             f"folder, or one that holds only {', '.join(sorted(owned))}.")
+    if not parent.is_dir():
+        if parent.exists() or any(p.exists() and not p.is_dir() for p in parent.parents):
+            raise InputError(f"cannot create {what} {dest}: a part of the path {parent} is a file, not a folder.")
+        if not make_parents:
+            raise MissingFileError(f"cannot create {what} {dest}: the folder {parent} does not exist; create it "
+                                   "first or pick another path.")
+        parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(dest)
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    scratch = parent / f".{dest.name}.partial-{token}"
+    os.mkdir(scratch)
+    try:
+        yield scratch
+        _open_permissions(scratch)
+        if dest.exists() or dest.is_symlink():
+            old = parent / f".{dest.name}.old-{token}"
+            os.rename(dest, old)
+            os.rename(scratch, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(scratch, dest)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise

@@ -1,0 +1,54 @@
+"""The GPU campaign (benchmarks/gpu_campaign.py) run on this machine with --smoke: every stage
+writes its JSON, a second call skips them all, and --resume carries results into a new folder."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu_campaign.py"
+STAGES = {"forced-tiny-b1": "forced-tiny-b1.json", "profile-tiny": "profile-tiny/profile.json",
+          "forced-tiny-pool": "forced-tiny-pool.json", "shapes-tiny": "shapes-tiny.json"}
+
+
+def campaign(*args: str) -> str:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--budget-s", "1500", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
+    out = tmp_path / "camp"
+    first = campaign("--out", str(out))
+    for name, result in STAGES.items():
+        data = json.loads((out / result).read_text())
+        assert data.get("rows") or data.get("phases"), name
+        assert f"[skip] {name}" not in first
+    forced = json.loads((out / "forced-tiny-b1.json").read_text())
+    assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0]
+    assert all(r["same_output"] for r in forced["rows"])
+    assert [r["batch"] for r in json.loads((out / "forced-tiny-pool.json").read_text())["rows"]] == [2]
+    report = (out / "RESULTS-gpu.md").read_text()
+    assert "forced acceptance" in report and "| phase | ms per step |" in report
+    stamps = {name: (out / result).stat().st_mtime_ns for name, result in STAGES.items()}
+
+    second = campaign("--out", str(out))  # everything is there: nothing runs again
+    for name, result in STAGES.items():
+        assert f"[skip] {name}" in second
+        assert (out / result).stat().st_mtime_ns == stamps[name]
+    assert "[0]" not in second  # no stage command ran
+
+    moved = tmp_path / "next"
+    third = campaign("--out", str(moved), "--resume", str(out))  # a later call fed the earlier results
+    for name, result in STAGES.items():
+        assert f"[skip] {name}" in third and (moved / result).exists()
+    assert (moved / "profile-tiny" / "profile.md").exists()
+
+
+def test_resume_from_a_missing_folder_is_refused(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "o"), "--resume",
+                           str(tmp_path / "nope")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--resume" in done.stderr and "no such folder" in done.stderr

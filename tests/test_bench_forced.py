@@ -1,0 +1,238 @@
+"""Forced acceptance (`bench e2e --force-tau`, dart_jax/bench/forced.py).
+
+Oracles: the truncated geometric mean in closed form; the n-gram search's own (Numba) tree
+encoder for the NumPy re-encoder; a NumPy walk of greedy acceptance over edited trees; plain greedy
+decoding by full forwards of the target without a cache (no engine, no KV cache) for the outputs.
+"""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dart_jax import bench
+from dart_jax.bench.forced import (DepthSequence, ForcedBatcher, acceptance_rate, calibrate, draw_depth, encode_tree,
+                                   force_tree, parse_taus)
+from dart_jax.decoding.batcher import Batcher
+from dart_jax.ngram import TreeSettings
+from dart_jax.decoding.settings import GenerationSettings
+
+
+def truncated_geometric_mean(alpha: float, dmax: int) -> float:
+    """1 + E[min(G, dmax)], G = successes before the first failure: 1 + α(1 - α^dmax)/(1 - α)."""
+    return 1.0 + (dmax if alpha == 1.0 else alpha * (1 - alpha ** dmax) / (1 - alpha))
+
+
+@pytest.mark.parametrize("tau,dmax", [(1.0, 7), (2.0, 7), (3.61, 7), (5.0, 7), (3.0, 3), (8.0, 7)])
+def test_depth_law_has_the_asked_mean(tau, dmax):
+    alpha = acceptance_rate(tau, dmax)
+    assert truncated_geometric_mean(alpha, dmax) == pytest.approx(tau, abs=1e-6)
+    grid = np.array([draw_depth(u, alpha, dmax) for u in (np.arange(20000) + 0.5) / 20000])
+    assert grid.min() >= 0 and grid.max() <= dmax
+    assert grid.mean() + 1 == pytest.approx(tau, abs=1e-3)  # the law's mean over evenly spread quantiles
+    for k in range(1, dmax + 1):  # P(D >= k) = α^k
+        assert (grid >= k).mean() == pytest.approx(alpha ** k, abs=1e-3)
+    for n in (30, 300):  # a run's mean is close to τ already after a few dozen steps
+        seq = DepthSequence(alpha, dmax, seed=1)
+        draws = [seq() for _ in range(n)]
+        assert np.mean(draws) + 1 == pytest.approx(tau, abs=6.0 / n)  # random draws: ± 1.4/√n (1 sd)
+
+
+def test_unreachable_tau_is_refused_with_the_range():
+    with pytest.raises(ValueError, match=r"out of reach.*\[1, 8\]"):
+        acceptance_rate(9.5, 7)
+    with pytest.raises(ValueError, match="--force-tau"):
+        parse_taus("2,x")
+    assert parse_taus("2, 3,3.61") == [2.0, 3.0, 3.61]
+
+
+def searched_trees(count: int, keep: int = 20, rows: int = 6, k: int = 6, vocab: int = 12, seed: int = 0):
+    """Real DART trees: the n-gram-free search on random candidates (a small vocabulary, so that
+    paths share tokens and the edit meets existing matches)."""
+    rng = np.random.default_rng(seed)
+    settings = TreeSettings(keep=keep, beam_width=5, topk=k, ngram_weight=0.0)
+    ids = np.stack([np.stack([rng.choice(vocab, k, replace=False) for _ in range(rows)]) for _ in range(count)])
+    probs = rng.dirichlet(np.ones(k), size=(count, rows)).astype(np.float32)
+    preceding = rng.integers(0, vocab, (count, 3))
+    tree = settings.search(ids, probs, preceding, np.full(count, 3), None, eos_id=None)
+    return tree, rows
+
+
+def test_encoder_reproduces_the_search_encoding():
+    tree, rows = searched_trees(30)
+    for b in range(30):
+        n = int(tree.num_nodes[b])
+        ours = encode_tree(tree.tokens[b, :n], tree.parents[b, :n], tree.tokens.shape[1], rows)
+        for name in ("tokens", "positions", "parents", "mask", "retrieve", "num_nodes", "num_leaves"):
+            np.testing.assert_array_equal(ours[name], np.asarray(getattr(tree, name)[b]), err_msg=name)
+
+
+def greedy_walk(tree: dict, reference: list[int]) -> int:
+    """Nodes greedy acceptance takes when the target's argmax after the root's path of length i is
+    reference[i] (and matches nothing off that path): follow each leaf row while tokens match."""
+    best = 0
+    for row in tree["retrieve"]:
+        nodes = [int(j) for j in row if j >= 0]
+        run = 0
+        for i, node in enumerate(nodes[1:]):
+            if i < len(reference) and tree["tokens"][node] == reference[i]:
+                run += 1
+            else:
+                break
+        best = max(best, run)
+    return best
+
+
+def check_well_formed(tree: dict, n: int) -> None:
+    parents, positions, mask = tree["parents"], tree["positions"], tree["mask"]
+    assert parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, n)) and all(parents[n:] == -1)
+    assert all(positions[i] == positions[parents[i]] + 1 for i in range(1, n))
+    assert all(positions[i] <= positions[i + 1] for i in range(n - 1))
+    for i in range(n):  # mask row = the node and its ancestors
+        anc, j = {i}, i
+        while parents[j] >= 0:
+            j = parents[j]
+            anc.add(j)
+        assert set(np.flatnonzero(mask[i])) == anc
+    for i in range(1, n):  # siblings are distinct
+        sib = [j for j in range(1, n) if parents[j] == parents[i] and j != i]
+        assert all(tree["tokens"][j] != tree["tokens"][i] for j in sib)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_edited_trees_accept_exactly_the_drawn_depth(seed):
+    tree, rows = searched_trees(40, seed=seed)
+    rng = np.random.default_rng(seed)
+    slots = tree.tokens.shape[1]
+    for b in range(40):
+        n = int(tree.num_nodes[b])
+        depth = int(rng.integers(0, rows + 1))
+        reference = rng.integers(0, 12, rows + 1).tolist()  # small vocabulary: often already in the tree
+        out, placed = force_tree(tree.tokens[b], tree.parents[b], n, reference[:depth], reference[depth], slots=slots,
+                                 depth=rows)
+        assert placed == depth
+        assert int(out["num_nodes"]) == n  # the same tree size
+        assert out["tokens"][0] == tree.tokens[b, 0]  # the same root
+        check_well_formed(out, n)
+        assert greedy_walk(out, reference) == depth
+
+
+# ---------------------------------------------------------------------------------- on a model
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from dart_jax.api.model import DartModel
+    from dart_jax.bench.tiny import build_random_assets
+    from dart_jax.decoding.engine import Engine
+
+    paths = build_random_assets(tmp_path_factory.mktemp("forced"), layers=3, hidden=32, seed=0)
+    model = DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], keep=8)
+    e = model.engine
+    # no EOS, so that every generation runs its whole budget (a random model often says EOS early)
+    engine = Engine(e.target, e.drafter, e.trie, eos_ids=[], tree_eos_id=None, tree=e.tree, shapes=e.shapes)
+    return model, engine
+
+
+def plain_greedy(target, prompt: np.ndarray, new: int, width: int = 128) -> list[int]:
+    """Greedy decoding by a full forward of the whole sequence per token (no cache): the ids are
+    padded to `width` after the end, which a causal forward does not see."""
+    graphdef, state = nnx.split(target)
+    forward = jax.jit(lambda state, ids: nnx.merge(graphdef, state)(ids))
+    ids = list(map(int, prompt))
+    out = []
+    for _ in range(new):
+        padded = np.zeros((1, width), np.int32)
+        padded[0, :len(ids)] = ids
+        logits = np.asarray(forward(state, jnp.asarray(padded)))[0, len(ids) - 1]
+        out.append(int(np.argmax(logits)))
+        ids.append(out[-1])
+    return out
+
+
+def record_steps(engine, monkeypatch):
+    """Spy on the engine's step: the packed tree's shape and its real nodes per row, per call."""
+    from dart_jax.decoding.layout import tree_layout
+
+    seen, step = [], engine._step
+
+    def spy(state, tree, *args, n, depth, **kw):
+        parents = tree_layout(n, depth).unpack(np.asarray(tree))["parents"]
+        seen.append((np.asarray(tree).shape, (parents >= 0).sum(axis=1) + 1))
+        return step(state, tree, *args, n=n, depth=depth, **kw)
+
+    monkeypatch.setattr(engine, "_step", spy)
+    return seen
+
+
+def test_forced_run_outputs_plain_greedy_at_the_asked_tau(tiny, monkeypatch):
+    model, engine = tiny
+    new = 40
+    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
+    prompts = [np.asarray(model.encode(p, False)) for p in ("def f(x):", "Hi there")]
+    references = [plain_greedy(engine.target, p, new + engine.rows + 1) for p in prompts]
+
+    normal = record_steps(engine, monkeypatch)
+    pool = Batcher(engine, 2, 128)
+    handles = [pool.submit(p, settings) for p in prompts]
+    pool.run()
+    pool.close()
+    assert [list(h.token_ids) for h in handles] == [r[:new] for r in references]
+    normal_steps = list(normal)
+
+    for tau, batch in ((3.0, 2), (2.0, 1)):
+        normal.clear()
+        pool = ForcedBatcher(engine, batch, 128, tau=tau, seed=3)
+        handles = [pool.submit_forced(p, settings, r) for p, r in list(zip(prompts, references))[:batch]]
+        pool.run()
+        pool.close()
+        # the output is plain greedy decoding's, token for token
+        assert [list(h.token_ids) for h in handles] == [r[:new] for r in references[:batch]]
+        lengths = [n for h in handles for n in h.stats.accept_lengths]
+        # every step accepted exactly what was drawn (nothing more by chance, nothing less) ...
+        assert pool.unforced_steps == 0 and pool.capped_steps == 0
+        assert sorted(lengths) == sorted(pool.drawn)
+        # ... and over the run the mean is the asked τ (13-20 steps a sequence, the last one cut by the budget)
+        assert abs(np.mean(lengths) - tau) < 0.15 * tau, (tau, lengths)
+        # the same tree size as a normal DART step: the same packed shape, keep + 1 real nodes
+        assert normal and all(shape[1:] == normal_steps[0][0][1:] for shape, _ in normal)  # [rows, packed]
+        # (a slot whose sequence has finished gets a root-only tree: 1 node)
+        for steps in (normal, normal_steps):
+            assert all(nodes.max() == engine.tree.keep + 1 and set(nodes) <= {1, engine.tree.keep + 1}
+                       for _, nodes in steps)
+
+
+def test_calibration_repairs_a_reference_that_dart_leaves(tiny):
+    """A wrong token in the reference stands for a near-tie that DART's verify breaks otherwise
+    (bf16 on a GPU): calibration must end with the reference DART follows, here the true one."""
+    model, engine = tiny
+    new = 24
+    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
+    prompt = np.asarray(model.encode("x = 1", False))
+    truth = plain_greedy(engine.target, prompt, new + engine.rows + 1)
+    wrong = truth[:10] + [(truth[10] + 1) % 200] + truth[11:]
+    refs, runs, resyncs = calibrate(engine, [prompt], settings, [wrong], tau=4.0, seed=0)
+    assert (runs, resyncs) == (2, 1)
+    assert refs[0][:new] == truth[:new]
+
+
+def test_forced_tau_on_the_command_line(capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "code", "prompt": "def f(x):"}) + "\n")
+    base = ["e2e", "--random", "--random-layers", "3", "--random-hidden", "32", "--max-new-tokens", "12",
+            "--max-length", "96", "--keep", "4", "--no-chat", "--reps", "1", "--warmup", "0", "--prompts", str(prompts),
+            "--no-progress"]
+    assert bench.main([*base, "--force-tau", "1,3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["rows"]
+    assert [(r["tau_asked"], r["batch"]) for r in rows] == [(1.0, 1), (3.0, 1)]
+    for r in rows:
+        assert r["same_output"] is True
+        assert r["tau"] == pytest.approx(r["tau_drawn"])  # forced exactly
+        assert r["speedup"] == pytest.approx(r["dart_tok_s"] / r["ar_tok_s"])
+    assert rows[0]["tau"] == 1.0  # τ = 1: no draft token is ever accepted
+    assert out["config"]["force_tau"] == [1.0, 3.0]
+    assert bench.main([*base, "--force-tau", "40"]) == 2
+    assert "out of reach" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""Every command line refuses a bad flag or value through argparse (exit code 2, the usage and the
+fault on stderr) before the heavy libraries load, and answers --help the same way: each command's
+options live in a module that imports argparse and light names only (dart_jax.api.options,
+dart_jax.serve.options, dart_jax.bench.options, train/options.py, the ngram and convert CLIs).
+
+Checked without timing: the command runs in a fresh interpreter (as `python -m`), and what
+`sys.modules` holds when it exits says what was imported."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# run a module as `python -m MODULE ARGS` would, then report the exit code and the heavy modules loaded
+WRAPPER = textwrap.dedent("""
+    import json, runpy, sys
+    module, report = sys.argv[1], sys.argv[2]
+    sys.argv = ["python -m " + module, *sys.argv[3:]]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    heavy = ("jax", "flax", "torch", "transformers", "tokenizers", "dart_jax.api.model", "dart_jax.api.generate",
+             "dart_jax.decoding.engine", "dart_jax.serve.app", "dart_jax.bench.cli", "dart_jax.train.loop")
+    with open(report, "w") as f:
+        json.dump({"code": code, "loaded": [m for m in heavy if m in sys.modules]}, f)
+""")
+
+COMMANDS = ["generate", "serve", "bench", "train", "ngram", "convert"]
+BOGUS = {  # an unknown flag where the command's required arguments are there (else argparse names those first)
+    "generate": ["--bogus"], "serve": ["--bogus"], "bench": ["e2e", "--bogus"],
+    "train": ["--base", "b", "--data", "d", "--out", "o", "--bogus"], "ngram": ["build", "in.txt", "-o", "out.trie", "--bogus"],
+    "convert": ["inspect", "x", "--bogus"],
+}
+BAD = {  # a bad value for an option each command really has (a bad flag is tested for all)
+    "generate": ["--max-new-tokens", "many"], "serve": ["--port", "eighty"], "bench": ["e2e", "--reps", "x"],
+    "train": ["--base", "b", "--data", "d", "--out", "o", "--epochs", "x"], "ngram": ["build", "--order", "x"],
+    "convert": ["no-such-command"],
+}
+
+
+def run(tmp_path, command, args):
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-c", WRAPPER, f"dart_jax.{command}", str(report), *args],
+                          capture_output=True, text=True, timeout=300)
+    return json.loads(report.read_text()), done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_bad_flag_is_refused_by_argparse_before_the_model_code_loads(command, tmp_path):
+    got, _, err = run(tmp_path, command, BOGUS[command])
+    assert got["code"] == 2, err
+    assert "usage: python -m dart_jax." in err and "unrecognized arguments: --bogus" in err
+    assert not got["loaded"], got  # neither jax nor flax nor the model code
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_bad_value_is_refused_the_same_way(command, tmp_path):
+    got, _, err = run(tmp_path, command, BAD[command])
+    assert got["code"] == 2 and "error: argument" in err and "invalid" in err, err
+    assert not got["loaded"], got
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_answers_without_the_model_code(command, tmp_path):
+    got, out, err = run(tmp_path, command, ["--help"])
+    assert got["code"] == 0 and f"usage: python -m dart_jax.{command}" in out, err
+    assert not got["loaded"], got
+
