@@ -15,15 +15,16 @@ import numpy as np
 from dart_jax.errors import FileFormatError
 
 from . import dart_head, eagle3
+from .configs import read_json_object
 from .files import atomic_folder
-from .safetensors_io import SCALE_SUFFIX, SINGLE_NAME, quantize_rows, read_tensors, write_tensors
+from .safetensors_io import SCALE_SUFFIX, SINGLE_NAME, quantize_rows, write_tensors
 
 CONFIG_NAME = "config.json"
 
 
 def head_kind(folder: Path) -> str:
     """'dart' or 'eagle3': which loader a head folder is for (its config.json's architectures)."""
-    raw = json.loads((Path(folder) / CONFIG_NAME).read_text())
+    raw = read_json_object(Path(folder) / CONFIG_NAME, "a draft head's config")
     names = " ".join(str(a) for a in raw.get("architectures") or [])
     if "Dart" in names or "draft_length" in raw:
         return "dart"
@@ -33,8 +34,9 @@ def head_kind(folder: Path) -> str:
                                                       "(architectures); pass a draft head folder.")
 
 
-def _check(folder: Path, kind: str) -> None:
-    (dart_head.read_head if kind == "dart" else eagle3.read_eagle3)(folder)
+def _check(folder: Path, kind: str) -> dict[str, np.ndarray]:
+    """The head's tensors (float view), checked as its loader checks them."""
+    return (dart_head.read_head if kind == "dart" else eagle3.read_eagle3)(folder)[2]
 
 
 def write_int8_head(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
@@ -42,14 +44,13 @@ def write_int8_head(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
     checked as their loader checks them. Returns `dest`."""
     src = Path(os.path.expanduser(str(src)))
     kind = head_kind(src)
-    _check(src, kind)
     tensors = {}
-    for name, array in read_tensors(src).items():
+    for name, array in _check(src, kind).items():
         if array.ndim == 2 and array.dtype.name in ("float16", "bfloat16", "float32", "float64"):
             tensors[name], tensors[name + SCALE_SUFFIX] = quantize_rows(array)
         else:
             tensors[name] = np.asarray(array)
-    config = json.loads((src / CONFIG_NAME).read_text())
+    config = read_json_object(src / CONFIG_NAME, "a draft head's config")
     with atomic_folder(dest, (CONFIG_NAME, SINGLE_NAME), what="int8 head folder") as tmp:
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         write_tensors(tmp / SINGLE_NAME, tensors)

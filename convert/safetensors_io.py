@@ -227,15 +227,14 @@ def tensor_index(folder: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
         with open_safetensors(f) as fh:
             entries = {key: header_entry(fh, f, key) for key in fh.keys()}
             pairs = _int8_pairs(entries)
-            for key in set(pairs.values()):
-                del entries[key]
-                scales.add(key)
+            float_view = {key: entries.pop(scale)[1] for key, scale in pairs.items()}  # its scale's dtype
+            scales.update(pairs.values())
             for key, (shape, dtype) in entries.items():
                 if key in index:
                     raise FileFormatError(f, f"tensor {key!r} appears in both {index[key][0].name} and {f.name}; "
                                              "the checkpoint's shards overlap.")
-                # an int8 weight shows as the float tensor it reads as (its scale's dtype)
-                index[key] = (f, shape, dtype if key not in pairs else header_entry(fh, f, pairs[key])[1])
+                # an int8 weight shows as the float tensor it reads as
+                index[key] = (f, shape, float_view.get(key, dtype))
     if (folder / INDEX_NAME).exists():
         for name, file in _index_files(folder / INDEX_NAME, folder).items():
             if name in scales:

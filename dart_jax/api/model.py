@@ -88,8 +88,8 @@ DEMO_CPU_EAGLE3 = {"eagle3_total_token": 8, "eagle3_depth": 2, "eagle3_top_k": 8
 
 def demo_eagle3(name: str, folder: Path = DEMO_DIR) -> Path | None:
     """The EAGLE-3 head shipped beside a demo's DART head (trained by us on the same data), if any."""
-    head = folder / name / "eagle3" if name != "tiny" else None
-    return head if head is not None and (head / "config.json").is_file() else None
+    head = folder / name / "eagle3"
+    return head if (head / "config.json").is_file() else None
 
 
 def demo_options(name: str, opts: dict[str, Any], folder: Path = DEMO_DIR) -> dict[str, Any]:

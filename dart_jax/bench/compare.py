@@ -16,7 +16,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from .e2e import ModelSet, Workload, run_e2e, tree_label
@@ -92,22 +91,19 @@ def run_compare(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int 
     rows = [{"method": "ar", "tree": "-", "tok_s": ar_rate, "speedup": 1.0, "speedup_min": 1.0, "speedup_max": 1.0,
              "tau": 1.0, "acceptance_per_depth": "-", "draft_ms": float("nan"), "tree_ms": float("nan"),
              "step_ms": 1e3 / ar_rate, "same": f"{n}/{n}"}]
-    per_category: dict[str, dict[str, float]] = {}
     for m in drafting:
-        key = "" if m == "dart" else f"{m}_"
+        key = "" if m == "dart" else f"{m}_"  # e2e's keys: DART's unprefixed, the others' "<method>_..."
         speedups = [r[f"{key}speedup"] for r in prompt_rows]
         same = sum(bool(r["same_output" if m == "dart" else f"{m}_same"]) for r in prompt_rows)
         figures = summary["drafting"][m]
-        tau = summary["tau" if m == "dart" else f"{m}_tau"]
-        rate = summary["dart_tok_s" if m == "dart" else f"{m}_tok_s"]
+        tau, rate = summary[f"{key}tau"], summary[f"{m}_tok_s"]
         rows.append({"method": m, "tree": summary["probe"][m]["tree"], "tok_s": rate,
-                     "speedup": float(np.median(speedups)), "speedup_min": min(speedups), "speedup_max": max(speedups),
+                     "speedup": summary[f"{key}speedup"], "speedup_min": min(speedups), "speedup_max": max(speedups),
                      "tau": tau, "acceptance_per_depth": " ".join(f"{a:.2f}" for a in figures["accept_per_depth"]),
                      "draft_ms": summary["probe"][m]["draft_ms"], "tree_ms": figures["tree_ms_per_step"],
                      "step_ms": 1e3 * tau / rate, "same": f"{same}/{n}"})
-        for cat in dict.fromkeys(r["category"] for r in prompt_rows):
-            cat_speedups = [r[f"{key}speedup"] for r in prompt_rows if r["category"] == cat]
-            per_category.setdefault(cat, {})[m] = float(np.median(cat_speedups))
+    per_category = {cat: {m: figures[f"{'' if m == 'dart' else m + '_'}speedup"] for m in drafting}
+                    for cat, figures in summary["per_category"].items()}
     out_summary = {"speedup": {r["method"]: r["speedup"] for r in rows}, "tau": {r["method"]: r["tau"] for r in rows},
                    "per_category_speedup": per_category,
                    "all_same_output": all(r["same"] == f"{n}/{n}" for r in rows)}

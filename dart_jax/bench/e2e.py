@@ -218,7 +218,7 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
         models = dataclasses.replace(models, eagle3="random")
     items, settings = work.items(), work.settings(seed)
     kwargs = {**dataclasses.asdict(settings), "chat": work.chat}
-    rows, hist = [], Counter()
+    rows = []
     drafted = {name: {"hist": Counter(), "steps": 0, "tree_s": 0.0, "device_s": 0.0} for name in methods if name != "ar"}
     with open_model(models, seed) as (model, source):
         bar = progress(len(items) * len(methods) * (reps + warmup), "e2e", show_progress)
@@ -236,7 +236,6 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
                     rates[name].append(len(results[name].token_ids) / (time.perf_counter() - t0))
                     bar.update()
             dart_res, ar_res = results["dart"], results["ar"]
-            hist.update(dart_res.accept_lengths)
             for name, acc in drafted.items():  # the last run's steps of each drafting method
                 acc["hist"].update(results[name].accept_lengths)
                 acc["steps"] += len(results[name].accept_lengths)
@@ -263,7 +262,7 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
         per_category[cat] = _with_methods(_aggregate([r for r in rows if r["category"] == cat]),
                                           [r for r in rows if r["category"] == cat], others)
     summary = {**_with_methods(_aggregate(rows), rows, others), "per_category": per_category,
-               "accept_hist": {str(k): int(v) for k, v in sorted(hist.items())},
+               "accept_hist": {str(k): int(v) for k, v in sorted(drafted["dart"]["hist"].items())},
                "drafting": {name: step_figures(acc) for name, acc in drafted.items()}}
     if probed is not None:
         summary["probe"] = probed
