@@ -10,20 +10,29 @@ on where the last one stopped: pass the previous call's results as --resume.
 
  1. forced-Qwen3-8B-b1: `bench e2e --force-tau 1,2,3,3.61,5` on a random target of the Qwen3-8B
     widths and vocabulary (bf16, --layers layers, default 4; built once outside --out and shared
-    by stages 1-3), batch 1, 61-node trees: the end-to-end speedup at forced acceptance
+    by stages 1, 3, 4, 5), batch 1, 61-node trees: the end-to-end speedup at forced acceptance
     (dart_jax/bench/forced.py); τ = 1 gives the bare step against a plain token.
- 2. profile-Qwen3-8B: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps,
+ 2. forced-Qwen3-8B-36L-b1: the same at the real depth, 36 layers (the issue's goal is stated
+    there), τ = 3.61 and 1 only, batch 1, 61-node trees; the weights (16 GB of bf16) are drawn on
+    the device (`bench e2e --random-shape Qwen3-8B --random-layers 36`: nothing written to disk);
+    skipped, not failed, on a device with less than 24 GiB (the skip is noted in the report, and a
+    later call on a bigger device runs it).
+ 3. profile-Qwen3-8B: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps,
     the per-phase and per-op tables (profile-Qwen3-8B/profile.{json,md}, the trace beside them).
- 3. forced-Qwen3-8B-pool: the same at batch 4 and 16 through the continuous-batching pool.
- 4. forced-Qwen3-4B-b1, forced-Qwen3-1.7B-b1: stage 1 at those shapes.
- 5. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+ 4. forced-Qwen3-8B-pool: stage 1 at batch 4 and 16 through the continuous-batching pool.
+ 5. forced-Qwen3-8B-overlap: the pool at τ 3.61, batch 4 and 16, default and overlapped
+    (`--overlap`: the host searches half the rows' trees while the device verifies the other
+    half, `Batcher(overlap=True)`), in one process: `overlap_gain` = overlapped / default tok/s.
+ 6. forced-Qwen3-4B-b1, forced-Qwen3-1.7B-b1: stage 1 at those shapes.
+ 7. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image); when at least 150 s are left.
- 6. shapes-Qwen3-8B/4B/1.7B: `bench shapes`, the target's verify for trees of 1…60 nodes against
+ 8. shapes-Qwen3-8B/4B/1.7B: `bench shapes`, the target's verify for trees of 1…60 nodes against
     a decode step (measured on 2026-11-25; kept for comparison).
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
-itself on a CPU in about a minute: the stages of one tiny random model ("tiny") instead of the
-three shapes, no tests (figures meaningless).
+itself on a CPU in a few minutes: the stages of one tiny random model ("tiny"; stage 2 at 6
+layers of bench.shapes' tiny shape, drawn in memory) instead of the three shapes, no tests
+(figures meaningless).
 """
 from __future__ import annotations
 
@@ -44,6 +53,10 @@ PAPER_TAU_8B = 3.61
 TAUS = "1,2,3,3.61,5"
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,4,16,32,60"
+DEEP_LAYERS = 36  # stage 2: Qwen3-8B at its real depth
+DEEP_GIB = 24.0  # its device memory: 16.4 GB of bf16 weights, the head, caches and XLA's workspace
+# overrides the device memory the campaign reads (GiB), e.g. to check the skip on a CPU
+MEMORY_ENV = "DART_JAX_CAMPAIGN_DEVICE_GIB"
 
 
 def run(cmd: list[str], log: Path, limit_s: float, env: dict | None = None) -> tuple[int, float]:
@@ -78,6 +91,7 @@ class Stage:
     needs: str | None = None  # the model set it runs on (built on first need)
     env: dict | None = None
     min_left_s: float = 45.0
+    min_device_gib: float = 0.0  # skipped (not failed) on a device with less memory
 
 
 class Campaign:
@@ -89,6 +103,24 @@ class Campaign:
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
+
+    def device_gib(self) -> float:
+        """The memory of the device the stages run on (GiB; a CPU: the host's), read once in a
+        subprocess that allocates nothing; $DART_JAX_CAMPAIGN_DEVICE_GIB overrides it."""
+        if "device_gib" not in self.assets:
+            if os.environ.get(MEMORY_ENV):
+                gib = float(os.environ[MEMORY_ENV])
+            else:
+                probe = ("import os, jax; d = jax.devices()[0]; s = d.memory_stats() or {}; "
+                         "print(s.get('bytes_limit') or os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))")
+                done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                      env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+                try:
+                    gib = int(done.stdout.strip().splitlines()[-1]) / 2**30
+                except (ValueError, IndexError):
+                    gib = float("inf")  # unknown: let the stage try
+            self.assets["device_gib"] = gib
+        return self.assets["device_gib"]
 
     def done(self, stage: Stage) -> bool:
         """Whether `stage` has its JSON in --out, or in a --resume folder (then copied here)."""
@@ -122,7 +154,10 @@ class Campaign:
     def given(self, shape: str) -> list[str]:
         folder = self.assets[shape]
         return ["--base", str(folder / "base"), "--dart", str(folder / "head"), "--ngram", str(folder / "ngram.trie"),
-                "--limit", "1", "--max-new-tokens", "16" if self.args.smoke else "128", "--no-progress"]
+                *self.workload()]
+
+    def workload(self) -> list[str]:
+        return ["--limit", "1", "--max-new-tokens", "16" if self.args.smoke else "128", "--no-progress"]
 
     def stages(self) -> list[Stage]:
         a, bench = self.args, [sys.executable, "-m", "dart_jax.bench"]
@@ -137,6 +172,13 @@ class Campaign:
                 "e2e", "--force-tau", taus, "--keep", keep, *reps, *self.given(s),
                 "--output", str(out / f"forced-{s}-b1.json")], 200, needs=shape))
             if i == 0:
+                deep = 6 if a.smoke else DEEP_LAYERS
+                stages.append(Stage(f"forced-{shape}-{deep}L-b1", f"forced-{shape}-{deep}L-b1.json",
+                                    lambda s=shape, d=deep: bench + [
+                    "e2e", "--force-tau", "3,1" if a.smoke else f"{PAPER_TAU_8B},1", "--keep", keep, *reps,
+                    "--random-shape", s, "--random-layers", str(d), *self.workload(),
+                    "--output", str(out / f"forced-{s}-{d}L-b1.json")], 150,
+                    min_device_gib=0.01 if a.smoke else DEEP_GIB))
                 stages.append(Stage(f"profile-{shape}", f"profile-{shape}/profile.json", lambda s=shape: [
                     sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / f"profile-{s}"),
                     "--force-tau", "3" if a.smoke else str(PAPER_TAU_8B), "--keep", keep,
@@ -146,6 +188,10 @@ class Campaign:
                     "e2e", "--force-tau", "3" if a.smoke else f"1,{PAPER_TAU_8B}", "--force-batches",
                     "2" if a.smoke else "4,16", "--keep", keep, *reps, *self.given(s),
                     "--output", str(out / f"forced-{s}-pool.json")], 200, needs=shape))
+                stages.append(Stage(f"forced-{shape}-overlap", f"forced-{shape}-overlap.json", lambda s=shape: bench + [
+                    "e2e", "--force-tau", "3" if a.smoke else str(PAPER_TAU_8B), "--force-batches",
+                    "2" if a.smoke else "4,16", "--overlap", "--keep", keep, *reps, *self.given(s),
+                    "--output", str(out / f"forced-{s}-overlap.json")], 150, needs=shape))
         if not (a.smoke or a.skip_tests):
             stages.append(Stage("tests", "tests.json", lambda: [
                 sys.executable, "-m", "pytest", "-q", "-x", "-n", "8", "-p", "no:cacheprovider",
@@ -169,6 +215,12 @@ class Campaign:
                 if self.left() < stage.min_left_s:
                     print(f"[stop] {stage.name}: {self.left():.0f} s left", flush=True)
                     continue
+                if stage.min_device_gib and self.device_gib() < stage.min_device_gib:
+                    why = (f"needs about {stage.min_device_gib:g} GiB of device memory, the device has "
+                           f"{self.device_gib():.1f} GiB")
+                    print(f"[skip] {stage.name}: {why}", flush=True)
+                    (self.out / f"{stage.name}.skipped").write_text(why + "\n")  # for the report; no JSON: a
+                    continue  # later call on a bigger device runs it
                 if stage.needs and self.model(stage.needs) is None:
                     print(f"[fail] {stage.name}: the {stage.needs} model set was not built (see its build log)")
                     continue
@@ -228,13 +280,31 @@ def report(out: Path, layers: int | str = "?") -> None:
              "`bench e2e --force-tau`)", "",
              "The trees hold plain greedy decoding's next D tokens, D drawn per step with mean τ - 1 (geometric, "
              "capped at the tree depth); same tree size, verify and step as DART (dart_jax/bench/forced.py).", ""]
-    rows = []
+    rows, overlap, skipped = [], [], []
     for shape in SHAPES + ("tiny",):
-        for kind in ("b1", "pool"):
+        deep = sorted(out.glob(f"forced-{shape}-*L-b1.json")) + sorted(out.glob(f"forced-{shape}-*L-b1.skipped"))
+        kinds = dict.fromkeys([("b1", layers)] + [(p.stem.split(f"forced-{shape}-")[1], p.stem.split("-")[-2][:-1])
+                                                  for p in deep] + [("pool", layers), ("overlap", layers)])
+        for kind, depth in kinds:
+            note = out / f"forced-{shape}-{kind}.skipped"
+            if note.exists() and not (out / f"forced-{shape}-{kind}.json").exists():
+                skipped.append(f"forced-{shape}-{kind}: skipped, {note.read_text().strip()}")
+                continue
             d = load(out / f"forced-{shape}-{kind}.json")
             if d:
-                rows += [{**r, "_label": f"{shape} ({layers} layers)"} for r in d["rows"]]
+                labelled = [{**r, "_label": f"{shape} ({depth} layers)"} for r in d["rows"]]
+                rows += labelled
+                overlap += [r for r in labelled if "overlap_gain" in r]
     lines += _speedup_table(rows, "target") if rows else ["(not measured: see the logs)"]
+    lines += [f"- {s}" for s in dict.fromkeys(skipped)]
+    if overlap:
+        lines += ["", "### The pool with the tree search overlapped (`--overlap`: half the rows searched while the "
+                  "other half verifies)", "",
+                  "| target | batch | τ | default tok/s | overlapped tok/s | gain | search ms / half-step | "
+                  "wait ms / half-step | same output |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['_label']} | {r['batch']} | {r['tau']:.2f} | {r['dart_tok_s']:.0f} | {r['overlap_tok_s']:.0f} | "
+                  f"**{r['overlap_gain']:.2f}×** | {r['overlap_search_ms_per_half_step']:.2f} | "
+                  f"{r['overlap_wait_ms_per_half_step']:.2f} | {r['overlap_same_output']} |" for r in overlap]
     prof = next(iter(sorted(out.glob("profile-*/profile.md"))), None)
     lines += ["", prof.read_text().strip() if prof else "### Profile\n\n(not measured: see the logs)"]
     lines += ["", "### Verify step by tree size (random weights, bf16; ms, and ratio to a token of plain decoding's "

@@ -5,9 +5,11 @@ last checkpoint).
 
     python scripts/make_smollm2.py prompts    # instruction prompts made offline, split by source
     python scripts/make_smollm2.py answers    # the model's own greedy answers (batched plain decoding)
-    python scripts/make_smollm2.py trie       # order-3 trie of the training answers, SmolLM2 tokens
-    python scripts/make_smollm2.py head       # python -m dart_jax.train on the answers, 3 epochs (background it)
+    python scripts/make_smollm2.py extra      # every other prompt outside the held-out split, and its answers
+    python scripts/make_smollm2.py trie       # order-3 trie of all the training answers, SmolLM2 tokens
+    python scripts/make_smollm2.py head       # python -m dart_jax.train on the first answers, 3 epochs (background it)
     python scripts/make_smollm2.py more       # 2 more epochs from that head at half the learning rate
+    python scripts/make_smollm2.py wider      # 2 more epochs from that head on all the answers (the shipped head)
     python scripts/make_smollm2.py eagle3     # an EAGLE-3 head on the same answers, 2 epochs (background it)
     python scripts/make_smollm2.py ship       # both heads (int8) and the trie into dart_jax/demo/smollm2/
     python scripts/make_smollm2.py all        # every stage in order
@@ -17,7 +19,9 @@ library, read with `ast` from its source files (nothing is imported), asked for 
 function that ...", "explain ...". Chat: general questions built from a list of topics and
 question templates. The held-out split (for evaluation; kept out of the head's training data and
 of the trie) is every prompt of one source module in ten (code) and one topic in ten (chat),
-chosen by a hash of the module or topic name.
+chosen by a hash of the module or topic name. The first stages use 1 100 code and 600 chat
+prompts; `extra` adds every remaining prompt outside the held-out split (451 code, 550 chat, as
+a second file, so that the first answers keep their indices), and `wider` trains on both.
 """
 from __future__ import annotations
 
@@ -137,7 +141,38 @@ def base_model() -> Path:
     return smollm2_gguf()
 
 
+def remaining_prompts() -> list[dict]:
+    """The prompts outside the held-out split that the first `--code 1100 --chat 600` left out, in
+    the `prompts` stage's order (its selection is a prefix of these lists)."""
+    code, chat = code_prompts(), chat_prompts()
+    random.Random(SEED).shuffle(code)
+    train = [json.loads(line) for line in open(WORK / "prompts_train.jsonl")]
+    used = {(p["source"], p["prompt"]) for p in train}
+    return [p for p in code + chat if not held_out(p["source"]) and (p["source"], p["prompt"]) not in used]
+
+
+def stage_extra(args) -> None:
+    with open(WORK / "prompts_extra.jsonl", "w") as f:
+        for row in remaining_prompts():
+            f.write(json.dumps(row) + "\n")
+    answer(args, WORK / "prompts_extra.jsonl", WORK / "train_extra.jsonl")
+
+
+def all_answers() -> Path:
+    """train.jsonl and train_extra.jsonl (when made) as one file, train_all.jsonl."""
+    out = WORK / "train_all.jsonl"
+    with open(out, "w") as f:
+        for name in ("train.jsonl", "train_extra.jsonl"):
+            if (WORK / name).is_file():
+                f.write((WORK / name).read_text())
+    return out
+
+
 def stage_answers(args) -> None:
+    answer(args, WORK / "prompts_train.jsonl", WORK / "train.jsonl")
+
+
+def answer(args, prompts_path: Path, out_path: Path) -> None:
     from transformers import AutoTokenizer
 
     from dart_jax.convert.target import target_folder
@@ -149,8 +184,7 @@ def stage_answers(args) -> None:
     tok = AutoTokenizer.from_pretrained(str(folder))
     target = load_target(folder)
     decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64, cache_multiple=64))
-    prompts = [json.loads(line) for line in open(WORK / "prompts_train.jsonl")]
-    out_path = WORK / "train.jsonl"
+    prompts = [json.loads(line) for line in open(prompts_path)]
     done = set()
     if out_path.exists():
         done = {json.loads(line)["index"] for line in open(out_path) if line.strip()}
@@ -188,7 +222,7 @@ def stage_trie(args) -> None:
     tok = AutoTokenizer.from_pretrained(str(folder))
     seqs = WORK / "trie_ids.jsonl"
     with open(seqs, "w") as f:
-        for line in open(WORK / "train.jsonl"):
+        for line in open(all_answers()):
             conv = json.loads(line)["messages"]
             text = tok.apply_chat_template(conv, tokenize=False)
             f.write(json.dumps(tok(text, add_special_tokens=False)["input_ids"]) + "\n")
@@ -208,11 +242,22 @@ def stage_head(args) -> None:
 
 
 def stage_more(args) -> None:
-    """Two more epochs from the first head at half the learning rate (what the shipped head had)."""
+    """Two more epochs from the first head at half the learning rate (the head shipped before `wider`)."""
     cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train.jsonl"),
            "--out", str(WORK / "run2"), "--init-head", str(WORK / "run" / "head"), "--epochs", "2",
            "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(args.lr / 2),
            "--seed", str(SEED + 1), "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def stage_wider(args) -> None:
+    """Two more epochs from the `more` head on all the answers (the first ones and `extra`'s), at
+    half the learning rate: the shipped DART head."""
+    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(all_answers()),
+           "--out", str(WORK / "run3"), "--init-head", str(WORK / "run2" / "head"), "--epochs", "2",
+           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(args.lr / 2),
+           "--seed", str(SEED + 2), "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -235,7 +280,8 @@ def stage_ship(args) -> None:
     from dart_jax.convert.int8 import write_int8_head
 
     SHIP.mkdir(parents=True, exist_ok=True)
-    write_int8_head(WORK / "run2" / "head", SHIP / "head")  # int8 + per-row scales (docs/spec.md §1.1)
+    dart = WORK / ("run3" if (WORK / "run3" / "head" / "config.json").is_file() else "run2") / "head"
+    write_int8_head(dart, SHIP / "head")  # int8 + per-row scales (docs/spec.md §1.1)
     if (WORK / "run_eagle3" / "head" / "config.json").is_file():
         write_int8_head(WORK / "run_eagle3" / "head", SHIP / "eagle3")
     shutil.copyfile(WORK / "ngram.trie", SHIP / "ngram.trie")
@@ -248,8 +294,8 @@ def stage_ship(args) -> None:
                                           for p in sorted(SHIP.rglob("*")) if p.is_file()))
 
 
-STAGES = {"prompts": stage_prompts, "answers": stage_answers, "trie": stage_trie, "head": stage_head,
-          "more": stage_more, "eagle3": stage_eagle3, "ship": stage_ship}
+STAGES = {"prompts": stage_prompts, "answers": stage_answers, "extra": stage_extra, "trie": stage_trie,
+          "head": stage_head, "more": stage_more, "wider": stage_wider, "eagle3": stage_eagle3, "ship": stage_ship}
 
 
 def main() -> None:

@@ -3,19 +3,21 @@ writes its JSON, a second call skips them all, and --resume carries results into
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_campaign.py"
-STAGES = {"forced-tiny-b1": "forced-tiny-b1.json", "profile-tiny": "profile-tiny/profile.json",
-          "forced-tiny-pool": "forced-tiny-pool.json", "shapes-tiny": "shapes-tiny.json"}
+STAGES = {"forced-tiny-b1": "forced-tiny-b1.json", "forced-tiny-6L-b1": "forced-tiny-6L-b1.json",
+          "profile-tiny": "profile-tiny/profile.json", "forced-tiny-pool": "forced-tiny-pool.json",
+          "forced-tiny-overlap": "forced-tiny-overlap.json", "shapes-tiny": "shapes-tiny.json"}
 
 
-def campaign(*args: str) -> str:
+def campaign(*args: str, env: dict | None = None) -> str:
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--budget-s", "1500", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -31,8 +33,14 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0]
     assert all(r["same_output"] for r in forced["rows"])
     assert [r["batch"] for r in json.loads((out / "forced-tiny-pool.json").read_text())["rows"]] == [2]
+    deep = json.loads((out / "forced-tiny-6L-b1.json").read_text())  # the real-depth stage, drawn in memory
+    assert [r["tau_asked"] for r in deep["rows"]] == [3.0, 1.0] and all(r["same_output"] for r in deep["rows"])
+    assert deep["config"]["model"]["layers"] == 6 and deep["config"]["model"]["weights"] == "drawn on the device"
+    (row,) = json.loads((out / "forced-tiny-overlap.json").read_text())["rows"]
+    assert row["batch"] == 2 and row["overlap_same_output"] and row["overlap_half_steps"] > 0
     report = (out / "RESULTS-gpu.md").read_text()
     assert "forced acceptance" in report and "| phase | ms per step |" in report
+    assert "tiny (6 layers)" in report and "tree search overlapped" in report
     stamps = {name: (out / result).stat().st_mtime_ns for name, result in STAGES.items()}
 
     second = campaign("--out", str(out))  # everything is there: nothing runs again
@@ -46,6 +54,13 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     for name, result in STAGES.items():
         assert f"[skip] {name}" in third and (moved / result).exists()
     assert (moved / "profile-tiny" / "profile.md").exists()
+
+    # a device with too little memory skips the real-depth stage (no JSON: a later call may run it)
+    (moved / "forced-tiny-6L-b1.json").unlink()
+    fourth = campaign("--out", str(moved), env={"DART_JAX_CAMPAIGN_DEVICE_GIB": "0.001"})
+    assert "[skip] forced-tiny-6L-b1: needs about" in fourth and "[0]" not in fourth
+    assert not (moved / "forced-tiny-6L-b1.json").exists()
+    assert "forced-tiny-6L-b1: skipped, needs about" in (moved / "RESULTS-gpu.md").read_text()
 
 
 def test_resume_from_a_missing_folder_is_refused(tmp_path):

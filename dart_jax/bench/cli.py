@@ -26,7 +26,7 @@ TABLE_COLUMNS = {
     # DART's columns, then those of each other drafting method of dart_jax.api.methods
     "e2e": ["id", "category", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau",
             *[f"{m.column}_{c}" for m in decoding_methods.all_methods() if m.drafts and m.name != "dart"
-              for c in ("tok_s", "speedup", "tau")], "tau_asked", "batch", "tau_drawn", "force_ms_per_step"],
+              for c in ("tok_s", "speedup", "tau")], "tau_asked", "batch", "tau_drawn", "force_ms_per_step", "overlap_tok_s", "overlap_gain"],
     "compare": COMPARE_COLUMNS,
     "phases": ["phase", "median_ms", "share"],
     "batch": ["batch", "new_tokens", "ar_tok_s", "dart_tok_s", "speedup", "tau"],
@@ -87,8 +87,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.plot:
             raise InputError("--plot draws no figure of --force-tau results; leave out --plot (the JSON has the rows)")
         return run_forced(models, work, taus=parse_taus(args.force_tau),
-                          batches=parse_int_list(args.force_batches, name="--force-batches"), **common)
+                          batches=parse_int_list(args.force_batches, name="--force-batches"),
+                          overlap=args.overlap, **common)
     if args.mode == "e2e":
+        if args.overlap:
+            raise InputError("--overlap applies to the pools of --force-tau (--force-batches 2 or more); e2e without "
+                             "--force-tau decodes one prompt at a time")
         return run_e2e(models, work, methods=[m.strip() for m in args.methods.split(",") if m.strip()], **common)
     return run_phases(models, work, **common)
 

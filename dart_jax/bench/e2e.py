@@ -2,8 +2,11 @@
 
 The model set is, in this order of preference: the checkpoints given on the command line, the
 offline demo model shipped in dart_jax/demo/, or a tiny random set built in a temporary folder
-(`bench.tiny.build_random_assets`). Random weights give meaningful timings only; τ needs a
-trained head.
+(`bench.tiny.build_random_assets`). With --random-shape (a known Qwen3 shape, or "tiny") the
+random target and head are drawn on the device instead (`random_model`: only the tokenizer, the
+configs and the trie go to the temporary folder), so that a real shape at full depth (16 GB of
+bf16 for Qwen3-8B's 36 layers) is neither written nor read. Random weights give meaningful
+timings only; τ needs a trained head.
 """
 from __future__ import annotations
 
@@ -21,12 +24,20 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from transformers import AutoTokenizer
 
 from dart_jax.api import methods as decoding_methods
 from dart_jax.api.model import DartModel, demo_eagle3, demo_options, demo_paths
 from dart_jax.api.prompts import read_prompt_file
-from dart_jax.bench.shapes import KNOWN_SHAPES
-from dart_jax.bench.tiny import build_random_assets, make_tiny_eagle3
+from dart_jax.bench.shapes import KNOWN_SHAPES, TINY_SHAPE
+from dart_jax.bench.tiny import build_random_assets, make_tiny_eagle3, random_std
+from dart_jax.convert.dart_head import read_head_config, tensor_table as head_tensor_table
+from dart_jax.convert.qwen3 import tensor_table as qwen3_tensor_table
+from dart_jax.convert.target import load_target_config
+from dart_jax.models.head import DartHead
+from dart_jax.models.qwen3 import Qwen3, default_dtype
+from dart_jax.ngram import Trie
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
@@ -148,6 +159,60 @@ def _eagle3_opts(m: ModelSet, base, seed: int) -> Iterator[dict[str, Any]]:
         yield {"eagle3": m.eagle3}
 
 
+# --random-shape: the known Qwen3 shapes, and "tiny" (bench.shapes.TINY_SHAPE, for CPU checks)
+RANDOM_SHAPES = {**KNOWN_SHAPES, "tiny": TINY_SHAPE}
+
+
+@functools.lru_cache(maxsize=None)
+def _draw(shape: tuple[int, ...], dtype: str, norm: bool):
+    """A jitted draw of one tensor of the random sets' law (`bench.tiny.random_tensors`: norm weights
+    1 + 0.1·N(0, 1), the rest std·N(0, 1)), made on the device in its dtype (no float32 copy)."""
+    def draw(key, std):
+        x = jax.random.normal(key, shape, jnp.float32)
+        return ((1.0 + 0.1 * x) if norm else std * x).astype(dtype)
+
+    return jax.jit(draw)
+
+
+def _fill_random(module, table, key, std: float, dtype) -> None:
+    """Every parameter of `module` (abstract, from nnx.eval_shape) named in a tensor `table` drawn
+    on the device; d2t / t2d (a head's vocabulary maps) are left to the caller."""
+    for i, (name, (path, _, _)) in enumerate(table.items()):
+        if name in ("d2t", "t2d"):
+            continue
+        var = module
+        for part in path:
+            var = var[part] if isinstance(part, int) else getattr(var, part)
+        shape = tuple(var.get_value().shape)
+        var.set_value(_draw(shape, jnp.dtype(dtype).name, name.endswith("norm.weight"))(jax.random.fold_in(key, i),
+                                                                                          std))
+
+
+def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
+    """The random model set of `build_random_assets(..., weights=False)` (its tokenizer, configs and
+    trie in `paths`) with the target's and the head's weights drawn on the device, in the loaders'
+    dtype (`default_dtype`: float32 on a CPU, bfloat16 elsewhere), by the law of the sets written
+    to disk (not the same numbers); the head's draft vocabulary is the first ids, as there.
+    `opts`: `DartModel.from_modules`'s settings (keep, ...)."""
+    dtype = default_dtype()
+    target_config, head_config = load_target_config(paths["base"]), read_head_config(paths["dart"])
+    std = random_std(target_config.hidden_size)
+    key = jax.random.key(seed)
+    target = nnx.eval_shape(lambda: Qwen3(target_config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    _fill_random(target, qwen3_tensor_table(target_config), jax.random.fold_in(key, 0), std, dtype)
+    if jax.default_backend() == "cpu":
+        target.untie_lm_head()  # as the loaders do on a CPU
+    head = nnx.eval_shape(lambda: DartHead(head_config, target.embed_tokens, dtype=dtype, param_dtype=dtype,
+                                           rngs=None))
+    head.embed_tokens = target.embed_tokens
+    _fill_random(head, head_tensor_table(head_config), jax.random.fold_in(key, 1), std, dtype)
+    head.d2t.set_value(jnp.zeros((head_config.draft_vocab_size,), jnp.int32))
+    head.t2d.set_value(jnp.arange(head_config.vocab_size) < head_config.draft_vocab_size)
+    tokenizer = AutoTokenizer.from_pretrained(str(paths["base"]))
+    eos = json.loads((paths["base"] / "generation_config.json").read_text())["eos_token_id"]
+    return DartModel.from_modules(target, head, tokenizer, Trie.load(paths["ngram"]), eos_ids=eos, **opts)
+
+
 @contextlib.contextmanager
 def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[str, Any]]]:
     """Yield (DartModel, description of the model set); a random set lives as long as the block."""
@@ -160,8 +225,8 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
         raise ValueError("--dart needs a trained EAGLE-3 head beside it: pass --eagle3 PATH")
     random = m.random
     if m.random_shape:
-        if m.random_shape not in KNOWN_SHAPES:
-            raise ValueError(f"unknown --random-shape {m.random_shape!r}; known: {', '.join(KNOWN_SHAPES)}")
+        if m.random_shape not in RANDOM_SHAPES:
+            raise ValueError(f"unknown --random-shape {m.random_shape!r}; known: {', '.join(RANDOM_SHAPES)}")
         random = True
     if m.dart and random:
         raise ValueError("pass either --dart (and --base/--ngram) or --random/--random-shape, not both")
@@ -180,13 +245,21 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
                     "eagle3": m.eagle3 or (str(demo_eagle3(m.demo)) if m.shipped_eagle3() else None)})
         return
     with tempfile.TemporaryDirectory(prefix="dart_jax_bench_") as tmp:
-        shape = KNOWN_SHAPES[m.random_shape] if m.random_shape else None
-        paths = build_random_assets(tmp, layers=m.random_layers, hidden=m.random_hidden, shape=shape, seed=seed)
+        shape = RANDOM_SHAPES[m.random_shape] if m.random_shape else None
+        # a shaped set is drawn on the device (nothing of its size on disk), unless an EAGLE-3 head or
+        # a mesh needs the loaders
+        in_memory = shape is not None and m.eagle3 is None and not m.mesh
+        paths = build_random_assets(tmp, layers=m.random_layers, hidden=m.random_hidden, shape=shape, seed=seed,
+                                    weights=not in_memory)
         config = json.loads((paths["base"] / "config.json").read_text())
+        described = {"kind": "random", "shape": m.random_shape or "small", "layers": m.random_layers,
+                     "hidden": config["hidden_size"], "vocab": config["vocab_size"], "eagle3": m.eagle3,
+                     "weights": "drawn on the device" if in_memory else "written and loaded"}
+        if in_memory:
+            yield random_model(paths, seed, **opts), described
+            return
         with _eagle3_opts(m, paths["base"], seed) as eagle3:
-            yield (DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], **opts, **eagle3),
-                   {"kind": "random", "shape": m.random_shape or "small", "layers": m.random_layers,
-                    "hidden": config["hidden_size"], "vocab": config["vocab_size"], "eagle3": m.eagle3})
+            yield DartModel.from_pretrained(paths["base"], paths["dart"], paths["ngram"], **opts, **eagle3), described
 
 
 METHODS = decoding_methods.names()  # as loaded; check_methods reads the registry itself

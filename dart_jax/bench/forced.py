@@ -211,10 +211,10 @@ class ForcedBatcher(Batcher):
     request with `submit_forced(ids, settings, reference)`, where `reference` is its greedy
     continuation (plain decoding's tokens, the prefill's first token first)."""
 
-    def __init__(self, engine, slots: int, max_length: int, *, tau: float, seed: int = 0):
+    def __init__(self, engine, slots: int, max_length: int, *, tau: float, seed: int = 0, overlap: bool = False):
         if engine.adaptive:
             raise ValueError("--force-tau needs a fixed tree size (keep=auto may skip the tree): pass --keep N")
-        super().__init__(engine, slots, max_length)
+        super().__init__(engine, slots, max_length, overlap=overlap)
         self.max_depth = self.depth
         self.alpha = acceptance_rate(tau, self.max_depth)
         self.depths = DepthSequence(self.alpha, self.max_depth, seed)
@@ -231,9 +231,9 @@ class ForcedBatcher(Batcher):
         self.references[request.index] = np.asarray(reference, np.int64)
         return request
 
-    def _search(self, size: int, rows: list[int], m: int) -> np.ndarray:
+    def _search(self, size: int, rows: list[int], m: int, start: int = 0) -> np.ndarray:
         """DART's own search and packing (`Batcher._search`), then each busy row's tree edited."""
-        packed = super()._search(size, rows, m)
+        packed = super()._search(size, rows, m, start)
         t0 = time.perf_counter()
         layout = self.trees[size]
         trees = layout.unpack(packed)
@@ -247,14 +247,15 @@ class ForcedBatcher(Batcher):
             want = self.depths()
             path = ref[done:done + want]
             block = int(ref[done + len(path)]) if done + len(path) < ref.size else None
-            num_nodes = 1 + int((trees["parents"][slot] >= 0).sum())  # real nodes come first
-            tree, placed = force_tree(trees["tokens"][slot], trees["parents"][slot], num_nodes, path.tolist(), block,
+            i = slot - start  # its row in the packed trees
+            num_nodes = 1 + int((trees["parents"][i] >= 0).sum())  # real nodes come first
+            tree, placed = force_tree(trees["tokens"][i], trees["parents"][i], num_nodes, path.tolist(), block,
                                       slots=size + 1, depth=self.depth)
             if placed < want:
                 self.capped_steps += 1
             self.drawn.append(placed + 1)
             for name in trees:
-                trees[name][slot] = tree[name]
+                trees[name][i] = tree[name]
         packed = layout.pack(trees)
         self.force_s += time.perf_counter() - t0
         return packed
@@ -277,9 +278,11 @@ def first_mismatch(output: Sequence[int], reference: Sequence[int]) -> int | Non
     return None
 
 
-def forced_run(engine, prompts, settings, references, *, tau: float, seed: int) -> tuple[ForcedBatcher, list, float]:
-    """One forced generation of `prompts` in a pool of len(prompts) slots → (pool, requests, wall s)."""
-    pool = ForcedBatcher(engine, len(prompts), settings.max_length, tau=tau, seed=seed)
+def forced_run(engine, prompts, settings, references, *, tau: float, seed: int,
+               overlap: bool = False) -> tuple[ForcedBatcher, list, float]:
+    """One forced generation of `prompts` in a pool of len(prompts) slots (`overlap`: the pool
+    overlaps half the rows' tree search with the other half's verify) → (pool, requests, wall s)."""
+    pool = ForcedBatcher(engine, len(prompts), settings.max_length, tau=tau, seed=seed, overlap=overlap)
     try:
         t0 = time.perf_counter()
         handles = [pool.submit_forced(p, settings, r) for p, r in zip(prompts, references)]
@@ -316,11 +319,36 @@ def calibrate(engine, prompts, settings, references, *, tau: float, seed: int, p
     return references, passes, resyncs
 
 
+def overlapped(engine, prompts, settings, references, *, tau: float, seed: int, reps: int, warmup: int,
+               rate: float, ar_rate: float, ar_out: list, bar) -> dict[str, Any]:
+    """The forced runs again through an overlapped pool (`run_forced`'s `overlap`): its row fields."""
+    rates, last = [], None
+    for rep in range(warmup + reps):  # the first `warmup` runs compile the half-steps
+        pool, handles, wall = forced_run(engine, prompts, settings, references, tau=tau, seed=seed, overlap=True)
+        if rep >= warmup:
+            rates.append(sum(len(h.token_ids) for h in handles) / (wall - pool.force_s))
+        last = (pool, handles)
+        bar.update()
+    pool, handles = last
+    lengths = [n for h in handles for n in h.stats.accept_lengths]
+    o, halves = median(rates), max(pool.overlap_stats["half_steps"], 1)
+    return {"overlap_tok_s": o, "overlap_speedup": o / ar_rate, "overlap_gain": o / rate,
+            "overlap_tau": float(np.mean(lengths)) if lengths else float("nan"),
+            "overlap_same_output": [list(h.token_ids) for h in handles] == ar_out,
+            "overlap_unforced_steps": pool.unforced_steps, "overlap_half_steps": pool.overlap_stats["half_steps"],
+            "overlap_search_ms_per_half_step": 1e3 * pool.overlap_stats["search_s"] / halves,
+            "overlap_wait_ms_per_half_step": 1e3 * pool.overlap_stats["wait_s"] / halves}
+
+
 def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = (1,), reps: int = 1,
-               warmup: int = 1, seed: int = 0, show_progress: bool = True) -> dict[str, Any]:
+               warmup: int = 1, seed: int = 0, show_progress: bool = True, overlap: bool = False) -> dict[str, Any]:
     """For each forced τ and batch size B: tokens/s of DART with forced acceptance (a pool of B
     slots over B prompts, host forcing time taken out) and of batched plain decoding on the same
-    prompts, the speedup, τ measured, and whether both outputs agree. Medians over `reps`."""
+    prompts, the speedup, τ measured, and whether both outputs agree. Medians over `reps`.
+    `overlap`: at B >= 2 the same runs again through a pool that overlaps half the rows' tree search
+    with the other half's verify (`Batcher(overlap=True)`); the row adds `overlap_tok_s`,
+    `overlap_speedup` (over plain decoding), `overlap_gain` (over the default pool), its own
+    `overlap_same_output` and `overlap_tau`, and the pool's host search and wait per half-step."""
     check_reps(reps, warmup)
     if work.temperature > 0:
         raise ValueError("--force-tau forces greedy acceptance: use --temperature 0")
@@ -335,7 +363,8 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
         for tau in taus:
             acceptance_rate(tau, engine.rows)  # refuse an unreachable τ before anything runs
         ids = [model.encode(item["prompt"], work.chat) for item in items]
-        bar = progress(len(batches) * (len(taus) + 1) * (reps + warmup), "forced", show_progress)
+        runs_per_tau = sum(1 + (overlap and b > 1) for b in batches)
+        bar = progress((len(batches) + len(taus) * runs_per_tau) * (reps + warmup), "forced", show_progress)
         for b in batches:
             prompts = [ids[i % len(ids)] for i in range(b)]
             plain_refs = reference_outputs(engine, prompts, settings)
@@ -370,14 +399,19 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
                              "speedup": rate / ar_rate, "force_ms_per_step": 1e3 * pool.force_s / max(steps, 1),
                              "unforced_steps": pool.unforced_steps, "capped_steps": pool.capped_steps,
                              "calibration_runs": runs, "resynced": resyncs,
-                             "same_output": [list(h.token_ids) for h in handles] == ar_out})
+                             "same_output": [list(h.token_ids) for h in handles] == ar_out,
+                             **(overlapped(engine, prompts, settings, refs, tau=tau, seed=seed, reps=reps,
+                                           warmup=warmup, rate=rate, ar_rate=ar_rate, ar_out=ar_out, bar=bar)
+                                if overlap and b > 1 else {})})
         bar.close()
         keep = tree_label(engine)
         depth = engine.rows
     summary = {"speedup": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["speedup"] for r in rows},
+               **({"overlap_gain": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["overlap_gain"]
+                                    for r in rows if "overlap_gain" in r}} if overlap else {}),
                "tau_measured": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["tau"] for r in rows},
                "all_same_output": all(r["same_output"] for r in rows)}
     config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "tree_depth": depth,
-              "force_tau": list(taus), "batches": list(batches), "reps": reps, "warmup": warmup,
+              "force_tau": list(taus), "batches": list(batches), "overlap": overlap, "reps": reps, "warmup": warmup,
               "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau"}
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}

@@ -80,7 +80,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-hidden", type=int, default=64, help="hidden size of the random target (default 64)")
     p.add_argument("--random-shape", metavar="NAME",
                    help="give the random target a known Qwen3 shape (e.g. Qwen3-8B: widths, heads, full vocabulary, "
-                        "bfloat16) with --random-layers layers; for accelerators")
+                        "bfloat16) with --random-layers layers, its weights drawn on the device (no checkpoint "
+                        "written; 'tiny' for a CPU check); for accelerators")
     p.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ..., \"category\": ...} per line "
                                      "(default: the shipped dart_jax/data/prompts.jsonl)")
     p.add_argument("--categories", help="comma-separated categories to keep (default: all)")
@@ -119,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-batches", default="1", metavar="B[,B…]",
                    help="with --force-tau: batch sizes, DART through a pool of B slots against batched plain "
                         "decoding (default 1)")
+    p.add_argument("--overlap", action="store_true",
+                   help="with --force-tau at batch 2 or more: also run each pool overlapped (the host searches half "
+                        "the rows' trees while the device verifies the other half; Batcher(overlap=True)) and add "
+                        "its tokens/s and gain over the default pool to the row")
     _common(p, reps=1, warmup=1)
 
     p = sub.add_parser("compare", help="DART vs EAGLE-3 vs plain decoding: speedup, τ, acceptance, drafting time",

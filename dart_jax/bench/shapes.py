@@ -133,6 +133,8 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     target = Qwen3(config, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(seed))
     if mesh is not None:
         shard_module(target, mesh)
+    elif jax.default_backend() == "cpu":
+        target.untie_lm_head()  # as the loaders do on a CPU, so the figures are the engine's
     decoder = AutoregressiveDecoder(target)
     graphdef, state = nnx.split(target)
     bar.update()

@@ -47,11 +47,12 @@ def random_tensors(shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generat
 def make_tiny_qwen3(folder, *, vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
                     rope_theta=10000.0, max_position_embeddings=2048, seed=0, dtype="float32", std=0.08,
-                    max_shard_size_bytes=None, **extra) -> Path:
+                    max_shard_size_bytes=None, weights: bool = True, **extra) -> Path:
     """Write a random HF Qwen3 (config.json + safetensors, sharded with `max_shard_size_bytes`)
     to `folder` and return it. Token ids: pad 0, bos 1, eos 2 (the character-level tokenizer's
     specials). `extra` adds or overrides config.json fields; RoPE goes into `rope_parameters`
-    (transformers 5's layout), which `extra` may give (its rope_theta defaults to `rope_theta`)."""
+    (transformers 5's layout), which `extra` may give (its rope_theta defaults to `rope_theta`).
+    `weights=False`: config.json alone (the weights are made in memory, `bench.e2e.random_model`)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     rope = dict(extra.pop("rope_parameters", None) or {"rope_type": "default"})
@@ -64,6 +65,11 @@ def make_tiny_qwen3(folder, *, vocab_size=256, hidden_size=64, intermediate_size
               "tie_word_embeddings": tie_word_embeddings, "attention_bias": False, "pad_token_id": 0,
               "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": dtype, **extra}
     table = qwen3_tensor_table(target_config_from_hf(config))
+    if not weights:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return folder
     tensors = random_tensors({name: shape for name, (_, shape, _) in table.items()}, np.random.default_rng(seed),
                              std, dtype)
     return save_qwen3(folder, config, tensors, max_shard_size_bytes=max_shard_size_bytes)
@@ -121,14 +127,14 @@ def make_byte_tokenizer(folder):
 
 def make_tiny_head(folder, base_folder, *, draft_length=3, draft_vocab_size=None, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, intermediate_size=96, std=0.1, shuffle_d2t=False,
-                   first_ids=False, dtype="float32", seed=0) -> Path:
+                   first_ids=False, dtype="float32", seed=0, weights: bool = True) -> Path:
     """A random DART head (reference layout, written by `write_dart_head`) for the target in
     `base_folder`, of the target's width and vocabulary.
 
     The draft vocabulary holds `draft_vocab_size` target ids (default: all): a random set, or the
     first ids with `first_ids` (what a frequency-ordered vocabulary gives), sorted by id as
     EAGLE-3 does, or in random order with `shuffle_d2t` (so that d2t is not trivial even when the
-    draft vocabulary is the whole vocabulary)."""
+    draft vocabulary is the whole vocabulary). `weights=False`: config.json alone."""
     base = json.loads((Path(base_folder) / "config.json").read_text())
     vocab, hidden = int(base["vocab_size"]), int(base["hidden_size"])
     draft_vocab = int(draft_vocab_size or vocab)
@@ -140,6 +146,13 @@ def make_tiny_head(folder, base_folder, *, draft_length=3, draft_vocab_size=None
         "max_position_embeddings": int(base.get("max_position_embeddings", 2048)), "hidden_act": "silu",
         "num_hidden_layers": 1, "draft_length": draft_length, "draft_vocab_size": draft_vocab,
         "target_hidden_size": hidden})
+    if not weights:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        hf = config.to_hf()
+        hf["torch_dtype"] = dtype
+        (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        return folder
     rng = np.random.default_rng(seed)
     used = np.arange(draft_vocab) if first_ids else np.sort(rng.choice(vocab, draft_vocab, replace=False))
     if shuffle_d2t:
@@ -188,9 +201,15 @@ def make_tiny_setup(folder, *, vocab_size=256, draft_length=3, draft_vocab_size=
     return base, head, trie
 
 
+def random_std(hidden: int) -> float:
+    """The std of the random sets' matrices: 1/sqrt(hidden) at most, wide enough that a tiny model's
+    logits are not flat, small enough that a wide one does not blow up."""
+    return min(0.08, hidden ** -0.5)
+
+
 def build_random_assets(folder, *, layers: int = 4, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
                         shape: Mapping[str, Any] | None = None, draft_length: int = 7, trie_tokens: int = 20_000,
-                        seed: int = 0) -> dict[str, Path]:
+                        seed: int = 0, weights: bool = True) -> dict[str, Path]:
     """The benchmarks' random model set under `folder`: `base/` (a Qwen3 with the byte-level
     tokenizer), `head/` (a DART head of the target's widths) and `ngram.trie` (a trie over
     Zipf-distributed text); returns their paths (base, dart, ngram).
@@ -199,6 +218,11 @@ def build_random_assets(folder, *, layers: int = 4, hidden: int = 64, heads: int
     heads and the other widths, keeps `layers` as the depth, and stores bfloat16 like the
     published checkpoints; without it the target is a small float32 one whose vocabulary is the
     tokenizer's, rounded up to a multiple of 64.
+
+    `weights=False` writes every file but the weights (config.json files, tokenizer, trie): the
+    benchmarks then draw the weights on the device (`bench.e2e.random_model`), which spares writing
+    and reading gigabytes at real shapes (16 GB of bf16 for Qwen3-8B's 36 layers). Its `std` (the
+    law of `random_tensors`) is `random_std(hidden)`.
     """
     if layers < 3:
         raise ValueError(f"the random target needs >= 3 layers (DART taps layers 2, L//2, L-3), got {layers}")
@@ -217,18 +241,18 @@ def build_random_assets(folder, *, layers: int = 4, hidden: int = 64, heads: int
         dtype = "bfloat16"
     else:
         vocab, inter, head_dim, tied, dtype = ((len(tok) + 63) // 64) * 64, 2 * hidden, hidden // heads, True, "float32"
-    # std 1/sqrt(hidden) at most: wide enough that a tiny model's logits are not flat, small enough
-    # that a wide one does not blow up
-    std = min(0.08, hidden ** -0.5)
+    std = random_std(hidden)
     base = make_tiny_qwen3(folder / "base", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                            head_dim=head_dim, tie_word_embeddings=tied, max_position_embeddings=4096, seed=seed,
-                           dtype=dtype, std=std, eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=None)
+                           dtype=dtype, std=std, eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=None,
+                           weights=weights)
     (base / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "do_sample": False}) + "\n")
     # the published heads draft over 32000 ids; the first ones hold every byte token
     head = make_tiny_head(folder / "head", base, draft_length=draft_length, draft_vocab_size=min(vocab, 32000),
                           num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                          intermediate_size=inter, std=std, first_ids=True, dtype=dtype, seed=seed + 1)
+                          intermediate_size=inter, std=std, first_ids=True, dtype=dtype, seed=seed + 1,
+                          weights=weights)
     stream = zipf_tokens(np.random.default_rng(seed + 2), trie_tokens, len(tok))
     trie = folder / "ngram.trie"
     Trie.build([stream[i:i + 256] for i in range(0, len(stream), 256)], order=3).save(trie)

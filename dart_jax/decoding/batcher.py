@@ -7,6 +7,27 @@ into the free slots (one jitted call; the other slots are left untouched) or run
 step for every busy slot (one jitted call, one tree search over the busy slots, one transfer each
 way). A request that finishes frees its slot at once. The pool size and every shape are static, so
 requests come and go without compiling anything after warm-up.
+
+`Batcher(..., overlap=True)` (`Engine.batcher(slots, overlap=True)`) overlaps the host's tree
+search with the device's verify: the m live rows are split into two halves of m/2 rows (rows
+0…m/2-1 and m/2…m-1), each stepped by its own jitted call (`Engine.step_rows`, one compiled step
+for both halves). JAX dispatches asynchronously, so one `step` lands the half whose step is on the
+device (blocks on its answer), dispatches the other half's step (its trees were searched during
+the previous call) and searches the landed half's next trees while that step runs: a pipeline of
+half-steps, each `step` returning one half's tokens. Outputs are those of the default path (each
+row's step is the same computation on its own rows; greedy outputs are equal, and with a fixed
+tree size sampled ones too, the keys being per row). The pipeline stops (the step in flight
+lands alone) to admit waiting requests, and when the live rows change or one half has no busy
+row (then the default whole-pool step runs); tree size 0 (keep="auto"'s plain chunks) runs on the
+whole pool. When it pays: each half-step runs the whole model once more (on a GPU at small batch
+it streams every weight again, ≈ the cost of a plain token of the target), so overlap wins only
+where the host search of one half takes at least what the second device call adds; e.g. at the
+Qwen3-8B shape, 36 layers, bf16 on an H100 (benchmarks/RESULTS.md, 2026-11-25: a 1-node verify
+8.0 ms, a 60-node one 12.4 ms, mostly weight reads) a half-step costs about 8 ms more than
+sharing one call, so it gains when searching half the pool's trees takes ≥ 8 ms; with 61-node
+trees (≈ 1-3 ms each on the host) that is batch 8 and more, not batch 2-4, never batch 1 (no
+split), nor a CPU, where XLA already keeps every core busy with the device work. `overlap_stats` counts
+the half-steps and the host's search and wait seconds (how much search the device time hid).
 """
 from __future__ import annotations
 
@@ -234,11 +255,36 @@ class SlotPool:
         self.cache_len = jnp.where(jnp.asarray(joined), jnp.asarray(lengths), self.cache_len)
 
 
+@dataclasses.dataclass(eq=False)
+class _Half:
+    """One half of an overlapped pool's busy rows (rows start … start+m/2-1 of the m live ones): its
+    searched trees, then its step on the device."""
+
+    half: int  # 0 or 1
+    m: int  # the pool's live rows when it was searched
+    start: int
+    rows: list[int]  # its busy slots
+    requests: tuple  # their requests, as searched
+    size: int  # tree size; 0: no trees (a plain chunk of the whole pool is due)
+    tree: np.ndarray | None
+    search_s: float
+    packed: object = None  # the step's answer (a device array) once dispatched
+    dispatched: float = 0.0
+    counts: list[int] = dataclasses.field(default_factory=list)
+
+
 class Batcher(SlotPool):
     """The DART pool: each step verifies every busy slot's draft tree in one jitted call."""
 
-    def __init__(self, engine, slots: int, max_length: int = 2048):
+    def __init__(self, engine, slots: int, max_length: int = 2048, *, overlap: bool = False):
+        """`overlap`: step the busy rows in two halves, the host searching one half's trees while the
+        device verifies the other (module docstring)."""
         super().__init__(engine, slots, max_length)
+        self.overlap = bool(overlap)
+        self._flight: _Half | None = None  # overlap: the half whose step is on the device
+        self._ready: _Half | None = None  # overlap: the other half's searched trees, dispatched when it lands
+        self._plain_due = False  # overlap: the sizer chose size 0 for a half: a plain chunk of the whole pool next
+        self.overlap_stats = {"half_steps": 0, "search_s": 0.0, "wait_s": 0.0, "restarts": 0}
         self.depth, self.k = engine.rows, engine.tree.topk
         self.fields = engine.drafter.proposal_fields(self.depth, self.k, engine.n_nodes)
         self.outputs = step_layout(self.depth, self.fields)
@@ -288,10 +334,25 @@ class Batcher(SlotPool):
             events.append(self._take(request, [first], 0))
         return events
 
+    def step(self) -> list[tuple[Request, list[int], int]]:
+        if self._flight is not None and self.waiting and any(r is None for r in self.busy):
+            return self._land_alone()  # overlap: the step in flight lands before requests join
+        return super().step()
+
+    def close(self) -> None:
+        self._flight = self._ready = None  # a step in flight is dropped with its requests unfinished
+        super().close()
+
     def _advance(self) -> list[tuple[Request, list[int], int]]:
         engine = self.engine
         if self._stale_params:
             self.params, self._stale_params = self._params(), False
+        if self.overlap:
+            plan = self._halves()
+            if plan is not None:
+                return self._advance_overlapped(plan)
+            if self._flight is not None:
+                return self._land_alone()
         rows = [i for i, r in enumerate(self.busy) if r is not None]
         m = self._live()  # rows past m are free and not computed
         committed = int(self.committed[rows].max())
@@ -359,9 +420,10 @@ class Batcher(SlotPool):
             events.append(self._take(request, fed.tolist(), 1, plain=True))
         return events
 
-    def _search(self, size: int, rows: list[int], m: int) -> np.ndarray:
+    def _search(self, size: int, rows: list[int], m: int, start: int = 0) -> np.ndarray:
         """The busy rows' draft trees of `size` nodes besides the root, packed for the first m rows
-        (free slots among them get a root-only tree)."""
+        (free slots among them get a root-only tree); with `start`, for the m rows from that one
+        (`rows` among them: an overlapped pool's half)."""
         engine = self.engine
         found = engine.drafter.tree({name: a[rows] for name, a in self.proposal.items()}, self.preceding[rows],
                                     self.preceding_len[rows], engine.trie, engine.tree_settings(size),
@@ -370,10 +432,121 @@ class Batcher(SlotPool):
         if len(rows) == m:
             trees = {name: getattr(found, name) for name in empty}
         else:
+            at = [r - start for r in rows] if start else rows
             trees = {name: array[:m].copy() for name, array in empty.items()}
             for name in trees:
-                trees[name][rows] = getattr(found, name)
+                trees[name][at] = getattr(found, name)
         return self.trees[size].pack(trees)
+
+    # ------------------------------------------------------------------ overlap (module docstring)
+    def _halves(self) -> tuple[int, int, tuple[list[int], list[int]]] | None:
+        """(m live rows, m/2, the busy rows of each half) when both halves have a busy row, else None."""
+        m = self._live()
+        if m < 2:
+            return None
+        h = m // 2
+        rows = [i for i, r in enumerate(self.busy[:m]) if r is not None]
+        low, high = [i for i in rows if i < h], [i for i in rows if i >= h]
+        return (m, h, (low, high)) if low and high else None
+
+    def _prepare(self, plan, half: int) -> "_Half":
+        """Half `half`'s next trees: the tree size chosen for the pool's m rows (0: none, a plain chunk
+        of the whole pool is due), then the search."""
+        m, h, halves = plan
+        rows, engine = halves[half], self.engine
+        busy = [i for i, r in enumerate(self.busy) if r is not None]
+        committed = int(self.committed[busy].max())
+        size = engine.sizer.choose(m, lambda m: self._measure(m, committed))
+        requests = tuple(self.busy[r] for r in rows)
+        if size == 0:
+            return _Half(half, m, half * h, rows, requests, 0, None, 0.0)
+        t0 = time.perf_counter()
+        tree = self._search(size, rows, h, half * h)
+        elapsed = time.perf_counter() - t0
+        self.overlap_stats["search_s"] += elapsed
+        return _Half(half, m, half * h, rows, requests, size, tree, elapsed)
+
+    def _dispatch(self, half: "_Half") -> None:
+        """Half `half`'s step onto the device (returns at once: JAX dispatches asynchronously)."""
+        engine = self.engine
+        busy = [i for i, r in enumerate(self.busy) if r is not None]
+        window = attention_window(int(self.committed[busy].max()) + engine.drafter.reach(self.depth + 1), self.length)
+        half.dispatched = time.perf_counter()
+        half.packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.step_rows(
+            jax.device_put(half.tree), half.start, self.cache, self.draft_cache, self.cache_len, self.keys,
+            self.params, n=half.size + 1, depth=self.depth, k=self.k, window=window)
+        self._flight = half
+
+    def _land(self, half: "_Half") -> list[Moved]:
+        """Wait for half `half`'s step and hand its rows their tokens (a request cancelled meanwhile
+        is skipped: its slot is free, and the next admission resets it)."""
+        t0 = time.perf_counter()
+        out = self.outputs.unpack(np.asarray(half.packed))
+        t1 = time.perf_counter()
+        self.overlap_stats["wait_s"] += t1 - t0
+        self.overlap_stats["half_steps"] += 1
+        events, counts = [], []
+        for slot, request in zip(half.rows, half.requests):
+            if self.busy[slot] is not request:
+                continue
+            i, s = slot - half.start, request.stats
+            count = int(out["count"][i])
+            for f in self.fields:
+                self.proposal[f.name][slot] = out[f.name][i]
+            fed = np.append(out["path_tokens"][i, 1:count], out["bonus"][i])
+            self._set_preceding(slot, np.append(out["path_tokens"][i, :1], fed))  # the root first
+            self.committed[slot] += count
+            # device_s: from the dispatch until the answer was on the host (the other half's search ran meanwhile)
+            s.tree_s += half.search_s
+            s.device_s += t1 - half.dispatched
+            s.steps += 1
+            s.accept_lengths.append(count)
+            s.tree_sizes.append(half.size)
+            counts.append(count)
+            events.append(self._take(request, fed.tolist(), count))
+        half.counts = counts
+        return events
+
+    def _land_alone(self) -> list[Moved]:
+        """The step in flight lands and the pipeline stops (the next step starts it again)."""
+        flight, self._flight, self._ready = self._flight, None, None
+        self._plain_due = False
+        return self._land(flight)
+
+    def _advance_overlapped(self, plan) -> list[Moved]:
+        """One half-step of the pipeline: (start it: search half 0, dispatch it, search half 1;) land
+        the half in flight, dispatch the other, search the landed half's next trees meanwhile."""
+        t_enter = time.perf_counter()
+        started = self._flight is None
+        if started:
+            first = None if self._plain_due else self._prepare(plan, 0)
+            self._plain_due = False
+            if first is None or first.size == 0:
+                return self._advance_plain([i for i, r in enumerate(self.busy) if r is not None], plan[0])
+            self.overlap_stats["restarts"] += 1
+            self._dispatch(first)
+            self._ready = self._prepare(plan, 1)
+        landed, self._flight = self._flight, None
+        ready, self._ready = self._ready, None
+        events = self._land(landed)
+        plan = self._halves()
+        if plan is not None and plan[0] == landed.m and ready is not None and ready.size:
+            m, h, halves = plan
+            current = halves[ready.half]
+            if current != ready.rows or any(self.busy[r] is not q for r, q in zip(ready.rows, ready.requests)):
+                ready = self._prepare(plan, ready.half)  # a request of that half left meanwhile: search again
+            if ready.size:
+                self._dispatch(ready)
+                self._ready = self._prepare(plan, landed.half)
+            else:
+                self._plain_due = True
+        elif ready is not None and ready.size == 0:
+            self._plain_due = True
+        if not started and landed.counts:
+            # a round (both halves) takes about two of these calls; the sizer's costs are per round of m rows
+            self.engine.sizer.observe(landed.size, landed.m, float(np.mean(landed.counts)),
+                                      2 * (time.perf_counter() - t_enter))
+        return events
 
     def _roots(self, m: int) -> np.ndarray:
         """Each of the first m rows' pending token (the last one, not yet in the cache)."""

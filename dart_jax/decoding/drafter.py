@@ -63,6 +63,25 @@ class Drafter(abc.ABC):
         """`cache` with its first slots of its first sequences replaced by the view `part`."""
 
     @staticmethod
+    def cache_rows(cache, window: int, start, rows: int):
+        """Like `cache_window`, for the `rows` sequences from `start` (traced) instead of the first
+        ones (a pool stepping a block of its rows, `Engine.step_rows`). This default takes every
+        leaf as [B, S, ...] (the layout of both drafters' caches); a drafter with another overrides
+        it and `cache_put_rows`."""
+        def take(a):
+            a = a[:, :window]
+            return jax.lax.dynamic_slice_in_dim(a, start, rows, 0)
+
+        return jax.tree.map(take, cache)
+
+    @staticmethod
+    def cache_put_rows(cache, part, start):
+        """`cache` with its first slots of the sequences from `start` replaced by the view `part`
+        (`cache_rows`'s counterpart)."""
+        return jax.tree.map(lambda a, p: jax.lax.dynamic_update_slice(a, p, (start,) + (0,) * (a.ndim - 1)),
+                            cache, part)
+
+    @staticmethod
     @abc.abstractmethod
     def proposal_fields(rows: int, k: int, nodes: int = 0) -> tuple[Field, ...]:
         """The per-sequence arrays a draft sends to the host (`nodes`: the tree's node slots, root

@@ -34,6 +34,7 @@ from typing import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, write_cache
@@ -104,34 +105,81 @@ def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache
     packed by `tree_layout(n, depth)` → packed `step_layout` [m], and the pool's caches, lengths
     and keys [B] with those rows advanced (rows past m are not computed). Attention reads only the
     first `window` cache slots, which must hold every slot the drafter writes."""
+    return _step_body(graphdef, drafter_cls, state, tree, None, cache, draft_cache, cache_len, keys, params, n=n,
+                      depth=depth, k=k, window=window)
+
+
+def _step_rows(graphdef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
+               n: int, depth: int, k: int, window: int):
+    """`_step` for the m = tree.shape[0] sequences from row `start` (a traced int32 scalar: one
+    compiled step serves every block of m rows) instead of the first m: what `Batcher(overlap=True)`
+    runs on each half of its busy rows while the host searches the other half's trees."""
+    return _step_body(graphdef, drafter_cls, state, tree, start, cache, draft_cache, cache_len, keys, params, n=n,
+                      depth=depth, k=k, window=window)
+
+
+def _rows(x: jax.Array, start, m: int, axis: int = 0) -> jax.Array:
+    """Rows start … start+m-1 of `x` along `axis` (`start` traced)."""
+    return jax.lax.dynamic_slice_in_dim(x, start, m, axis)
+
+
+def _put_rows(x: jax.Array, part: jax.Array, start, axis: int = 0) -> jax.Array:
+    return jax.lax.dynamic_update_slice_in_dim(x, part, start, axis)
+
+
+def _step_body(graphdef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
+               n: int, depth: int, k: int, window: int):
+    """`_step` (start None: the first m rows, the ops as they always were) or `_step_rows` (the m
+    rows from the traced `start`)."""
     pair = nnx.merge(graphdef, state)
     m = tree.shape[0]
     tree = tree_layout(n, depth).unpack(tree)
     tokens, parents, retrieve = tree["tokens"], tree["parents"], tree["retrieve"]
-    length = cache_len[:m]
+    length = cache_len[:m] if start is None else _rows(cache_len, start, m)
     with jax.named_scope("verify"):
+        if start is None:
+            view = window_view(cache, window, m)
+        else:
+            w = min(window, cache.k.shape[2])
+            view = KVCache(k=_rows(cache.k[:, :, :w], start, m, 1), v=_rows(cache.v[:, :, :w], start, m, 1))
         # the tree's keys/values stay out of the cache: only the accepted path is written below
-        logits, taps, tree_kv = verify_tree(pair.target, tree, window_view(cache, window, m), length)
+        logits, taps, tree_kv = verify_tree(pair.target, tree, view, length)
     with jax.named_scope("accept"):
-        after, now = split_rows(keys[:m])
-        keys = keys.at[:m].set(after)
-        path, count, bonus = accept_trees(now, logits, param_rows(params, m), tokens, parents, retrieve)
+        if start is None:
+            after, now = split_rows(keys[:m])
+            keys = keys.at[:m].set(after)
+            row_params = param_rows(params, m)
+        else:
+            after, now = split_rows(_rows(keys, start, m))
+            keys = _put_rows(keys, after, start)
+            row_params = jax.tree.map(lambda x: _rows(x, start, m) if x.ndim else x, params)
+        path, count, bonus = accept_trees(now, logits, row_params, tokens, parents, retrieve)
     with jax.named_scope("commit"):
         at = path[None, :, :, None, None]  # [1,m,D+1,1,1] over [L,m,N,KVH,D]
         accepted = KVCache(k=jnp.take_along_axis(tree_kv.k, at, axis=2), v=jnp.take_along_axis(tree_kv.v, at, axis=2))
-        cache = write_cache(cache, length, accepted)  # rows 0..m-1 of the pool's cache
+        # rows 0..m-1 of the pool's cache (or start..start+m-1)
+        cache = write_cache(cache, length, accepted) if start is None else write_cache(cache, length, accepted,
+                                                                                        first_row=start)
     with jax.named_scope("draft"):
         path_tokens = jnp.take_along_axis(tokens, path, axis=1)  # [m,D+1]; entries past count are junk
         accepted_taps = jnp.take_along_axis(taps, path[..., None], axis=1)  # [m,D+1,3H]
         follow = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((m, 1), jnp.int32)], axis=1)
         follow = jnp.where(jnp.arange(depth + 1)[None, :] == (count - 1)[:, None], bonus[:, None], follow)
-        draft_w = drafter_cls.cache_window(draft_cache, window, m)
+        if start is None:
+            draft_w = drafter_cls.cache_window(draft_cache, window, m)
+        else:
+            draft_w = drafter_cls.cache_rows(draft_cache, window, start, m)
         proposal, draft_w = drafter_cls.extend(pair.drafter, accepted_taps, follow, draft_w, length, count,
                                                rows=depth, k=k, nodes=n)
-        draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
+        if start is None:
+            draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
+        else:
+            draft_cache = drafter_cls.cache_put_rows(draft_cache, draft_w, start)
     layout = step_layout(depth, drafter_cls.proposal_fields(depth, k, n))
     packed = layout.pack({"count": count, "path_tokens": path_tokens, "bonus": bonus, **proposal})
-    return packed, cache, draft_cache, cache_len.at[:m].add(count), keys
+    if start is None:
+        return packed, cache, draft_cache, cache_len.at[:m].add(count), keys
+    return packed, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
 
 
 def _plain(graphdef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
@@ -244,6 +292,9 @@ class Engine:
         self._step = inputs_on_mesh(jitted(_pinned(_step, self.mesh), graphdef, cls,
                                            static_argnames=("n", "depth", "k", "window"), donate_argnames=_DONATE),
                                     self.mesh)
+        self._step_rows = inputs_on_mesh(jitted(_pinned(_step_rows, self.mesh), graphdef, cls,
+                                                static_argnames=("n", "depth", "k", "window"),
+                                                donate_argnames=_DONATE), self.mesh)
         self._plain = inputs_on_mesh(jitted(_pinned(_plain, self.mesh), graphdef, cls,
                                             static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
                                      self.mesh)
@@ -265,6 +316,13 @@ class Engine:
         return self._step(self._state, tree, cache, draft_cache, cache_len, keys, params, n=n, depth=depth, k=k,
                           window=window)
 
+    def step_rows(self, tree, start: int, cache, draft_cache, cache_len, keys, params, *, n: int, depth: int, k: int,
+                  window: int):
+        """`step` for the m = tree.shape[0] rows from row `start` of the pool (see `_step_rows`; one
+        compiled variant for every `start`) → the same as `step`."""
+        return self._step_rows(self._state, tree, np.int32(start), cache, draft_cache, cache_len, keys, params, n=n,
+                               depth=depth, k=k, window=window)
+
     def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
               window: int, chunk: int | None = None):
         """A chunk of plain decoding of the first m = token.shape[0] rows, then one drafter call over
@@ -273,10 +331,16 @@ class Engine:
         return self._plain(self._state, token, cache, draft_cache, cache_len, keys, params, remaining, self.eos_row,
                            chunk=self.plain_chunk if chunk is None else chunk, depth=depth, k=k, window=window)
 
-    def batcher(self, slots: int, max_length: int = 2048, *, plain: bool = False) -> "Batcher | PlainBatcher":
+    def batcher(self, slots: int, max_length: int = 2048, *, plain: bool = False,
+                overlap: bool = False) -> "Batcher | PlainBatcher":
         """A continuous-batching pool of `slots` sequences on this engine: a `Batcher` (speculative
-        steps), or with `plain` a `PlainBatcher` (plain decoding of the target)."""
-        return (PlainBatcher if plain else Batcher)(self, slots, max_length)
+        steps; with `overlap` the host searches half the rows' trees while the device verifies the
+        other half, see `Batcher`), or with `plain` a `PlainBatcher` (plain decoding of the target)."""
+        if plain:
+            if overlap:
+                raise ValueError("overlap applies to the speculative pool (a plain pool has no tree search)")
+            return PlainBatcher(self, slots, max_length)
+        return Batcher(self, slots, max_length, overlap=overlap)
 
     def with_tree(self, tree: TreeSettings, adaptive: bool | None = None) -> "Engine":
         """An engine over the same target, drafter and trie with other tree settings (another tree

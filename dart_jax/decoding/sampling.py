@@ -87,6 +87,17 @@ def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return jax.nn.softmax(x, axis=-1)
 
 
+def vocab_argmax(logits: jax.Array) -> jax.Array:
+    """int32 index of the largest logit along the last axis, the first one on ties and the first
+    NaN where there is one: what `jnp.argmax` gives. Written as a max, then the smallest index that
+    holds it, because XLA:CPU runs `jnp.argmax`'s (value, index) reduction over a 49 k vocabulary
+    about 4x slower than these two plain reductions (0.87 vs 0.19 ms for 8 rows of SmolLM2's)."""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    hit = (logits == top) | jnp.isnan(logits)
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.min(jnp.where(hit, index, logits.shape[-1]), axis=-1)
+
+
 def split_rows(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Per-sequence keys [B] → (the next keys, keys to use now), each [B]."""
     pairs = jax.vmap(jax.random.split)(keys)
@@ -96,7 +107,7 @@ def split_rows(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
 def sample_tokens(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
     """One token per sequence of `logits` [B, V] with per-sequence keys [B] and params [B]: the
     argmax for greedy sequences, else a draw."""
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = vocab_argmax(logits)
 
     def mixed(logits):
         probs = process_logits(logits, params)
@@ -117,7 +128,7 @@ class Acceptance(NamedTuple):
 
 def greedy_accept(logits: jax.Array, tokens: jax.Array, retrieve: jax.Array) -> Acceptance:
     """Greedy acceptance for one tree: logits [N, V], tokens int32[N], retrieve int32[R, D+1] (-1 padded)."""
-    target = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [N]
+    target = vocab_argmax(logits)  # [N]
     valid = retrieve >= 0
     nodes = jnp.where(valid, retrieve, 0)
     path_tokens = jnp.where(valid, tokens[nodes], -1)  # [R, D+1]
