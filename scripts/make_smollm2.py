@@ -232,34 +232,31 @@ def stage_trie(args) -> None:
     subprocess.run(cmd, check=True)
 
 
-def stage_head(args) -> None:
-    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train.jsonl"),
-           "--out", str(WORK / "run"), "--draft-vocab", str(args.draft_vocab), "--epochs", str(args.epochs),
-           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(args.lr),
-           "--seed", str(SEED), "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
+def train_dart(args, data: Path, out: str, epochs: int, lr: float, seed: int, init: str | None = None) -> None:
+    """`python -m dart_jax.train` of a DART head on `data` into WORK/`out` (from the head of run
+    WORK/`init` when given, which keeps its draft vocabulary)."""
+    start = ["--init-head", str(WORK / init / "head")] if init else ["--draft-vocab", str(args.draft_vocab)]
+    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(data),
+           "--out", str(WORK / out), *start, "--epochs", str(epochs), "--max-length", "384",
+           "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(lr), "--seed", str(seed),
+           "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
+
+
+def stage_head(args) -> None:
+    train_dart(args, WORK / "train.jsonl", "run", args.epochs, args.lr, SEED)
 
 
 def stage_more(args) -> None:
     """Two more epochs from the first head at half the learning rate (the head shipped before `wider`)."""
-    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train.jsonl"),
-           "--out", str(WORK / "run2"), "--init-head", str(WORK / "run" / "head"), "--epochs", "2",
-           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(args.lr / 2),
-           "--seed", str(SEED + 1), "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    train_dart(args, WORK / "train.jsonl", "run2", 2, args.lr / 2, SEED + 1, init="run")
 
 
 def stage_wider(args) -> None:
     """Two more epochs from the `more` head on all the answers (the first ones and `extra`'s), at
     half the learning rate: the shipped DART head."""
-    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(all_answers()),
-           "--out", str(WORK / "run3"), "--init-head", str(WORK / "run2" / "head"), "--epochs", "2",
-           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(args.lr / 2),
-           "--seed", str(SEED + 2), "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    train_dart(args, all_answers(), "run3", 2, args.lr / 2, SEED + 2, init="run2")
 
 
 def stage_eagle3(args) -> None:

@@ -38,7 +38,7 @@ from dart_jax.ngram import TreeSettings
 from . import methods as _methods
 from .options import DEMOS  # DartModel.demo(name) / --demo: smollm2 (default) and the embedded toy
 from .compiling import CompileTimer
-from .methods import max_tree_nodes
+from .methods import max_tree_nodes  # noqa: F401 (importable from here)
 from .text import check_stops, split_thinking, StopText
 # the model's loading, options and results live in modules of their own; their public names stay
 # importable from here (docs and tests import them from dart_jax.api.model)
@@ -46,7 +46,7 @@ from .resolution import (BASE_PATTERNS, DEFAULT_NGRAM, PUBLISHED_PAIRS, _convert
                          load_trie, published_base)
 from .results import GenerationResult, _check_ids, _finish_reason, figures, is_batch, length_notice  # noqa: F401
 from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, check_tree_size,  # noqa: F401
-                       reference_names, split_options)
+                       fit_tree, reference_names, split_options)
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"  # the embedded demo: base/, head/, ngram.trie
 METHODS = _methods.names()  # the decoding methods as loaded (dart_jax.api.methods is their one home)
@@ -178,11 +178,7 @@ class DartModel:
         check_fits_target(head_config, target_config, where=f"the DART head {head_dir}")
         mesh = make_mesh(mesh, option="mesh (--mesh)")
         check_fits(mesh, model_sizes(target_config, head_config), option="mesh (--mesh)")  # before any weight is read
-        groups["tree"].check_fits(head_config.num_rows, head_config.draft_vocab_size)
-        if adaptive:  # "auto" goes up to what the search can fill
-            most = max_tree_nodes(groups["tree"], head_config.num_rows)
-            groups["tree"] = dataclasses.replace(groups["tree"], keep=min(groups["tree"].keep, most))
-        check_tree_size(groups["tree"], head_config.num_rows)
+        groups["tree"] = fit_tree(groups["tree"], head_config.num_rows, head_config.draft_vocab_size, adaptive)
         eagle3_opts = {}
         if eagle3 is not None:
             eagle3_dir = eagle3_format.eagle3_folder(eagle3)
@@ -225,12 +221,7 @@ class DartModel:
         default, max_keep, ...), checked as there."""
         opts, adaptive = adaptive_keep(opts, tree)
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
-        rows = head.config.num_rows
-        groups["tree"].check_fits(rows, head.config.draft_vocab_size)
-        if adaptive:
-            groups["tree"] = dataclasses.replace(groups["tree"], keep=min(groups["tree"].keep,
-                                                                          max_tree_nodes(groups["tree"], rows)))
-        check_tree_size(groups["tree"], rows)
+        groups["tree"] = fit_tree(groups["tree"], head.config.num_rows, head.config.draft_vocab_size, adaptive)
         return cls(target, head, tokenizer, trie, eos_ids=eos_ids, mesh=make_mesh(mesh, option="mesh (--mesh)"),
                    adaptive=adaptive, **groups)
 

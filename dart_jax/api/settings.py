@@ -86,6 +86,16 @@ def reference_names(opts: dict, base, dart, ngram, small_ngram, dtype) -> tuple:
     return ours["base"], ours["dart"], ours["ngram"], bool(ours["small_ngram"]), ours["dtype"]
 
 
+def fit_tree(tree: TreeSettings, rows: int, draft_vocab: int, adaptive: bool) -> TreeSettings:
+    """Tree settings checked against a DART head of `rows` rows over `draft_vocab` ids; with
+    `adaptive` ("auto"), the largest size capped at what the search can fill."""
+    tree.check_fits(rows, draft_vocab)
+    if adaptive:
+        tree = dataclasses.replace(tree, keep=min(tree.keep, _methods.max_tree_nodes(tree, rows)))
+    check_tree_size(tree, rows)
+    return tree
+
+
 def check_tree_size(tree: TreeSettings, rows: int, option: str = "keep (--keep)") -> None:
     """`tree.keep` checked by `dart_jax.api.methods.check_tree_size` (the one check of a tree size)."""
     _methods.check_tree_size(tree.keep, tree, rows, option)

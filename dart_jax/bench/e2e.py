@@ -36,7 +36,7 @@ from dart_jax.convert.dart_head import read_head_config, tensor_table as head_te
 from dart_jax.convert.qwen3 import tensor_table as qwen3_tensor_table
 from dart_jax.convert.target import load_target_config
 from dart_jax.models.head import DartHead
-from dart_jax.models.qwen3 import Qwen3, default_dtype
+from dart_jax.models.qwen3 import Qwen3, default_dtype, use_backend_layout
 from dart_jax.ngram import Trie
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
 from dart_jax.decoding.requests import Stats
@@ -200,8 +200,7 @@ def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
     key = jax.random.key(seed)
     target = nnx.eval_shape(lambda: Qwen3(target_config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
     _fill_random(target, qwen3_tensor_table(target_config), jax.random.fold_in(key, 0), std, dtype)
-    if jax.default_backend() == "cpu":
-        target.untie_lm_head()  # as the loaders do on a CPU
+    use_backend_layout(target)  # as the loaders do
     head = nnx.eval_shape(lambda: DartHead(head_config, target.embed_tokens, dtype=dtype, param_dtype=dtype,
                                            rngs=None))
     head.embed_tokens = target.embed_tokens

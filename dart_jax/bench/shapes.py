@@ -22,7 +22,7 @@ from dart_jax.convert.qwen3 import target_config_from_hf
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_window
 from dart_jax.decoding.engine import verify_tree
 from dart_jax.decoding.settings import GenerationSettings
-from dart_jax.models.qwen3 import Qwen3, init_cache
+from dart_jax.models.qwen3 import Qwen3, init_cache, use_backend_layout
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes, shard_module, sharded_caches
 
 _QWEN3_COMMON = {"vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
@@ -133,8 +133,8 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     target = Qwen3(config, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(seed))
     if mesh is not None:
         shard_module(target, mesh)
-    elif jax.default_backend() == "cpu":
-        target.untie_lm_head()  # as the loaders do on a CPU, so the figures are the engine's
+    else:
+        use_backend_layout(target)  # as the loaders do, so the figures are the engine's
     decoder = AutoregressiveDecoder(target)
     graphdef, state = nnx.split(target)
     bar.update()

@@ -119,66 +119,55 @@ def _step_rows(graphdef, drafter_cls, state, tree, start, cache: KVCache, draft_
 
 
 def _rows(x: jax.Array, start, m: int, axis: int = 0) -> jax.Array:
-    """Rows start … start+m-1 of `x` along `axis` (`start` traced)."""
+    """Rows start … start+m-1 of `x` along `axis`: the first m (a static slice) when `start` is None,
+    else from the traced `start`."""
+    if start is None:
+        return jax.lax.slice_in_dim(x, 0, m, axis=axis)
     return jax.lax.dynamic_slice_in_dim(x, start, m, axis)
 
 
-def _put_rows(x: jax.Array, part: jax.Array, start, axis: int = 0) -> jax.Array:
-    return jax.lax.dynamic_update_slice_in_dim(x, part, start, axis)
+def _put_rows(x: jax.Array, part: jax.Array, start) -> jax.Array:
+    """`x` with rows start … start+m-1 (the first m when `start` is None) replaced by `part` [m, ...]."""
+    if start is None:
+        return x.at[:part.shape[0]].set(part)
+    return jax.lax.dynamic_update_slice_in_dim(x, part, start, 0)
 
 
 def _step_body(graphdef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
                n: int, depth: int, k: int, window: int):
-    """`_step` (start None: the first m rows, the ops as they always were) or `_step_rows` (the m
-    rows from the traced `start`)."""
+    """`_step` (start None: the first m rows) or `_step_rows` (the m rows from the traced `start`)."""
     pair = nnx.merge(graphdef, state)
     m = tree.shape[0]
     tree = tree_layout(n, depth).unpack(tree)
     tokens, parents, retrieve = tree["tokens"], tree["parents"], tree["retrieve"]
-    length = cache_len[:m] if start is None else _rows(cache_len, start, m)
+    length = _rows(cache_len, start, m)
     with jax.named_scope("verify"):
-        if start is None:
-            view = window_view(cache, window, m)
-        else:
-            w = min(window, cache.k.shape[2])
-            view = KVCache(k=_rows(cache.k[:, :, :w], start, m, 1), v=_rows(cache.v[:, :, :w], start, m, 1))
+        w = min(window, cache.k.shape[2])
+        view = KVCache(k=_rows(cache.k[:, :, :w], start, m, 1), v=_rows(cache.v[:, :, :w], start, m, 1))
         # the tree's keys/values stay out of the cache: only the accepted path is written below
         logits, taps, tree_kv = verify_tree(pair.target, tree, view, length)
     with jax.named_scope("accept"):
-        if start is None:
-            after, now = split_rows(keys[:m])
-            keys = keys.at[:m].set(after)
-            row_params = param_rows(params, m)
-        else:
-            after, now = split_rows(_rows(keys, start, m))
-            keys = _put_rows(keys, after, start)
-            row_params = jax.tree.map(lambda x: _rows(x, start, m) if x.ndim else x, params)
+        after, now = split_rows(_rows(keys, start, m))
+        keys = _put_rows(keys, after, start)
+        row_params = jax.tree.map(lambda x: _rows(x, start, m) if x.ndim else x, params)
         path, count, bonus = accept_trees(now, logits, row_params, tokens, parents, retrieve)
     with jax.named_scope("commit"):
         at = path[None, :, :, None, None]  # [1,m,D+1,1,1] over [L,m,N,KVH,D]
         accepted = KVCache(k=jnp.take_along_axis(tree_kv.k, at, axis=2), v=jnp.take_along_axis(tree_kv.v, at, axis=2))
-        # rows 0..m-1 of the pool's cache (or start..start+m-1)
-        cache = write_cache(cache, length, accepted) if start is None else write_cache(cache, length, accepted,
-                                                                                        first_row=start)
+        cache = write_cache(cache, length, accepted, first_row=start)  # rows 0..m-1 (or start..start+m-1)
     with jax.named_scope("draft"):
         path_tokens = jnp.take_along_axis(tokens, path, axis=1)  # [m,D+1]; entries past count are junk
         accepted_taps = jnp.take_along_axis(taps, path[..., None], axis=1)  # [m,D+1,3H]
         follow = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((m, 1), jnp.int32)], axis=1)
         follow = jnp.where(jnp.arange(depth + 1)[None, :] == (count - 1)[:, None], bonus[:, None], follow)
-        if start is None:
-            draft_w = drafter_cls.cache_window(draft_cache, window, m)
-        else:
-            draft_w = drafter_cls.cache_rows(draft_cache, window, start, m)
+        draft_w = (drafter_cls.cache_window(draft_cache, window, m) if start is None
+                   else drafter_cls.cache_rows(draft_cache, window, start, m))
         proposal, draft_w = drafter_cls.extend(pair.drafter, accepted_taps, follow, draft_w, length, count,
                                                rows=depth, k=k, nodes=n)
-        if start is None:
-            draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
-        else:
-            draft_cache = drafter_cls.cache_put_rows(draft_cache, draft_w, start)
+        draft_cache = (drafter_cls.cache_put(draft_cache, draft_w) if start is None
+                       else drafter_cls.cache_put_rows(draft_cache, draft_w, start))
     layout = step_layout(depth, drafter_cls.proposal_fields(depth, k, n))
     packed = layout.pack({"count": count, "path_tokens": path_tokens, "bonus": bonus, **proposal})
-    if start is None:
-        return packed, cache, draft_cache, cache_len.at[:m].add(count), keys
     return packed, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
 
 

@@ -27,7 +27,7 @@ from dart_jax.errors import FileFormatError, InputError
 from .eagle3 import Eagle3Head, eagle3_rope
 from .head import DartHead, head_rope
 from .layers import rope_inv_freq
-from .qwen3 import Qwen3, default_dtype
+from .qwen3 import Qwen3, default_dtype, use_backend_layout
 from .sharding import DEFAULT_RULES, check_fits, make_mesh, model_sizes, named_sharding, place
 
 
@@ -109,9 +109,7 @@ def _load_target(folder: Path, config, dtype, mesh, rules) -> Qwen3:
                     else:
                         var.set_value(_place_tensor(fh, f, name, transpose, var, dtype, mesh, rules))
                     bar.update()
-    if mesh is None and jax.default_backend() == "cpu":
-        model.untie_lm_head()  # XLA:CPU's faster layout for a draft tree's rows (Qwen3.untie_lm_head)
-    return model
+    return model if mesh is not None else use_backend_layout(model)
 
 
 def _place_tensor(fh, f: Path, name: str, transpose: bool, var: nnx.Variable, dtype, mesh, rules) -> jax.Array:

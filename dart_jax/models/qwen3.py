@@ -244,7 +244,7 @@ class Qwen3(nnx.Module):
         transposed to [H, V], the layout XLA:CPU multiplies fastest when several rows meet the
         LM head at once (a draft tree: 3.9 instead of 4.7 ms for 8 rows of SmolLM2's 49 k
         vocabulary; one row costs the same either way). The logits are the same products; the
-        copy costs the embedding's memory once more. The loaders do this on a CPU backend."""
+        copy costs the embedding's memory once more. On a CPU the loaders do this (`use_backend_layout`)."""
         if self.lm_head is not None:
             return
         c = self.config
@@ -268,6 +268,15 @@ class Qwen3(nnx.Module):
         hidden, taps = self.forward_hidden(ids, positions=positions, mask=mask, return_taps=return_taps)
         logits = self.lm_logits(hidden)
         return (logits, taps) if return_taps else logits
+
+
+def use_backend_layout(model: Qwen3) -> Qwen3:
+    """The target as the engine runs it on this backend: on a CPU, with its own [H, V] LM head
+    (`Qwen3.untie_lm_head`); elsewhere as it is. For a model whose weights are placed on one
+    device (the loaders, the benchmarks' random models), not over a mesh."""
+    if jax.default_backend() == "cpu":
+        model.untie_lm_head()
+    return model
 
 
 def _attention_with_cache(q, k_new, v_new, k_old, v_old, visible, new_mask, scale):
