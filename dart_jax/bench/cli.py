@@ -86,9 +86,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode == "e2e" and args.force_tau:
         if args.plot:
             raise InputError("--plot draws no figure of --force-tau results; leave out --plot (the JSON has the rows)")
-        return run_forced(models, work, taus=parse_taus(args.force_tau),
-                          batches=parse_int_list(args.force_batches, name="--force-batches"),
-                          overlap=args.overlap, **common)
+        batches = parse_int_list(args.force_batches, name="--force-batches")
+        if args.overlap and max(batches) < 2:
+            raise InputError(f"--overlap splits a pool of 2 or more rows in two halves, but --force-batches is "
+                             f"{args.force_batches}: add a batch of 2 or more (e.g. --force-batches 1,4)")
+        return run_forced(models, work, taus=parse_taus(args.force_tau), batches=batches, overlap=args.overlap,
+                          **common)
     if args.mode == "e2e":
         if args.overlap:
             raise InputError("--overlap applies to the pools of --force-tau (--force-batches 2 or more); e2e without "
