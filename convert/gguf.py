@@ -24,9 +24,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-from gguf import GGUFReader
-from gguf.quants import dequantize
 from tqdm.auto import tqdm
+
+try:  # a dependency of the project, but only GGUF files need it: an image without it (the GPU
+    from gguf import GGUFReader  # campaign's) still imports dart_jax.convert, and `_reader` says
+    from gguf.quants import dequantize  # what to install when a .gguf file is asked for
+except ImportError as _missing:  # tests/test_llama.py blocks the import to check this
+    GGUFReader = dequantize = None
+    _GGUF_IMPORT_ERROR: ImportError | None = _missing
+else:
+    _GGUF_IMPORT_ERROR = None
 
 from dart_jax.errors import FileFormatError, InputError, MissingFileError
 
@@ -65,6 +72,9 @@ OWNED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config
 def _reader(path: Path):
     if not path.is_file():
         raise MissingFileError(f"GGUF file {path} not found; pass the path of a .gguf file.")
+    if GGUFReader is None:
+        raise ImportError(f"reading {path} needs the `gguf` package, which this Python lacks "
+                          f"({_GGUF_IMPORT_ERROR}); install it: pip install gguf") from _GGUF_IMPORT_ERROR
     try:
         return GGUFReader(str(path), "r")
     except (ValueError, KeyError, IndexError, OSError, AssertionError) as e:

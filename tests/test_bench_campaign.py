@@ -1,18 +1,20 @@
 """The GPU campaign (benchmarks/gpu_campaign.py) run on this machine with --smoke: every stage
-writes its JSON, a second call skips them all, and --resume carries results into a new folder."""
+writes its JSON, the archive holds them, a second call skips them all, and --resume carries
+results into a new folder."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_campaign.py"
-STAGES = {"forced-tiny-b1": "forced-tiny-b1.json", "forced-tiny-6L-b1": "forced-tiny-6L-b1.json",
-          "profile-tiny": "profile-tiny/profile.json", "forced-tiny-pool": "forced-tiny-pool.json",
-          "forced-tiny-overlap": "forced-tiny-overlap.json", "shapes-tiny": "shapes-tiny.json"}
+STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "profile-tiny-6L": "profile-tiny-6L/profile.json",
+          "shapes-tiny": "shapes-tiny.json", "forced-tiny-6L-pool": "forced-tiny-6L-pool.json",
+          "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
 
 
 def campaign(*args: str, env: dict | None = None) -> str:
@@ -23,24 +25,27 @@ def campaign(*args: str, env: dict | None = None) -> str:
 
 
 def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
-    out = tmp_path / "camp"
-    first = campaign("--out", str(out))
+    out, archive = tmp_path / "camp", tmp_path / "back" / "campaign.tar.gz"
+    first = campaign("--out", str(out), "--archive", str(archive))
     for name, result in STAGES.items():
         data = json.loads((out / result).read_text())
         assert data.get("rows") or data.get("phases"), name
         assert f"[skip] {name}" not in first
-    forced = json.loads((out / "forced-tiny-b1.json").read_text())
-    assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0]
-    assert all(r["same_output"] for r in forced["rows"])
-    assert [r["batch"] for r in json.loads((out / "forced-tiny-pool.json").read_text())["rows"]] == [2]
-    deep = json.loads((out / "forced-tiny-6L-b1.json").read_text())  # the real-depth stage, drawn in memory
-    assert [r["tau_asked"] for r in deep["rows"]] == [3.0, 1.0] and all(r["same_output"] for r in deep["rows"])
-    assert deep["config"]["model"]["layers"] == 6 and deep["config"]["model"]["weights"] == "drawn on the device"
-    (row,) = json.loads((out / "forced-tiny-overlap.json").read_text())["rows"]
-    assert row["batch"] == 2 and row["overlap_same_output"] and row["overlap_half_steps"] > 0
+    for name, layers in (("forced-tiny-6L-b1", 6), ("forced-tiny-3L-b1", 3)):  # drawn in memory, at two depths
+        forced = json.loads((out / f"{name}.json").read_text())
+        assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0] and all(r["same_output"] for r in forced["rows"])
+        assert forced["config"]["model"]["layers"] == layers
+        assert forced["config"]["model"]["weights"] == "drawn on the device"
+    (row,) = json.loads((out / "forced-tiny-6L-pool.json").read_text())["rows"]  # the pool, default and overlapped
+    assert row["batch"] == 2 and row["same_output"] and row["overlap_same_output"] and row["overlap_half_steps"] > 0
     report = (out / "RESULTS-gpu.md").read_text()
     assert "forced acceptance" in report and "| phase | ms per step |" in report
-    assert "tiny (6 layers)" in report and "tree search overlapped" in report
+    assert "tiny (6 layers)" in report and "tiny (3 layers)" in report and "tree search overlapped" in report
+    with tarfile.open(archive) as tar:  # everything the device tool must bring back, in one file
+        names = set(tar.getnames())
+    assert set(STAGES.values()) | {"RESULTS-gpu.md", "env.txt", "forced-tiny-6L-b1.log"} <= names
+    assert not [n for n in names if "trace" in n.split("/")]  # the raw profiler trace stays behind
+    assert not archive.with_name(archive.name + ".partial").exists()
     stamps = {name: (out / result).stat().st_mtime_ns for name, result in STAGES.items()}
 
     second = campaign("--out", str(out))  # everything is there: nothing runs again
@@ -53,7 +58,7 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     third = campaign("--out", str(moved), "--resume", str(out))  # a later call fed the earlier results
     for name, result in STAGES.items():
         assert f"[skip] {name}" in third and (moved / result).exists()
-    assert (moved / "profile-tiny" / "profile.md").exists()
+    assert (moved / "profile-tiny-6L" / "profile.md").exists()
 
     # a device with too little memory skips the real-depth stage (no JSON: a later call may run it)
     (moved / "forced-tiny-6L-b1.json").unlink()

@@ -67,7 +67,9 @@ def test_tables_on_a_gpu_style_trace():
     events += meta(7, 2, "/device:GPU:0", "Stream #13(MemcpyDtoH)") + meta(7, 3, "/device:GPU:0", "Stream #14(Compute)")
     events += [op(1, 10, "dart_profile_step", 0, 10_000), op(1, 10, "dart_profile_step", 20_000, 12_000)]
     for base in (0, 20_000):
-        events += [op(7, 1, "fusion.1", base + 100, 2000), op(7, 1, "fusion.3", base + 2100, 1000),
+        module = "XlaModule:#hlo_module=jit__step,program_id=12#"  # what a GPU trace gives as tf_op
+        events += [op(7, 1, "fusion.1", base + 100, 2000, tf_op=module, hlo_op="fusion.1"),
+                   op(7, 1, "fusion.3", base + 2100, 1000, tf_op=module),
                    op(7, 3, "loop_fusion_kernel", base + 100, 2000),  # the same work seen as a kernel: not twice
                    op(7, 2, "MemcpyDtoH", base + 3200, 500)]
     phases, ops, summary = tables(events, SCOPES, HOST)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -145,6 +147,21 @@ def test_damaged_or_foreign_gguf_is_a_clear_error(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError, match="missing.gguf"):
         load_target(tmp_path / "missing.gguf")
+
+
+def test_without_the_gguf_package_the_converters_import_and_a_gguf_file_names_the_fix(tmp_path):
+    """An image without `gguf` (the GPU campaign's) still imports the package and its converters;
+    only asking for a .gguf file fails, with the install command."""
+    _, _, gguf = make_gguf(tmp_path, "F32")
+    code = ("import sys; sys.modules['gguf'] = None; sys.modules['gguf.quants'] = None\n"
+            "import dart_jax.convert as c, dart_jax.bench.tiny, dart_jax.api.model\n"
+            "try:\n    c.gguf_to_folder(sys.argv[1], sys.argv[2], progress=False)\n"
+            "except ImportError as e:\n    print('ERR', e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(gguf), str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ERR" in done.stdout and "pip install gguf" in done.stdout and "tiny-F32.gguf" in done.stdout, done.stdout
+    assert not (tmp_path / "out").exists()
 
 
 def test_dart_on_a_llama_target_is_greedy_exact(tmp_path):

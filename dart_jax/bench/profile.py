@@ -141,6 +141,16 @@ def hlo_scopes(hlo_text: str) -> dict[str, str]:
     return scopes
 
 
+def op_scope(args: dict[str, Any], key: str, name: str, scopes: dict[str, str]) -> str:
+    """The named-scope path of a traced op: the trace's own `tf_op` or `name_scope` where it is a
+    path, else the optimized HLO's (`hlo_scopes`) for its instruction. A GPU trace's `tf_op` names
+    the module (`XlaModule:#hlo_module=jit__step...#`), not the op: it is passed over."""
+    own = str(args.get("tf_op") or args.get("name_scope") or "")
+    if own.startswith("XlaModule") or "/" not in own:
+        own = ""
+    return own or scopes.get(key) or scopes.get(name) or ""
+
+
 def read_trace(folder: Path) -> list[dict[str, Any]]:
     """The events of the newest Chrome-format trace under `folder`."""
     found = sorted(folder.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
@@ -205,7 +215,7 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
     for e in ops:
         args = e.get("args") or {}
         key = str(args.get("hlo_op") or e["name"])
-        scope = args.get("tf_op") or args.get("name_scope") or scopes.get(key) or scopes.get(e["name"]) or ""
+        scope = op_scope(args, key, e["name"], scopes)
         phase = phase_of(scope, e["name"])
         row = per_op[key]
         row["total_us"] += float(e["dur"])
@@ -236,8 +246,8 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
     summary = {"op_kinds": kind_rows, "steps": steps, "step_ms": wall_ms, "device_busy_ms": busy_us / 1e3 / max(steps, 1),
                "device_ops_summed_ms": summed_us / 1e3 / max(steps, 1), "device_call_ms": call_ms,
                "tree_search_ms": tree_ms, "phases_sum_ms": sum(r["ms_per_step"] for r in phase_rows),
-               "ops_traced": len(ops), "ops_with_scope": sum(1 for e in ops if scopes.get(
-                   str((e.get("args") or {}).get("hlo_op") or e["name"])) or (e.get("args") or {}).get("tf_op")),
+               "ops_traced": len(ops), "ops_with_scope": sum(1 for e in ops if op_scope(
+                   e.get("args") or {}, str((e.get("args") or {}).get("hlo_op") or e["name"]), e["name"], scopes)),
                "accepted_per_step": float(np.mean([s["accepted"] for s in step_host])) if step_host else float("nan")}
     return phase_rows, op_rows, summary
 
