@@ -31,7 +31,7 @@ from dart_jax.api import methods as decoding_methods
 from dart_jax.api.model import DartModel, demo_eagle3, demo_options, demo_paths
 from dart_jax.api.prompts import read_prompt_file
 from dart_jax.bench.shapes import KNOWN_SHAPES, TINY_SHAPE
-from dart_jax.bench.tiny import build_random_assets, make_tiny_eagle3, random_std
+from dart_jax.bench.tiny import HOT_SCALE, build_random_assets, hot_token_ids, make_tiny_eagle3, random_std
 from dart_jax.convert.dart_head import read_head_config, tensor_table as head_tensor_table
 from dart_jax.convert.qwen3 import tensor_table as qwen3_tensor_table
 from dart_jax.convert.target import load_target_config
@@ -188,11 +188,24 @@ def _fill_random(module, table, key, std: float, dtype) -> None:
                                                                                           std))
 
 
+def _peak_lm_head(target: Qwen3, hot_ids: np.ndarray) -> None:
+    """The peaked LM head of the random sets (`bench.tiny`'s module docstring): the rows `hot_ids`
+    of the LM head ([H, V] kernel: its columns), or of the embedding when tied, times HOT_SCALE."""
+    hot = jnp.asarray(hot_ids)
+    if target.lm_head is None:
+        var = target.embed_tokens.embedding
+        var.set_value(var.get_value().at[hot].multiply(HOT_SCALE))
+    else:
+        var = target.lm_head.kernel
+        var.set_value(var.get_value().at[:, hot].multiply(HOT_SCALE))
+
+
 def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
     """The random model set of `build_random_assets(..., weights=False)` (its tokenizer, configs and
     trie in `paths`) with the target's and the head's weights drawn on the device, in the loaders'
     dtype (`default_dtype`: float32 on a CPU, bfloat16 elsewhere), by the law of the sets written
-    to disk (not the same numbers); the head's draft vocabulary is the first ids, as there.
+    to disk (not the same numbers), the peaked LM head included (the same hot rows,
+    `bench.tiny.hot_token_ids`); the head's draft vocabulary is the first ids, as there.
     `opts`: `DartModel.from_modules`'s settings (keep, ...)."""
     dtype = default_dtype()
     target_config, head_config = load_target_config(paths["base"]), read_head_config(paths["dart"])
@@ -200,7 +213,8 @@ def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
     key = jax.random.key(seed)
     target = nnx.eval_shape(lambda: Qwen3(target_config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
     _fill_random(target, qwen3_tensor_table(target_config), jax.random.fold_in(key, 0), std, dtype)
-    use_backend_layout(target)  # as the loaders do
+    _peak_lm_head(target, hot_token_ids(target_config.vocab_size, seed))
+    use_backend_layout(target)  # as the loaders do (on a CPU: an untied copy of the peaked head)
     head = nnx.eval_shape(lambda: DartHead(head_config, target.embed_tokens, dtype=dtype, param_dtype=dtype,
                                            rngs=None))
     head.embed_tokens = target.embed_tokens

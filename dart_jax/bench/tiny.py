@@ -6,6 +6,15 @@ checkpoint.
 Random weights are wider than transformers' init (norms 1 + 0.1·N(0, 1), matrices N(0, std)) so
 that a tiny model's logits are not flat. The head is not trained: it rarely agrees with the
 target, so τ stays near 1 and only timings mean anything with these models.
+
+The benchmarks' random sets (`build_random_assets`) also have a *peaked* LM head: the rows of
+HOT_TOKENS ids (`hot_token_ids`: printable characters of the byte tokenizer, drawn from the seed,
+never a special id such as EOS) are scaled by HOT_SCALE, in the LM head, or in the embedding when
+it is the LM head (tied). A Gaussian LM head over a large vocabulary has near-ties everywhere (the
+top two of 151 936 logits lie ~0.15 σ apart), which bfloat16 breaks differently in a tree verify
+and in plain decoding; with the peaked head the argmax is a hot token with a median margin of
+~2.4 σ, as a trained model's confident next token, and only the ties among the hot tokens are
+left (`bench.forced`'s module docstring has the figures). Shapes, dtypes and costs are unchanged.
 """
 from __future__ import annotations
 
@@ -33,25 +42,49 @@ CHAT_TEMPLATE = (
 )
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
+# the peaked LM head of the benchmarks' random sets: HOT_TOKENS rows scaled by HOT_SCALE
+HOT_TOKENS = 16
+HOT_SCALE = 8.0
+# the byte tokenizer's first ids are the printable ASCII characters '!'..'~' (none special)
+PRINTABLE_IDS = 94
+
+
+def hot_token_ids(vocab_size: int, seed: int) -> np.ndarray:
+    """The ids of the peaked LM head (module docstring), sorted: HOT_TOKENS distinct ids among
+    the byte tokenizer's printable characters (ids below PRINTABLE_IDS: never pad, EOS or another
+    special id, so that a generation does not stop at once), drawn from `seed`."""
+    return np.sort(np.random.default_rng(seed + 3).choice(min(vocab_size, PRINTABLE_IDS), HOT_TOKENS, replace=False))
+
+
+def lm_head_name(tied: bool) -> str:
+    """The checkpoint tensor that holds the target's LM head: the embedding when tied."""
+    return "model.embed_tokens.weight" if tied else "lm_head.weight"
+
 
 def random_tensors(shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generator, std: float,
-                   dtype: str = "float32") -> dict[str, np.ndarray]:
-    """Norm weights 1 + 0.1·N(0, 1), every other tensor N(0, std), as `dtype`."""
+                   dtype: str = "float32", hot_rows: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Norm weights 1 + 0.1·N(0, 1), every other tensor N(0, std), as `dtype`; the rows
+    `hot_rows[name]` of a tensor `name` are multiplied by HOT_SCALE (the peaked LM head)."""
     out = {}
     for name, shape in shapes.items():
         x = rng.standard_normal(shape, dtype=np.float32)
-        out[name] = ((1.0 + 0.1 * x) if name.endswith("norm.weight") else std * x).astype(DTYPES[dtype])
+        x = (1.0 + 0.1 * x) if name.endswith("norm.weight") else std * x
+        if hot_rows and name in hot_rows:
+            x[np.asarray(hot_rows[name])] *= HOT_SCALE
+        out[name] = x.astype(DTYPES[dtype])
     return out
 
 
 def make_tiny_qwen3(folder, *, vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
                     rope_theta=10000.0, max_position_embeddings=2048, seed=0, dtype="float32", std=0.08,
-                    max_shard_size_bytes=None, weights: bool = True, **extra) -> Path:
+                    max_shard_size_bytes=None, weights: bool = True, hot_ids=None, **extra) -> Path:
     """Write a random HF Qwen3 (config.json + safetensors, sharded with `max_shard_size_bytes`)
     to `folder` and return it. Token ids: pad 0, bos 1, eos 2 (the character-level tokenizer's
     specials). `extra` adds or overrides config.json fields; RoPE goes into `rope_parameters`
     (transformers 5's layout), which `extra` may give (its rope_theta defaults to `rope_theta`).
+    `hot_ids`: the LM head's rows (the embedding's when tied) scaled by HOT_SCALE (the peaked
+    head of the module docstring); default none.
     `weights=False`: config.json alone (the weights are made in memory, `bench.e2e.random_model`)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -70,8 +103,9 @@ def make_tiny_qwen3(folder, *, vocab_size=256, hidden_size=64, intermediate_size
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         return folder
+    hot_rows = None if hot_ids is None else {lm_head_name(tie_word_embeddings): np.asarray(hot_ids)}
     tensors = random_tensors({name: shape for name, (_, shape, _) in table.items()}, np.random.default_rng(seed),
-                             std, dtype)
+                             std, dtype, hot_rows)
     return save_qwen3(folder, config, tensors, max_shard_size_bytes=max_shard_size_bytes)
 
 
@@ -219,10 +253,13 @@ def build_random_assets(folder, *, layers: int = 4, hidden: int = 64, heads: int
     published checkpoints; without it the target is a small float32 one whose vocabulary is the
     tokenizer's, rounded up to a multiple of 64.
 
+    The target's LM head is peaked (module docstring): the rows `hot_token_ids(vocab, seed)` of the
+    LM head, or of the embedding when tied, are scaled by HOT_SCALE.
+
     `weights=False` writes every file but the weights (config.json files, tokenizer, trie): the
     benchmarks then draw the weights on the device (`bench.e2e.random_model`), which spares writing
     and reading gigabytes at real shapes (16 GB of bf16 for Qwen3-8B's 36 layers). Its `std` (the
-    law of `random_tensors`) is `random_std(hidden)`.
+    law of `random_tensors`) is `random_std(hidden)`; its hot rows are the same.
     """
     if layers < 3:
         raise ValueError(f"the random target needs >= 3 layers (DART taps layers 2, L//2, L-3), got {layers}")
@@ -246,7 +283,7 @@ def build_random_assets(folder, *, layers: int = 4, hidden: int = 64, heads: int
                            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                            head_dim=head_dim, tie_word_embeddings=tied, max_position_embeddings=4096, seed=seed,
                            dtype=dtype, std=std, eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=None,
-                           weights=weights)
+                           weights=weights, hot_ids=hot_token_ids(vocab, seed))
     (base / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "do_sample": False}) + "\n")
     # the published heads draft over 32000 ids; the first ones hold every byte token
     head = make_tiny_head(folder / "head", base, draft_length=draft_length, draft_vocab_size=min(vocab, 32000),
