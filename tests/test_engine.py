@@ -20,6 +20,7 @@ from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
 from dart_jax.decoding.batcher import Batcher, PlainBatcher
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding import sampling as sampling_module
 from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings, prompt_bucket
 from dart_jax.ngram import TreeSettings, Trie
@@ -484,6 +485,32 @@ def test_sampling_keeps_the_target_distribution_beside_other_sequences(tiny):
     assert set(counter) <= set(exact), set(counter) - set(exact)
     stat, df = chi_square(counter, exact, n)
     assert stat < chi_square_critical(df), (stat, df)
+
+
+def test_branch_decided_on_the_host_keeps_every_output(tiny, monkeypatch):
+    """As on an accelerator (`sampling.host_branch`: the greedy-or-sampling choice static): a greedy
+    batch is each prompt's plain greedy decoding (the oracle runs each alone), and a mixed batch
+    samples exactly what the device-decided branch samples with the same seeds (that path is held
+    to the exact distribution by the tests above), its greedy row still greedy."""
+    engine = engine_for(tiny, cheating_trie(tiny))
+    prompts = [np.asarray(p, np.int32) for p in PROMPTS[:3]]
+    greedy = [GenerationSettings(max_new_tokens=12) for _ in prompts]
+    mixed = [GenerationSettings(max_new_tokens=12, temperature=1.3, top_p=0.95, top_k=3, seed=s) for s in (4, 5)]
+    mixed.append(GenerationSettings(max_new_tokens=12))
+
+    def decode(settings):
+        out = [[] for _ in prompts]
+        for rows in engine.decode_batch(prompts, settings, [Stats() for _ in prompts]):
+            for o, (kept, _) in zip(out, rows):
+                o.extend(kept)
+        return out
+
+    on_device = decode(mixed)
+    alone = [run(engine.generate_ar_steps, p, max_new_tokens=12)[0] for p in PROMPTS[:3]]
+    monkeypatch.setattr(sampling_module, "host_branch", lambda: True)
+    assert decode(greedy) == alone
+    on_host = decode(mixed)
+    assert on_host == on_device and on_host[2] == alone[2]
 
 
 def test_generate_a_list_of_prompts(tiny):

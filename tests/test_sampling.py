@@ -1,11 +1,16 @@
-"""dart_jax.decoding.sampling.vocab_argmax against NumPy's argmax (the oracle): first index on
-ties, the first NaN where there is one, any leading shape."""
+"""dart_jax.decoding.sampling: vocab_argmax against NumPy's argmax (the oracle): first index on
+ties, the first NaN where there is one, any leading shape; the greedy-or-sampling branch chosen on
+the host (`SamplingParams.all_greedy`) against NumPy's argmax and against the device's branch."""
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.decoding.sampling import vocab_argmax
+from dart_jax.decoding import sampling
+from dart_jax.decoding.sampling import SamplingParams, accept_trees, sample_tokens, vocab_argmax
 
 
 def test_vocab_argmax_is_numpy_argmax_with_ties_and_nans():
@@ -21,3 +26,52 @@ def test_vocab_argmax_is_numpy_argmax_with_ties_and_nans():
     assert got.dtype == np.int32 and got.shape == x.shape[:-1]
     np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
     np.testing.assert_array_equal(np.asarray(vocab_argmax(jnp.asarray(x[0, 0]))), np.argmax(x[0, 0]))
+
+
+def _has_cond(jaxpr) -> bool:
+    """Whether a jaxpr (nested ones included: they print inside it) holds a `lax.cond`."""
+    return " cond[" in str(jaxpr)
+
+
+def test_host_branch_matches_the_device_branch_and_compiles_no_cond(monkeypatch):
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.standard_normal((3, 50)).astype(np.float32) * 3)
+    keys = jax.random.split(jax.random.key(0), 3)
+    greedy_rows = SamplingParams.rows([(0.0, 1.0, 0)] * 3)
+    mixed_rows = SamplingParams.rows([(0.0, 1.0, 0), (0.8, 0.9, 20), (1.0, 1.0, 0)])
+    assert greedy_rows.all_greedy is None and mixed_rows.all_greedy is None  # on a CPU: decided on the device
+    monkeypatch.setattr(sampling, "host_branch", lambda: True)  # as on an accelerator
+    assert SamplingParams.rows([(0.0, 1.0, 0)] * 3).all_greedy is True
+    assert SamplingParams.rows([(0.0, 1.0, 0), (0.8, 0.9, 20)]).all_greedy is False
+    static_greedy = dataclasses.replace(greedy_rows, all_greedy=True)
+    static_mixed = dataclasses.replace(mixed_rows, all_greedy=False)
+
+    np.testing.assert_array_equal(np.asarray(sample_tokens(keys, logits, static_greedy)), np.argmax(logits, axis=-1))
+    np.testing.assert_array_equal(np.asarray(sample_tokens(keys, logits, static_mixed)),
+                                  np.asarray(sample_tokens(keys, logits, mixed_rows)))
+    assert np.asarray(sample_tokens(keys, logits, static_mixed))[0] == np.argmax(logits[0])  # a greedy row stays so
+
+    # acceptance of 3 chain trees root -> 1 -> 2 over a 50-token vocabulary
+    tokens = jnp.asarray(np.tile([5, 7, 9], (3, 1)).astype(np.int32))
+    parents = jnp.asarray(np.tile([-1, 0, 1], (3, 1)).astype(np.int32))
+    retrieve = jnp.asarray(np.tile([[0, 1, 2]], (3, 1, 1)).astype(np.int32))
+    tree_logits = jnp.asarray(rng.standard_normal((3, 3, 50)).astype(np.float32))
+    tree_logits = tree_logits.at[0, 0, 7].set(9.0)  # row 0: the argmax at the root is node 1's token
+    got = accept_trees(keys, tree_logits, static_greedy, tokens, parents, retrieve)
+    argmax = np.argmax(np.asarray(tree_logits), axis=-1)
+    for b in range(3):  # the greedy oracle: walk the chain while the token is the argmax at its parent
+        count, node = 1, 0
+        while node < 2 and int(tokens[b, node + 1]) == argmax[b, node]:
+            count, node = count + 1, node + 1
+        assert int(got.count[b]) == count and int(got.bonus[b]) == argmax[b, node]
+    for a, b in zip(accept_trees(keys, tree_logits, static_mixed, tokens, parents, retrieve),
+                    accept_trees(keys, tree_logits, mixed_rows, tokens, parents, retrieve)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def fn(params):
+        return jax.make_jaxpr(lambda lg: accept_trees(keys, lg, params, tokens, parents, retrieve))(tree_logits)
+
+    assert _has_cond(fn(greedy_rows))  # decided on the device: a branch
+    assert not _has_cond(fn(static_greedy)) and not _has_cond(fn(static_mixed))
+    assert " sort[" in str(fn(static_mixed)) and " sort[" not in str(fn(static_greedy))  # no sampling work at all
+    assert not _has_cond(jax.make_jaxpr(lambda lg: sample_tokens(keys, lg, static_greedy))(logits))

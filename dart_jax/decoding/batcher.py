@@ -364,7 +364,7 @@ class Batcher(SlotPool):
         packed_tree = self._search(size, rows, m)
         t1 = time.perf_counter()
         packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.step(
-            jax.device_put(packed_tree), self.cache, self.draft_cache, self.cache_len, self.keys,
+            packed_tree, self.cache, self.draft_cache, self.cache_len, self.keys,
             self.params, n=size + 1, depth=self.depth, k=self.k, window=window)
         out = self.outputs.unpack(np.asarray(packed))
         t2 = time.perf_counter()
@@ -473,7 +473,7 @@ class Batcher(SlotPool):
         window = attention_window(int(self.committed[busy].max()) + engine.drafter.reach(self.depth + 1), self.length)
         half.dispatched = time.perf_counter()
         half.packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.step_rows(
-            jax.device_put(half.tree), half.start, self.cache, self.draft_cache, self.cache_len, self.keys,
+            half.tree, half.start, self.cache, self.draft_cache, self.cache_len, self.keys,
             self.params, n=half.size + 1, depth=self.depth, k=self.k, window=window)
         self._flight = half
 
@@ -578,7 +578,7 @@ class Batcher(SlotPool):
         for size in (s for s in engine.tree_sizes if s):
 
             def run():
-                tree = jax.device_put(self._search(size, rows, m))
+                tree = self._search(size, rows, m)
                 packed, self.cache, self.draft_cache, _, _ = engine.step(
                     tree, self.cache, self.draft_cache, self.cache_len, self.keys, self.params,
                     n=size + 1, depth=self.depth, k=self.k, window=window)

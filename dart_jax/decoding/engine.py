@@ -1,6 +1,7 @@
 """The speculative decoding loop (docs/spec.md §4), for any `Drafter`.
 
-Device work is two jitted pure functions over the `nnx.split` state of (target, drafter module):
+Device work is two jitted pure functions over the state of (target, drafter module), passed as
+the flat tuple of its arrays (`split_flat`):
 - `prefill`: the prompt (padded to a power-of-two bucket) through the target, the first token,
   and the drafter's first proposal;
 - `step`: tree verification → acceptance → KV commit of the accepted path → the drafter's next
@@ -43,8 +44,8 @@ from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inp
 from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
-from .autoregressive import (AutoregressiveDecoder, CachePool, jitted, last_logits, live_rows, param_rows, put_window,
-                             window_view)
+from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, jitted, last_logits, live_rows, param_rows,
+                             put_window, split_flat, window_view)
 from .batcher import Batcher, PlainBatcher
 from .drafter import Drafter
 from .layout import plain_layout, prefill_layout, step_layout, tree_layout
@@ -69,7 +70,7 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
     return target.lm_logits(hidden), taps, tree_kv
 
 
-def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCache, draft_cache, keys, params, *,
+def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, cache: KVCache, draft_cache, keys, params, *,
              rows: int, k: int, nodes: int, draft_window: int):
     """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool:
     ids int32[m,T] (padded to the bucket), prompt_len int32[m], the pool's PRNG keys and sampling
@@ -77,7 +78,7 @@ def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCach
     alone: its writes fall past the cache and are dropped, its key is kept, and its outputs are
     junk the host ignores. Rows past m are not computed at all. The drafter attends over (and
     writes) its first `draft_window` cache slots, its reach over T positions: not the whole cache."""
-    pair = nnx.merge(graphdef, state)
+    pair = model.merge(state)
     m, t = ids.shape
     admit = start < cache.k.shape[2]
     with jax.named_scope("prefill_target"):
@@ -99,22 +100,22 @@ def _prefill(graphdef, drafter_cls, state, ids, prompt_len, start, cache: KVCach
     return packed, cache, draft_cache, keys
 
 
-def _step(graphdef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache_len, keys, params, *,
+def _step(model: ModelDef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache_len, keys, params, *,
           n: int, depth: int, k: int, window: int):
     """One speculative step for the first m = tree.shape[0] sequences of the pool: trees int32[m,·]
     packed by `tree_layout(n, depth)` → packed `step_layout` [m], and the pool's caches, lengths
     and keys [B] with those rows advanced (rows past m are not computed). Attention reads only the
     first `window` cache slots, which must hold every slot the drafter writes."""
-    return _step_body(graphdef, drafter_cls, state, tree, None, cache, draft_cache, cache_len, keys, params, n=n,
+    return _step_body(model, drafter_cls, state, tree, None, cache, draft_cache, cache_len, keys, params, n=n,
                       depth=depth, k=k, window=window)
 
 
-def _step_rows(graphdef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
+def _step_rows(model: ModelDef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
                n: int, depth: int, k: int, window: int):
     """`_step` for the m = tree.shape[0] sequences from row `start` (a traced int32 scalar: one
     compiled step serves every block of m rows) instead of the first m: what `Batcher(overlap=True)`
     runs on each half of its busy rows while the host searches the other half's trees."""
-    return _step_body(graphdef, drafter_cls, state, tree, start, cache, draft_cache, cache_len, keys, params, n=n,
+    return _step_body(model, drafter_cls, state, tree, start, cache, draft_cache, cache_len, keys, params, n=n,
                       depth=depth, k=k, window=window)
 
 
@@ -133,10 +134,10 @@ def _put_rows(x: jax.Array, part: jax.Array, start) -> jax.Array:
     return jax.lax.dynamic_update_slice_in_dim(x, part, start, 0)
 
 
-def _step_body(graphdef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
+def _step_body(model: ModelDef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
                n: int, depth: int, k: int, window: int):
     """`_step` (start None: the first m rows) or `_step_rows` (the m rows from the traced `start`)."""
-    pair = nnx.merge(graphdef, state)
+    pair = model.merge(state)
     m = tree.shape[0]
     tree = tree_layout(n, depth).unpack(tree)
     tokens, parents, retrieve = tree["tokens"], tree["parents"], tree["retrieve"]
@@ -171,7 +172,7 @@ def _step_body(graphdef, drafter_cls, state, tree, start, cache: KVCache, draft_
     return packed, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
 
 
-def _plain(graphdef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
+def _plain(model: ModelDef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
            *, chunk: int, depth: int, k: int, window: int):
     """Up to `chunk` tokens of plain decoding for the first m = token.shape[0] sequences, then one
     drafter call over them, left out when every row has finished (what the tree size 0 of the
@@ -180,7 +181,7 @@ def _plain(graphdef, drafter_cls, state, token, cache: KVCache, draft_cache, cac
     cache: a tree's root); a row stops on an id of `eos` or after `remaining` [m] tokens. → packed
     `plain_layout` [m], caches, lengths, keys. The same keys as the baseline's loop, so the same
     samples."""
-    pair = nnx.merge(graphdef, state)
+    pair = model.merge(state)
     m = token.shape[0]
     length = cache_len[:m]
     view = window_view(cache, window, m)
@@ -272,19 +273,19 @@ class Engine:
         self.sizer = TreeSizer(self.tree_sizes, plain_tokens=self.plain_chunk, depth=self.rows)
         self._tree_settings = {size: dataclasses.replace(self.tree, keep=size) for size in self.tree_sizes if size}
         self.eos_row = jnp.asarray(sorted(self.eos_ids) or [-1], jnp.int32)
-        graphdef, self._state = nnx.split(_Pair(target, drafter.module))
+        model, self._state = split_flat(_Pair(target, drafter.module))
         cls = type(drafter)
         # with a mesh: host-made inputs go onto it, and the caches come back with their shardings
-        self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), graphdef, cls,
+        self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), model, cls,
                                               static_argnames=("rows", "k", "nodes", "draft_window"), donate_argnames=_DONATE),
                                        self.mesh)
-        self._step = inputs_on_mesh(jitted(_pinned(_step, self.mesh), graphdef, cls,
+        self._step = inputs_on_mesh(jitted(_pinned(_step, self.mesh), model, cls,
                                            static_argnames=("n", "depth", "k", "window"), donate_argnames=_DONATE),
                                     self.mesh)
-        self._step_rows = inputs_on_mesh(jitted(_pinned(_step_rows, self.mesh), graphdef, cls,
+        self._step_rows = inputs_on_mesh(jitted(_pinned(_step_rows, self.mesh), model, cls,
                                                 static_argnames=("n", "depth", "k", "window"),
                                                 donate_argnames=_DONATE), self.mesh)
-        self._plain = inputs_on_mesh(jitted(_pinned(_plain, self.mesh), graphdef, cls,
+        self._plain = inputs_on_mesh(jitted(_pinned(_plain, self.mesh), model, cls,
                                             static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
                                      self.mesh)
         self.pool = CachePool(self._make_caches)

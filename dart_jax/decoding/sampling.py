@@ -4,7 +4,11 @@ The logits pipeline follows the reference's `prepare_logits_processor`: temperat
 then top-k (in that order, which differs from transformers' default), then softmax. The three
 settings, and the choice between greedy decoding and sampling, are traced arrays — scalars, or
 one value per sequence [B] — so switching between them never recompiles. When every sequence of
-a batch is greedy a `lax.cond` skips the sampling work.
+a batch is greedy a `lax.cond` skips the sampling work. On an accelerator that branch is decided
+on the host instead (`SamplingParams.all_greedy`, static): XLA's GPU runtime reads a conditional's
+predicate back to the host and waits for the device at that point of every step, which idles the
+device while the host launches the rest of the step; a pool whose mix of greedy and sampled
+requests changes then compiles its second variant once.
 
 Acceptance works on one tree at a time (vmap over the batch):
 - greedy: for every root-to-leaf row of `retrieve`, count the successive tokens that equal the
@@ -16,6 +20,8 @@ Acceptance works on one tree at a time (vmap over the batch):
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -25,14 +31,19 @@ import numpy as np
 GREEDY_TEMPERATURE = 1e-5  # at or below this the reference decodes greedily
 
 
-class SamplingParams(NamedTuple):
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["greedy", "temperature", "top_p", "top_k"],
+                   meta_fields=["all_greedy"])
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
     """Traced sampling settings, scalars or one per sequence [B]. top_p = 1 and top_k = 0 disable
-    those filters."""
+    those filters. `all_greedy` (static, part of the compiled signature): True when every
+    sequence is greedy, False when one samples, None to decide on the device (`lax.cond`)."""
 
     greedy: jax.Array  # bool: argmax decoding, the other fields unused
     temperature: jax.Array  # float32
     top_p: jax.Array  # float32
     top_k: jax.Array  # int32
+    all_greedy: bool | None = None
 
     @classmethod
     def make(cls, temperature: float, top_p: float = 1.0, top_k: int = 0) -> "SamplingParams":
@@ -41,12 +52,22 @@ class SamplingParams(NamedTuple):
     @classmethod
     def rows(cls, settings, *, scalar: bool = False) -> "SamplingParams":
         """Per-sequence params [B] from (temperature, top_p, top_k) triples (a scalar set for one
-        triple with `scalar`)."""
+        triple with `scalar`); the greedy-or-sampling branch static on an accelerator
+        (`host_branch`), decided on the device on a CPU."""
         t = np.array([float(x[0]) for x in settings], np.float32)
-        out = cls(jnp.asarray(t <= GREEDY_TEMPERATURE), jnp.asarray(np.maximum(t, GREEDY_TEMPERATURE)),
-                  jnp.asarray(np.array([float(x[1]) for x in settings], np.float32)),
-                  jnp.asarray(np.array([int(x[2]) for x in settings], np.int32)))
-        return cls(*(f[0] for f in out)) if scalar else out
+        greedy = t <= GREEDY_TEMPERATURE
+        fields = (greedy, np.maximum(t, GREEDY_TEMPERATURE), np.array([float(x[1]) for x in settings], np.float32),
+                  np.array([int(x[2]) for x in settings], np.int32))
+        if scalar:
+            fields = tuple(f[0] for f in fields)
+        return cls(*(jnp.asarray(f) for f in fields), all_greedy=bool(greedy.all()) if host_branch() else None)
+
+
+def host_branch() -> bool:
+    """Whether the greedy-or-sampling branch is chosen on the host (static): on an accelerator,
+    where a device-side branch costs a host round trip in the middle of a step; not on a CPU,
+    where it costs nothing and a static one would cost a second compilation."""
+    return jax.default_backend() != "cpu"
 
 
 def is_greedy(temperature: float) -> bool:
@@ -114,7 +135,15 @@ def sample_tokens(keys: jax.Array, logits: jax.Array, params: SamplingParams) ->
         drawn = jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(keys, probs).astype(jnp.int32)
         return jnp.where(params.greedy, greedy, drawn)
 
-    return jax.lax.cond(jnp.all(params.greedy), lambda logits: greedy, mixed, logits)
+    return branch(params, lambda logits: greedy, mixed, logits)
+
+
+def branch(params: SamplingParams, if_greedy, otherwise, operand):
+    """`if_greedy(operand)` when every sequence is greedy, else `otherwise(operand)`: chosen at trace
+    time where `params.all_greedy` says (the other branch is not compiled), else by `lax.cond`."""
+    if params.all_greedy is None:
+        return jax.lax.cond(jnp.all(params.greedy), if_greedy, otherwise, operand)
+    return (if_greedy if params.all_greedy else otherwise)(operand)
 
 
 class Acceptance(NamedTuple):
@@ -206,4 +235,4 @@ def accept_trees(keys: jax.Array, logits: jax.Array, params: SamplingParams, tok
         sampled = jax.vmap(sample_accept)(keys, process_logits(logits, params), tokens, parents, retrieve)
         return Acceptance(*(jnp.where(per_row(params.greedy, g.ndim), g, s) for g, s in zip(greedy, sampled)))
 
-    return jax.lax.cond(jnp.all(params.greedy), lambda logits: greedy, mixed, logits)
+    return branch(params, lambda logits: greedy, mixed, logits)
