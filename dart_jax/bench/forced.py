@@ -38,10 +38,10 @@ CPU in bf16, Qwen3's vocabulary, 8 layers: bf16-vs-fp32 flips 4.0 % → 1.7 %; a
 τ 3.61 of 4 prompts: 20 → 3 repairs, 13 → 0 unforced steps, τ measured 3.30 → 3.62). A larger
 scale would not remove the ties among the hot tokens: the LM head reads a random hidden state
 linearly, so a hot logit's bf16 error grows with the scale as its margin does. Those few are the
-calibration's: before the timed runs, `calibrate` reruns the forced generation (the same draws each run) and, where the
-output left its reference, makes DART's output up to that token, followed by plain greedy
-decoding from there, the new reference, until DART agrees with every reference (`resynced`
-counts the repairs, `same_output` then compares with plain decoding from the prompt, and
+calibration's: before the timed runs, `calibrate` reruns the forced generation (the same draws each
+run) and, where the output left its reference, makes DART's output up to that token, followed by
+plain greedy decoding from there, the new reference, until DART agrees with every reference
+(`resynced` counts the repairs, `same_output` then compares with plain decoding from the prompt, and
 `unforced_steps` counts the steps of the timed run that could not be forced).
 """
 from __future__ import annotations

@@ -2,8 +2,9 @@
 regeneration of training data, and the decode step the benchmarks time.
 
 Two jitted pure functions over the target's state (`split_flat`: the arrays as one tuple): a
-prefill of the padded prompt and a one-token step. The step attends over a power-of-two window of the cache that follows the
-sequence (`attention_window`), so its cost follows the sequence length, not the cache size.
+prefill of the padded prompt and a one-token step. The step attends over a power-of-two window
+of the cache that follows the sequence (`attention_window`), so its cost follows the sequence
+length, not the cache size.
 """
 from __future__ import annotations
 
