@@ -22,8 +22,8 @@ new tokens; "plain" is the device loop of plain greedy decoding.
     instruction and scope; stage 1 gives the step's wall time with them on.
  3. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 1…64 nodes against a decode
     step, at the full depth (is a 64-node tree, a multiple of 16 rows, cheaper than 61?).
- 4. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, through the pool, default
-    and overlapped (`--overlap`: the host searches half the rows' trees while the device verifies
+ 4. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
+    through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees while the device verifies
     the other half, `Batcher(overlap=True)`): `overlap_gain` = overlapped / default tok/s.
  5. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
  6. forced-Qwen3-8B-4L-b1: stage 1 at 4 layers (where the host's share of a step shows most).
@@ -61,6 +61,10 @@ BUDGETS = "1,4,16,32,61,64"  # tree nodes: 61 is keep 60 with its root; 64 a mul
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
 SHALLOW_LAYERS = 4  # stage 6
+# the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
+# TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
+# 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
+POOL_KEEP = ["--keep", "15"]
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # the profile's XLA flag: every kernel traced on its own
 # overrides the device memory the campaign reads (GiB), e.g. to check the skip on a CPU
 MEMORY_ENV = "DART_JAX_CAMPAIGN_DEVICE_GIB"
@@ -160,9 +164,9 @@ class Campaign:
         first = shapes[0]
 
         def forced(name: str, shape: str, layers: int, taus: str, limit: float, *extra: str,
-                   deep: bool = True) -> Stage:
+                   deep: bool = True, nodes: list[str] = keep) -> Stage:
             return Stage(name, f"{name}.json", lambda: bench + [
-                "e2e", "--force-tau", taus, *keep, *reps, *self.model(shape, layers), *extra, "--no-progress",
+                "e2e", "--force-tau", taus, *nodes, *reps, *self.model(shape, layers), *extra, "--no-progress",
                 "--output", str(out / f"{name}.json")], limit, min_device_gib=DEPTH[shape][1] if deep else 0.0)
 
         def shapes_stage(shape: str) -> Stage:
@@ -183,7 +187,7 @@ class Campaign:
                 env={"XLA_FLAGS": flags}, min_device_gib=DEPTH[first][1]),
             shapes_stage(first),
             forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
-                   "--force-batches", "2" if smoke else "4,16", "--overlap"),
+                   "--force-batches", "2" if smoke else "4,16", "--overlap", nodes=keep if smoke else POOL_KEEP),
         ]
         stages += [forced(f"forced-{s}-{DEPTH[s][0]}L-b1", s, DEPTH[s][0], taus, 200) for s in shapes[1:]]
         shallow = 3 if smoke else SHALLOW_LAYERS
@@ -313,7 +317,9 @@ def report(out: Path) -> str:
         if not d:
             continue
         model = d.get("config", {}).get("model", {})
-        label = f"{model.get('shape', '?')} ({model.get('layers', '?')} layers)"
+        keep = d.get("config", {}).get("keep")
+        nodes = f", {int(keep) + 1}-node trees" if isinstance(keep, int) else ""
+        label = f"{model.get('shape', '?')} ({model.get('layers', '?')} layers{nodes})"
         labelled = [{**r, "_label": label} for r in d["rows"]]
         rows += labelled
         overlap += [r for r in labelled if "overlap_gain" in r]

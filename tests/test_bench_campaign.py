@@ -40,7 +40,8 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert row["batch"] == 2 and row["same_output"] and row["overlap_same_output"] and row["overlap_half_steps"] > 0
     report = (out / "RESULTS-gpu.md").read_text()
     assert "forced acceptance" in report and "| phase | ms per step |" in report
-    assert "tiny (6 layers)" in report and "tiny (3 layers)" in report and "tree search overlapped" in report
+    assert "tiny (6 layers, 9-node trees)" in report and "tiny (3 layers, 9-node trees)" in report
+    assert "tree search overlapped" in report
     with tarfile.open(archive) as tar:  # everything the device tool must bring back, in one file
         names = set(tar.getnames())
     assert set(STAGES.values()) | {"RESULTS-gpu.md", "env.txt", "forced-tiny-6L-b1.log"} <= names
