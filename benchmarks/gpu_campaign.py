@@ -8,7 +8,9 @@ time limit, so a campaign cut short still leaves what it measured. A stage whose
 in --out or in a --resume folder is skipped (its JSON is copied into --out), so the next call goes
 on where the last one stopped: pass the previous call's results as --resume. `--archive FILE`
 packs --out (profile traces left out) into one .tar.gz after every stage: the device tool brings
-back at most 8 files, and a call cut short still returns what it measured.
+back at most 8 files, and a call cut short still returns what it measured. A forced stage cut
+short by its time limit keeps the rows it finished (`bench e2e --output` writes `<name>.json.partial`
+after each row): the report shows them, marked, and a resumed call runs the stage again.
 
 Every model is random (bench/e2e.py `random_model`: bf16 weights drawn on the device at a Qwen3
 shape, nothing written to disk), with trees of 61 nodes (keep 60, 8 levels) and one prompt of 128
@@ -180,7 +182,7 @@ class Campaign:
         profile = f"profile-{first}-{deep}L"
         flags = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
         stages = [
-            forced(f"forced-{first}-{deep}L-b1", first, deep, taus, 200),
+            forced(f"forced-{first}-{deep}L-b1", first, deep, taus, 240),
             Stage(profile, f"{profile}/profile.json", lambda: [
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
                 *keep, "--steps", "2" if smoke else "8", *self.model(first, deep)], 180,
@@ -293,7 +295,7 @@ def _speedup_table(rows: list[dict]) -> list[str]:
 
 def _stage_order(path: Path) -> tuple:
     """Report order: shape as in SHAPES, deeper first, batch 1 before the pool."""
-    parts = path.stem.split("-")  # forced-Qwen3-8B-36L-b1
+    parts = path.name.split(".json")[0].split("-")  # forced-Qwen3-8B-36L-b1(.json.partial)
     shape = "-".join(parts[1:-2])
     rank = (SHAPES + ("tiny",)).index(shape) if shape in SHAPES + ("tiny",) else 99
     layers = int(parts[-2][:-1]) if parts[-2][:-1].isdigit() else 0
@@ -312,14 +314,18 @@ def report(out: Path) -> str:
              "capped at the tree depth); same tree size, verify and step as DART (dart_jax/bench/forced.py). "
              "Step ÷ plain token = τ measured × plain tok/s ÷ DART tok/s.", ""]
     rows, overlap = [], []
-    for path in sorted(out.glob("forced-*.json"), key=_stage_order):
+    # a stage cut short by its time limit leaves the rows it measured in <name>.json.partial
+    found = list(out.glob("forced-*.json")) + [p for p in out.glob("forced-*.json.partial")
+                                               if not (out / p.name[:-len(".partial")]).exists()]
+    for path in sorted(found, key=_stage_order):
         d = load(path)
         if not d:
             continue
+        cut = " (cut short)" if d.get("partial") else ""
         model = d.get("config", {}).get("model", {})
         keep = d.get("config", {}).get("keep")
         nodes = f", {int(keep) + 1}-node trees" if isinstance(keep, int) else ""
-        label = f"{model.get('shape', '?')} ({model.get('layers', '?')} layers{nodes})"
+        label = f"{model.get('shape', '?')} ({model.get('layers', '?')} layers{nodes}){cut}"
         labelled = [{**r, "_label": label} for r in d["rows"]]
         rows += labelled
         overlap += [r for r in labelled if "overlap_gain" in r]

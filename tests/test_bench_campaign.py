@@ -3,6 +3,7 @@ writes its JSON, the archive holds them, a second call skips them all, and --res
 results into a new folder."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_campaign.py"
+_SPEC = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)  # a script, not a package
+gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from_spec(_SPEC))  # dataclasses need it
+_SPEC.loader.exec_module(gpu_campaign)
 STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "profile-tiny-6L": "profile-tiny-6L/profile.json",
           "shapes-tiny": "shapes-tiny.json", "forced-tiny-6L-pool": "forced-tiny-6L-pool.json",
           "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
@@ -73,3 +77,21 @@ def test_resume_from_a_missing_folder_is_refused(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "o"), "--resume",
                            str(tmp_path / "nope")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--resume" in done.stderr and "no such folder" in done.stderr
+
+
+def test_report_shows_the_rows_of_a_stage_cut_short(tmp_path):
+    """A forced stage killed by its time limit leaves <name>.json.partial: the report shows its rows,
+    marked, and prefers the finished JSON where both exist."""
+    row = {"tau_asked": 3.61, "batch": 1, "tau": 3.5, "ar_tok_s": 100.0, "dart_tok_s": 200.0, "speedup": 2.0,
+           "same_output": True}
+    config = {"model": {"shape": "Qwen3-8B", "layers": 36}, "keep": 60}
+    (tmp_path / "forced-Qwen3-8B-36L-b1.json.partial").write_text(json.dumps(
+        {"config": config, "rows": [row], "partial": True}))
+    (tmp_path / "forced-Qwen3-8B-4L-b1.json.partial").write_text(json.dumps(
+        {"config": {**config, "model": {"shape": "Qwen3-8B", "layers": 4}}, "rows": [row], "partial": True}))
+    (tmp_path / "forced-Qwen3-8B-4L-b1.json").write_text(json.dumps(
+        {"config": {**config, "model": {"shape": "Qwen3-8B", "layers": 4}}, "rows": [row, {**row, "tau_asked": 1.0}]}))
+    text = gpu_campaign.report(tmp_path)
+    assert "| Qwen3-8B (36 layers, 61-node trees) (cut short) | 1 | 3.61 | 3.50 |" in text
+    assert "| 1.75 |" in text  # step ÷ plain token = τ × plain ÷ DART = 3.5 × 100 / 200
+    assert text.count("Qwen3-8B (4 layers, 61-node trees) |") == 2  # the finished JSON's two rows, not the partial

@@ -7,6 +7,7 @@ decoding by full forwards of the target without a cache (no engine, no KV cache)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ import pytest
 from flax import nnx
 
 from dart_jax import bench
+from dart_jax.bench import cli
 from dart_jax.bench.forced import (DepthSequence, ForcedBatcher, acceptance_rate, calibrate, draw_depth, encode_tree,
                                    force_tree, parse_taus)
 from dart_jax.decoding.batcher import Batcher
@@ -238,3 +240,26 @@ def test_forced_tau_on_the_command_line(capsys, tmp_path):
     assert "out of reach" in capsys.readouterr().err
     assert bench.main([*base, "--force-tau", "3", "--overlap"]) == 2  # no pool of 2 rows to split
     assert "--overlap splits a pool of 2 or more rows" in capsys.readouterr().err
+
+
+def test_a_forced_run_keeps_its_rows_as_it_goes(tmp_path, monkeypatch):
+    """--output FILE: after each row the rows so far go to FILE.partial (what a run killed by a time
+    limit leaves), and the finished run writes FILE and removes FILE.partial."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "code", "prompt": "def f(x):"}) + "\n")
+    out = tmp_path / "r.json"
+    writes = []
+    original = cli.write_text_atomic
+
+    def spy(path, text):
+        original(path, text)
+        writes.append((Path(path).name, json.loads(Path(path).read_text())))
+
+    monkeypatch.setattr(cli, "write_text_atomic", spy)
+    assert bench.main(["e2e", "--random", "--random-layers", "3", "--random-hidden", "32", "--max-new-tokens", "8",
+                       "--max-length", "96", "--keep", "4", "--no-chat", "--reps", "1", "--warmup", "0", "--prompts",
+                       str(prompts), "--no-progress", "--force-tau", "1,3", "--output", str(out)]) == 0
+    assert [name for name, _ in writes] == ["r.json.partial", "r.json.partial", "r.json"]
+    assert [[r["tau_asked"] for r in d["rows"]] for _, d in writes] == [[1.0], [1.0, 3.0], [1.0, 3.0]]
+    assert writes[0][1]["partial"] is True and "meta" in writes[0][1] and "partial" not in writes[-1][1]
+    assert out.exists() and not (tmp_path / "r.json.partial").exists()

@@ -8,7 +8,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from dart_jax.api import methods as decoding_methods
 from dart_jax.bench.compare import COLUMNS as COMPARE_COLUMNS, format_compare, run_compare
@@ -51,8 +51,9 @@ def check_ngram_args(args: argparse.Namespace) -> None:
         raise InputError(f"--order must be in [1, {MAX_ORDER}] (the n-gram length); got {args.order}.")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the mode chosen in parsed `args` and return its result dict (without `meta`)."""
+def run(args: argparse.Namespace, on_rows: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the mode chosen in parsed `args` and return its result dict (without `meta`); `on_rows`
+    gets the result so far of a mode that has one (`e2e --force-tau`, after each row)."""
     show = not args.no_progress
     common = dict(reps=args.reps, warmup=args.warmup, seed=args.seed, show_progress=show)
     if args.mode in ("search", "ngram"):
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"--overlap splits a pool of 2 or more rows in two halves, but --force-batches is "
                              f"{args.force_batches}: add a batch of 2 or more (e.g. --force-batches 1,4)")
         return run_forced(models, work, taus=parse_taus(args.force_tau), batches=batches, overlap=args.overlap,
-                          **common)
+                          on_rows=on_rows, **common)
     if args.mode == "e2e":
         if args.overlap:
             raise InputError("--overlap applies to the pools of --force-tau (--force-batches 2 or more); e2e without "
@@ -223,10 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> None:
-        result = {"mode": args.mode, "meta": meta(argv), **run(args)}
+        head = {"mode": args.mode, "meta": meta(argv)}
+        partial = Path(f"{args.output}.partial") if args.output else None
+
+        def keep_rows(so_far: dict[str, Any]) -> None:  # a run killed later keeps the rows it measured
+            write_text_atomic(partial, json.dumps({**head, **so_far, "partial": True}, indent=2) + "\n")
+
+        result = {**head, **run(args, on_rows=keep_rows if partial else None)}
         text = json.dumps(result, indent=2)
         if args.output:
             write_text_atomic(Path(args.output), text + "\n")
+            partial.unlink(missing_ok=True)
         if args.plot:
             plot(result, args.plot)
         print(text if args.json else format_table(result))

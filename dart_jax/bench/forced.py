@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -351,14 +351,16 @@ def overlapped(engine, prompts, settings, references, *, tau: float, seed: int, 
 
 
 def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = (1,), reps: int = 1,
-               warmup: int = 1, seed: int = 0, show_progress: bool = True, overlap: bool = False) -> dict[str, Any]:
+               warmup: int = 1, seed: int = 0, show_progress: bool = True, overlap: bool = False,
+               on_rows: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """For each forced τ and batch size B: tokens/s of DART with forced acceptance (a pool of B
     slots over B prompts, host forcing time taken out) and of batched plain decoding on the same
     prompts, the speedup, τ measured, and whether both outputs agree. Medians over `reps`.
     `overlap`: at B >= 2 the same runs again through a pool that overlaps half the rows' tree search
     with the other half's verify (`Batcher(overlap=True)`); the row adds `overlap_tok_s`,
     `overlap_speedup` (over plain decoding), `overlap_gain` (over the default pool), its own
-    `overlap_same_output` and `overlap_tau`, and the pool's host search and wait per half-step."""
+    `overlap_same_output` and `overlap_tau`, and the pool's host search and wait per half-step.
+    `on_rows`: called with the result so far after each row (a run cut short keeps its rows)."""
     check_reps(reps, warmup)
     if work.temperature > 0:
         raise ValueError("--force-tau forces greedy acceptance: use --temperature 0")
@@ -372,6 +374,9 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
             engine = engine.with_tree(engine.tree, adaptive=False)  # the largest size, every step
         for tau in taus:
             acceptance_rate(tau, engine.rows)  # refuse an unreachable τ before anything runs
+        config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": tree_label(engine),
+                  "tree_depth": engine.rows, "force_tau": list(taus), "batches": list(batches), "overlap": overlap,
+                  "reps": reps, "warmup": warmup, "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau"}
         ids = [model.encode(item["prompt"], work.chat) for item in items]
         runs_per_tau = sum(1 + (overlap and b > 1) for b in batches)
         bar = progress((len(batches) + len(taus) * runs_per_tau) * (reps + warmup), "forced", show_progress)
@@ -413,15 +418,18 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
                              **(overlapped(engine, prompts, settings, refs, tau=tau, seed=seed, reps=reps,
                                            warmup=warmup, rate=rate, ar_rate=ar_rate, ar_out=ar_out, bar=bar)
                                 if overlap and b > 1 else {})})
+                if on_rows is not None:
+                    on_rows(forced_result(rows, config))
         bar.close()
-        keep = tree_label(engine)
-        depth = engine.rows
-    summary = {"speedup": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["speedup"] for r in rows},
-               **({"overlap_gain": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["overlap_gain"]
-                                    for r in rows if "overlap_gain" in r}} if overlap else {}),
-               "tau_measured": {f"tau={r['tau_asked']:g},batch={r['batch']}": r["tau"] for r in rows},
+    return forced_result(rows, config)
+
+
+def forced_result(rows: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
+    """`run_forced`'s result dict from its rows and config."""
+    key = lambda r: f"tau={r['tau_asked']:g},batch={r['batch']}"  # noqa: E731
+    summary = {"speedup": {key(r): r["speedup"] for r in rows},
+               **({"overlap_gain": {key(r): r["overlap_gain"] for r in rows if "overlap_gain" in r}}
+                  if config["overlap"] else {}),
+               "tau_measured": {key(r): r["tau"] for r in rows},
                "all_same_output": all(r["same_output"] for r in rows)}
-    config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "tree_depth": depth,
-              "force_tau": list(taus), "batches": list(batches), "overlap": overlap, "reps": reps, "warmup": warmup,
-              "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau"}
-    return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
+    return {"mode": "e2e", "config": config, "rows": list(rows), "summary": summary}

@@ -43,7 +43,9 @@ def _common(p: argparse.ArgumentParser, *, reps: int, warmup: int) -> None:
     p.add_argument("--warmup", type=int, default=warmup, help=f"untimed runs first, for compilation (default {warmup})")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout instead of a table")
-    p.add_argument("--output", metavar="FILE", help="also write the JSON results to FILE")
+    p.add_argument("--output", metavar="FILE",
+                   help="also write the JSON results to FILE (e2e --force-tau: the rows so far to FILE.partial after "
+                        "each row, removed at the end)")
     p.add_argument("--plot", metavar="PNG", help="draw the results to this image (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
