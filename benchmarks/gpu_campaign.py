@@ -27,18 +27,20 @@ new tokens; "plain" is the device loop of plain greedy decoding.
  4. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
     through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees while the device verifies
     the other half, `Batcher(overlap=True)`): `overlap_gain` = overlapped / default tok/s.
- 5. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
- 6. forced-Qwen3-8B-4L-b1: stage 1 at 4 layers (where the host's share of a step shows most).
- 7. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+ 5. shapes-Qwen3-8B-cublas: stage 3 for 1 and 61 nodes with XLA's Triton GEMMs off (cuBLAS),
+    plain decoding included (SHAPE_VARIANTS).
+ 6. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
+ 7. forced-Qwen3-8B-4L-b1: stage 1 at 4 layers (where the host's share of a step shows most).
+ 8. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
- 8. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+ 9. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 The real-depth stages are skipped, not failed, on a device with less memory than their weights
 need (the skip is noted in the report, and a later call on a bigger device runs them).
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 6), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 7), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -62,11 +64,14 @@ SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,4,16,32,61,64"  # tree nodes: 61 is keep 60 with its root; 64 a multiple of 16
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 6
+SHALLOW_LAYERS = 4  # stage 7
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
 POOL_KEEP = ["--keep", "15"]
+# `bench shapes` again under other XLA flags (name → flags), for the verify's matmuls: XLA's own
+# Triton GEMMs against cuBLAS at 61 rows
+SHAPE_VARIANTS = {"cublas": "--xla_gpu_enable_triton_gemm=false"}
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # the profile's XLA flag: every kernel traced on its own
 # overrides the device memory the campaign reads (GiB), e.g. to check the skip on a CPU
 MEMORY_ENV = "DART_JAX_CAMPAIGN_DEVICE_GIB"
@@ -171,11 +176,14 @@ class Campaign:
                 "e2e", "--force-tau", taus, *nodes, *reps, *self.model(shape, layers), *extra, "--no-progress",
                 "--output", str(out / f"{name}.json")], limit, min_device_gib=DEPTH[shape][1] if deep else 0.0)
 
-        def shapes_stage(shape: str) -> Stage:
+        def shapes_stage(shape: str, variant: str = "") -> Stage:
             model = (["--tiny", "--reps", "2", "--warmup", "1", "--budgets", "1,4"] if smoke else
-                     ["--model", shape, "--dtype", "bfloat16", "--reps", "20", "--warmup", "3", "--budgets", BUDGETS])
-            return Stage(f"shapes-{shape}", f"shapes-{shape}.json", lambda: bench + [
-                "shapes", *model, "--no-progress", "--output", str(out / f"shapes-{shape}.json")], 150,
+                     ["--model", shape, "--dtype", "bfloat16", "--reps", "20", "--warmup", "3", "--budgets",
+                      "1,61" if variant else BUDGETS])
+            name = f"shapes-{shape}" + (f"-{variant}" if variant else "")
+            env = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {SHAPE_VARIANTS[variant]}".strip()} if variant else None
+            return Stage(name, f"{name}.json", lambda: bench + [
+                "shapes", *model, "--no-progress", "--output", str(out / f"{name}.json")], 150, env=env,
                 min_device_gib=DEPTH[shape][1])
 
         deep = DEPTH[first][0]
@@ -191,6 +199,7 @@ class Campaign:
             forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
                    "--force-batches", "2" if smoke else "4,16", "--overlap", nodes=keep if smoke else POOL_KEEP),
         ]
+        stages += [shapes_stage(first, variant) for variant in SHAPE_VARIANTS]
         stages += [forced(f"forced-{s}-{DEPTH[s][0]}L-b1", s, DEPTH[s][0], taus, 200) for s in shapes[1:]]
         shallow = 3 if smoke else SHALLOW_LAYERS
         stages.append(forced(f"forced-{first}-{shallow}L-b1", first, shallow, taus, 150, deep=False))
@@ -348,15 +357,17 @@ def report(out: Path) -> str:
               "| shape | decode call ms | plain token ms | " + " | ".join(f"{b} nodes" for b in budgets) + " |",
               "|---|---|---|" + "---|" * len(budgets)]
     for shape in SHAPES + ("tiny",):
-        d = load(out / f"shapes-{shape}.json")
-        if not d:
-            if shape != "tiny":
-                lines.append(f"| {shape} | (not measured) |")
-            continue
-        s = d["summary"]
-        cells = [f"{s['verify_ms'][b]:.2f} ({s['ratio_to_plain'][b]:.2f}×)" if b in s["verify_ms"] else "-"
-                 for b in budgets]
-        lines.append(f"| {shape} | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
+        for variant in ("",) + tuple(SHAPE_VARIANTS):
+            d = load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))
+            label = shape + (f" (XLA_FLAGS {SHAPE_VARIANTS[variant]})" if variant else "")
+            if not d:
+                if shape != "tiny" and not variant:
+                    lines.append(f"| {label} | (not measured) |")
+                continue
+            s = d["summary"]
+            cells = [f"{s['verify_ms'][b]:.2f} ({s['ratio_to_plain'][b]:.2f}×)" if b in s["verify_ms"] else "-"
+                     for b in budgets]
+            lines.append(f"| {label} | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
     tests = load(out / "tests.json")
     if tests:
         lines += ["", "### Test suite on the GPU (fp32, matmul precision highest)", "", f"`{tests['summary']}`"]

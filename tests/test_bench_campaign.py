@@ -18,7 +18,7 @@ gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from
 _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "profile-tiny-6L": "profile-tiny-6L/profile.json",
           "shapes-tiny": "shapes-tiny.json", "forced-tiny-6L-pool": "forced-tiny-6L-pool.json",
-          "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
+          "shapes-tiny-cublas": "shapes-tiny-cublas.json", "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
 
 
 def campaign(*args: str, env: dict | None = None) -> str:
@@ -46,6 +46,7 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "forced acceptance" in report and "| phase | ms per step |" in report
     assert "tiny (6 layers, 9-node trees)" in report and "tiny (3 layers, 9-node trees)" in report
     assert "tree search overlapped" in report
+    assert "| tiny (XLA_FLAGS --xla_gpu_enable_triton_gemm=false) |" in report  # the shapes under other flags
     with tarfile.open(archive) as tar:  # everything the device tool must bring back, in one file
         names = set(tar.getnames())
     assert set(STAGES.values()) | {"RESULTS-gpu.md", "env.txt", "forced-tiny-6L-b1.log"} <= names
