@@ -16,7 +16,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+
+from dart_jax.decoding.autoregressive import split_flat
 
 from .e2e import ModelSet, Workload, run_e2e, tree_label
 from .util import summary_ms
@@ -37,7 +38,7 @@ def drafting_ms(engine, *, context: int = 256, reps: int = 20, seed: int = 0) ->
     cls = type(drafter)
     depth, k, nodes = engine.rows, engine.tree.topk, engine.n_nodes
     dtype = engine.target.dtype
-    graphdef, state = nnx.split(drafter.module)
+    model, state = split_flat(drafter.module)  # as the engine passes it: a flat tuple
     length = context + 2 * (depth + 1) + 64
     cache = drafter.init_cache(1, length, dtype)
     key_taps, key_ids = jax.random.split(jax.random.key(seed))
@@ -47,7 +48,7 @@ def drafting_ms(engine, *, context: int = 256, reps: int = 20, seed: int = 0) ->
 
     @jax.jit
     def draft(state, taps, follow, cache, cache_len, n_real):
-        module = nnx.merge(graphdef, state)
+        module = model.merge(state)
         window = cls.cache_window(cache, length, 1)
         proposal, _ = cls.extend(module, taps, follow, window, cache_len, n_real, rows=depth, k=k, nodes=nodes)
         return proposal

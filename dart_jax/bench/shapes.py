@@ -19,8 +19,9 @@ from flax import nnx
 
 from dart_jax.bench.util import progress, summary_ms, time_calls
 from dart_jax.convert.qwen3 import target_config_from_hf
-from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_window
+from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_window, split_flat
 from dart_jax.decoding.engine import verify_tree
+from dart_jax.decoding.sampling import vocab_argmax
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.models.qwen3 import Qwen3, init_cache, use_backend_layout
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes, shard_module, sharded_caches
@@ -136,13 +137,13 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     else:
         use_backend_layout(target)  # as the loaders do, so the figures are the engine's
     decoder = AutoregressiveDecoder(target)
-    graphdef, state = nnx.split(target)
+    model, state = split_flat(target)  # called as the engine calls its step: the state as a flat tuple
     bar.update()
 
     def verify(state, tree, cache, cache_len):
         # the engine's verification; the argmax keeps the lm_head in the timing as acceptance reads it
-        logits, taps, tree_kv = verify_tree(nnx.merge(graphdef, state), tree, cache, cache_len)
-        return jnp.argmax(logits, axis=-1), taps, tree_kv
+        logits, taps, tree_kv = verify_tree(model.merge(state), tree, cache, cache_len)
+        return vocab_argmax(logits), taps, tree_kv
 
     verify = jax.jit(verify)
     rng = np.random.default_rng(seed)
