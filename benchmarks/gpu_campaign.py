@@ -15,26 +15,34 @@ after each row): the report shows them, marked, and a resumed call runs the stag
 Every model is random (bench/e2e.py `random_model`: bf16 weights drawn on the device at a Qwen3
 shape, nothing written to disk), with trees of 61 nodes (keep 60, 8 levels) and one prompt of 128
 new tokens; "plain" is the device loop of plain greedy decoding.
- 1. forced-Qwen3-8B-36L-b1: `bench e2e --force-tau 1,2,3,3.61,5` at the real depth (36 layers,
-    16 GB of weights), batch 1: the end-to-end speedup at forced acceptance (bench/forced.py);
-    τ = 1 gives the bare step against a plain token (the issue's goal: within 1.2×).
+ 1. forced-Qwen3-8B-36L-b1: `bench e2e --force-tau 3.61,1` at the real depth (36 layers,
+    16 GB of weights), batch 1: the end-to-end speedup at the paper's τ (bench/forced.py), and at
+    τ = 1 the bare step against a plain token (the issue's goal: within 1.2×).
  2. profile-Qwen3-8B-36L: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps
     and the per-phase and per-op tables (profile.{json,md}), run with XLA's command buffers off
     (`--xla_gpu_enable_command_buffer=`) so that every kernel is traced under its own HLO
     instruction and scope; stage 1 gives the step's wall time with them on.
  3. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 1…64 nodes against a decode
     step, at the full depth (is a 64-node tree, a multiple of 16 rows, cheaper than 61?).
- 4. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
-    through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees while the device verifies
-    the other half, `Batcher(overlap=True)`): `overlap_gain` = overlapped / default tok/s.
- 5. shapes-Qwen3-8B-cublas: stage 3 for 1 and 61 nodes with XLA's Triton GEMMs off (cuBLAS),
-    plain decoding included (SHAPE_VARIANTS).
- 6. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
- 7. forced-Qwen3-8B-4L-b1: stage 1 at 4 layers (where the host's share of a step shows most).
- 8. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+ 4. shapes-Qwen3-8B-unfused: stage 3 for 1 and 61 nodes, plain decoding included, with the
+    projections unfused (`DART_JAX_FUSED_PROJECTIONS=0`; a GPU fuses q/k/v and gate/up by default,
+    `Qwen3.fuse_projections`): the A/B of that default.
+ 5. forced-Qwen3-8B-36L-b1-nocb: stage 1 with XLA's command buffers off: do they cost the step
+    (updated every call, as the step's inputs are new buffers) or save it?
+ 6. shapes-Qwen3-8B-cublas: stage 4 with XLA's Triton GEMMs off (cuBLAS at 61 rows) instead.
+ 7. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
+ 8. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
+    through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees
+    while the device verifies the other half, `Batcher(overlap=True)`): `overlap_gain` =
+    overlapped / default tok/s.
+ 9. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
+10. forced-Qwen3-8B-4L-b1: every τ at 4 layers (where the host's share of a step shows most).
+11. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
- 9. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+12. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+A variant (a name after the batch: -unfused, -nocb, -cublas; VARIANTS) is its stage again under
+other settings, reported beside it.
 The real-depth stages are skipped, not failed, on a device with less memory than their weights
 need (the skip is noted in the report, and a later call on a bigger device runs them).
 
@@ -50,6 +58,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,7 +68,8 @@ from pathlib import Path
 from typing import Callable
 
 PAPER_TAU_8B = 3.61
-TAUS = "1,2,3,3.61,5"
+TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
+TAUS_MORE = "5,3,2"
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,4,16,32,61,64"  # tree nodes: 61 is keep 60 with its root; 64 a multiple of 16
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
@@ -69,10 +79,27 @@ SHALLOW_LAYERS = 4  # stage 7
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
 POOL_KEEP = ["--keep", "15"]
-# `bench shapes` again under other XLA flags (name → flags), for the verify's matmuls: XLA's own
-# Triton GEMMs against cuBLAS at 61 rows
-SHAPE_VARIANTS = {"cublas": "--xla_gpu_enable_triton_gemm=false"}
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # the profile's XLA flag: every kernel traced on its own
+# a stage again under other settings: name → (what, environment; XLA_FLAGS are added to the caller's)
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "unfused": ("q/k/v and gate/up unfused", {"DART_JAX_FUSED_PROJECTIONS": "0"}),
+    "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}),
+    "cublas": ("XLA's Triton GEMMs off: cuBLAS", {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"}),
+    "more": ("", {}),  # more τ values, the same settings
+}
+SHAPE_VARIANTS = ("unfused", "cublas")  # in the shapes table, in this order
+
+
+def variant_env(variant: str) -> dict[str, str] | None:
+    """The environment of a stage's `variant` ("" or None: the caller's as it is)."""
+    if not variant:
+        return None
+    env = dict(VARIANTS[variant][1])
+    if "XLA_FLAGS" in env:
+        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {env['XLA_FLAGS']}".strip()
+    return env
+
+
 # overrides the device memory the campaign reads (GiB), e.g. to check the skip on a CPU
 MEMORY_ENV = "DART_JAX_CAMPAIGN_DEVICE_GIB"
 
@@ -81,7 +108,7 @@ def run(cmd: list[str], log: Path, limit_s: float, env: dict | None = None) -> t
     """Run `cmd` under a time limit, its output to `log`; → (exit code, seconds). 124: timed out."""
     start = time.perf_counter()
     with log.open("w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
+        f.write("$ " + " ".join([*(f"{k}='{v}'" for k, v in (env or {}).items()), *cmd]) + "\n")
         f.flush()
         try:
             code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(limit_s, 1),
@@ -167,42 +194,50 @@ class Campaign:
         keep = ["--keep", "8" if smoke else "60"]
         reps = ["--reps", "1", "--warmup", "0"] if smoke else ["--reps", "3", "--warmup", "1"]
         tau = "3" if smoke else str(PAPER_TAU_8B)
-        taus = "1,3" if smoke else TAUS
+        taus = "1,3" if smoke else TAUS_FIRST
         first = shapes[0]
 
         def forced(name: str, shape: str, layers: int, taus: str, limit: float, *extra: str,
-                   deep: bool = True, nodes: list[str] = keep) -> Stage:
+                   deep: bool = True, nodes: list[str] = keep, variant: str = "") -> Stage:
+            name += f"-{variant}" if variant else ""
             return Stage(name, f"{name}.json", lambda: bench + [
                 "e2e", "--force-tau", taus, *nodes, *reps, *self.model(shape, layers), *extra, "--no-progress",
-                "--output", str(out / f"{name}.json")], limit, min_device_gib=DEPTH[shape][1] if deep else 0.0)
+                "--output", str(out / f"{name}.json")], limit, env=variant_env(variant),
+                min_device_gib=DEPTH[shape][1] if deep else 0.0)
 
         def shapes_stage(shape: str, variant: str = "") -> Stage:
             model = (["--tiny", "--reps", "2", "--warmup", "1", "--budgets", "1,4"] if smoke else
                      ["--model", shape, "--dtype", "bfloat16", "--reps", "20", "--warmup", "3", "--budgets",
                       "1,61" if variant else BUDGETS])
             name = f"shapes-{shape}" + (f"-{variant}" if variant else "")
-            env = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {SHAPE_VARIANTS[variant]}".strip()} if variant else None
             return Stage(name, f"{name}.json", lambda: bench + [
-                "shapes", *model, "--no-progress", "--output", str(out / f"{name}.json")], 150, env=env,
-                min_device_gib=DEPTH[shape][1])
+                "shapes", *model, "--no-progress", "--output", str(out / f"{name}.json")], 150,
+                env=variant_env(variant), min_device_gib=DEPTH[shape][1])
 
         deep = DEPTH[first][0]
         profile = f"profile-{first}-{deep}L"
         flags = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
+        b1 = f"forced-{first}-{deep}L-b1"
         stages = [
-            forced(f"forced-{first}-{deep}L-b1", first, deep, taus, 240),
+            forced(b1, first, deep, taus, 200),
             Stage(profile, f"{profile}/profile.json", lambda: [
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
                 *keep, "--steps", "2" if smoke else "8", *self.model(first, deep)], 180,
                 env={"XLA_FLAGS": flags}, min_device_gib=DEPTH[first][1]),
             shapes_stage(first),
-            forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
-                   "--force-batches", "2" if smoke else "4,16", "--overlap", nodes=keep if smoke else POOL_KEEP),
+            shapes_stage(first, "unfused"),
+            forced(b1, first, deep, taus, 200, variant="nocb"),
+            shapes_stage(first, "cublas"),
         ]
-        stages += [shapes_stage(first, variant) for variant in SHAPE_VARIANTS]
+        if not smoke:  # the same code as stage 1
+            stages.append(forced(b1, first, deep, TAUS_MORE, 200, variant="more"))
+        stages.append(forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
+                             "--force-batches", "2" if smoke else "4,16", "--overlap",
+                             nodes=keep if smoke else POOL_KEEP))
         stages += [forced(f"forced-{s}-{DEPTH[s][0]}L-b1", s, DEPTH[s][0], taus, 200) for s in shapes[1:]]
         shallow = 3 if smoke else SHALLOW_LAYERS
-        stages.append(forced(f"forced-{first}-{shallow}L-b1", first, shallow, taus, 150, deep=False))
+        stages.append(forced(f"forced-{first}-{shallow}L-b1", first, shallow,
+                             taus if smoke else f"{TAUS_FIRST},{TAUS_MORE}", 150, deep=False))
         if not (smoke or a.skip_tests):
             stages.append(Stage("tests", "tests.json", lambda: [
                 sys.executable, "-m", "pytest", "-q", *test_workers(), "-p", "no:cacheprovider",
@@ -279,7 +314,9 @@ def main(argv=None) -> int:
             ap.error(f"--resume {folder}: no such folder (pass the --out folder of an earlier call)")
     args.out.mkdir(parents=True, exist_ok=True)
     info = subprocess.run([sys.executable, "-c", "import jax, flax, numba; print(jax.__version__, flax.__version__, "
-                           "numba.__version__, jax.devices())"], capture_output=True, text=True)
+                           "numba.__version__, jax.devices()); from dart_jax.models.qwen3 import fused_projections_wanted; "
+                           "print('fused projections (the default layout here):', fused_projections_wanted())"],
+                          capture_output=True, text=True)
     smi = shutil.which("nvidia-smi")
     gpu = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.strip() if smi else "(no nvidia-smi)"
     (args.out / "env.txt").write_text(f"{info.stdout}{info.stderr}\n{gpu}\n")
@@ -302,13 +339,21 @@ def _speedup_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+_FORCED_NAME = re.compile(r"forced-(?P<shape>.+)-(?P<layers>\d+)L-(?P<batch>[a-z0-9]+)(?:-(?P<variant>[a-z]+))?$")
+
+
+def _forced_name(path: Path) -> dict[str, str]:
+    """The parts of a forced stage's file name, forced-<shape>-<layers>L-<b1|pool>[-<variant>].json[.partial]."""
+    match = _FORCED_NAME.match(path.name.split(".json")[0])
+    return match.groupdict(default="") if match else {"shape": "", "layers": "0", "batch": "", "variant": ""}
+
+
 def _stage_order(path: Path) -> tuple:
-    """Report order: shape as in SHAPES, deeper first, batch 1 before the pool."""
-    parts = path.name.split(".json")[0].split("-")  # forced-Qwen3-8B-36L-b1(.json.partial)
-    shape = "-".join(parts[1:-2])
-    rank = (SHAPES + ("tiny",)).index(shape) if shape in SHAPES + ("tiny",) else 99
-    layers = int(parts[-2][:-1]) if parts[-2][:-1].isdigit() else 0
-    return rank, -layers, parts[-1] != "b1", path.name
+    """Report order: shape as in SHAPES, deeper first, batch 1 before the pool, a stage before its variants."""
+    name = _forced_name(path)
+    rank = (SHAPES + ("tiny",)).index(name["shape"]) if name["shape"] in SHAPES + ("tiny",) else 99
+    variant = list(VARIANTS).index(name["variant"]) + 1 if name["variant"] in VARIANTS else 0
+    return rank, -int(name["layers"]), name["batch"] != "b1", variant, path.name
 
 
 def report(out: Path) -> str:
@@ -334,7 +379,8 @@ def report(out: Path) -> str:
         model = d.get("config", {}).get("model", {})
         keep = d.get("config", {}).get("keep")
         nodes = f", {int(keep) + 1}-node trees" if isinstance(keep, int) else ""
-        label = f"{model.get('shape', '?')} ({model.get('layers', '?')} layers{nodes}){cut}"
+        what = VARIANTS.get(_forced_name(path)["variant"], ("",))[0]
+        label = f"{model.get('shape', '?')} ({model.get('layers', '?')} layers{nodes}){f' [{what}]' if what else ''}{cut}"
         labelled = [{**r, "_label": label} for r in d["rows"]]
         rows += labelled
         overlap += [r for r in labelled if "overlap_gain" in r]
@@ -357,9 +403,9 @@ def report(out: Path) -> str:
               "| shape | decode call ms | plain token ms | " + " | ".join(f"{b} nodes" for b in budgets) + " |",
               "|---|---|---|" + "---|" * len(budgets)]
     for shape in SHAPES + ("tiny",):
-        for variant in ("",) + tuple(SHAPE_VARIANTS):
+        for variant in ("",) + SHAPE_VARIANTS:
             d = load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))
-            label = shape + (f" (XLA_FLAGS {SHAPE_VARIANTS[variant]})" if variant else "")
+            label = shape + (f" [{VARIANTS[variant][0]}]" if variant else "")
             if not d:
                 if shape != "tiny" and not variant:
                     lines.append(f"| {label} | (not measured) |")

@@ -17,8 +17,9 @@ _SPEC = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)  # a scri
 gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from_spec(_SPEC))  # dataclasses need it
 _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "profile-tiny-6L": "profile-tiny-6L/profile.json",
-          "shapes-tiny": "shapes-tiny.json", "forced-tiny-6L-pool": "forced-tiny-6L-pool.json",
-          "shapes-tiny-cublas": "shapes-tiny-cublas.json", "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
+          "shapes-tiny": "shapes-tiny.json", "shapes-tiny-unfused": "shapes-tiny-unfused.json",
+          "forced-tiny-6L-b1-nocb": "forced-tiny-6L-b1-nocb.json", "shapes-tiny-cublas": "shapes-tiny-cublas.json",
+          "forced-tiny-6L-pool": "forced-tiny-6L-pool.json", "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
 
 
 def campaign(*args: str, env: dict | None = None) -> str:
@@ -35,7 +36,8 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
         data = json.loads((out / result).read_text())
         assert data.get("rows") or data.get("phases"), name
         assert f"[skip] {name}" not in first
-    for name, layers in (("forced-tiny-6L-b1", 6), ("forced-tiny-3L-b1", 3)):  # drawn in memory, at two depths
+    # drawn in memory, at two depths, and a variant (XLA's command buffers off) of the first
+    for name, layers in (("forced-tiny-6L-b1", 6), ("forced-tiny-3L-b1", 3), ("forced-tiny-6L-b1-nocb", 6)):
         forced = json.loads((out / f"{name}.json").read_text())
         assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0] and all(r["same_output"] for r in forced["rows"])
         assert forced["config"]["model"]["layers"] == layers
@@ -46,7 +48,12 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "forced acceptance" in report and "| phase | ms per step |" in report
     assert "tiny (6 layers, 9-node trees)" in report and "tiny (3 layers, 9-node trees)" in report
     assert "tree search overlapped" in report
-    assert "| tiny (XLA_FLAGS --xla_gpu_enable_triton_gemm=false) |" in report  # the shapes under other flags
+    assert "| tiny [XLA's Triton GEMMs off: cuBLAS] |" in report  # the shapes under other settings
+    assert "| tiny [q/k/v and gate/up unfused] |" in report
+    assert "| tiny (6 layers, 9-node trees) [XLA command buffers off] | 1 | 1 |" in report
+    # a variant's log opens with its command and the settings it ran under
+    assert "--xla_gpu_enable_command_buffer=" in (out / "forced-tiny-6L-b1-nocb.log").read_text().splitlines()[0]
+    assert "DART_JAX_FUSED_PROJECTIONS='0'" in (out / "shapes-tiny-unfused.log").read_text().splitlines()[0]
     with tarfile.open(archive) as tar:  # everything the device tool must bring back, in one file
         names = set(tar.getnames())
     assert set(STAGES.values()) | {"RESULTS-gpu.md", "env.txt", "forced-tiny-6L-b1.log"} <= names

@@ -115,6 +115,22 @@ def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
         assert stats.steps == len(counts) and stats.new_tokens == len(dart)
 
 
+def test_fused_projections_keep_greedy_decoding_exact(tiny, monkeypatch):
+    """With the GPU's fused layout (forced here), DART (with a trie that makes long accepted runs,
+    so trees of many nodes commit several keys a step) and plain decoding give transformers' tokens."""
+    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "1")
+    model = DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, min_bucket=64, keep=60)
+    assert model.target.fused_projections
+    engine = Engine(model.target, DartDrafter(model.head), cheating_trie(tiny), eos_ids=(EOS,), tree_eos_id=EOS,
+                    tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64))
+    for prompt in PROMPTS:
+        expected = hf_generate(tiny, prompt, 24)
+        dart, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=24)
+        ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=24)
+        assert dart == ar == expected
+        assert max(counts) > 2  # runs of accepted draft tokens were verified
+
+
 def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     trie = cheating_trie(tiny)
     engine = engine_for(tiny, trie)

@@ -127,6 +127,51 @@ def test_cpu_loader_gives_tied_models_a_transposed_lm_head(full_runs):
                                    hidden @ np.asarray(model.embed_tokens.embedding[...]).T, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fused_projections_match_transformers(ckpts, name, monkeypatch):
+    """$DART_JAX_FUSED_PROJECTIONS=1 (a GPU's default layout) gives each layer one q/k/v kernel and one
+    gate/up kernel in place of the separate ones; a plain forward, a cached prefill and a chain
+    verified against the cache all give transformers' logits."""
+    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "1")
+    model = load_qwen3(ckpts[name], dtype=jnp.float32)
+    cfg = model.config
+    assert model.fused_projections
+    names = {".".join(map(str, path)) for path, _ in nnx.iter_graph(model)}
+    assert "layers.0.self_attn.qkv_proj.kernel" in names and "layers.0.mlp.gate_up_proj.kernel" in names
+    assert not any(set(n.split(".")) & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} for n in names)
+    width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    assert model.layers[0].self_attn.qkv_proj.kernel.shape == (cfg.hidden_size, width)
+    ids = random_ids(cfg.vocab_size, (2, 40), seed=7)
+    ref_logits, _ = hf_run(ckpts[name], ids)
+    logits, _, _ = full_forward(model, ids)
+    np.testing.assert_allclose(np.asarray(logits), ref_logits, atol=1e-4, rtol=0)
+    cache = init_cache(cfg, 2, CACHE_SLOTS, jnp.float32)
+    logits, _, cache = cached_forward(model, ids[:, :PREFILL], cache, np.zeros(2, np.int32))
+    np.testing.assert_allclose(np.asarray(logits), ref_logits[:, :PREFILL], atol=1e-4, rtol=0)
+    chain = 8  # the next tokens as a chain tree against the cache
+    mask = jnp.asarray(np.broadcast_to(np.tril(np.ones((chain, chain), bool)), (2, chain, chain)))
+    positions = jnp.asarray(np.broadcast_to(np.arange(PREFILL, PREFILL + chain), (2, chain)), jnp.int32)
+    logits, _, _ = cached_forward(model, ids[:, PREFILL:PREFILL + chain], cache, np.full(2, PREFILL, np.int32),
+                                  mask, positions)
+    np.testing.assert_allclose(np.asarray(logits), ref_logits[:, PREFILL:PREFILL + chain], atol=1e-4, rtol=0)
+
+
+def test_fused_projections_switch(ckpts, monkeypatch):
+    """Unset: fused on a GPU only; "0": never; anything else is refused, naming the variable, before
+    any weight is read."""
+    from dart_jax.models.qwen3 import fused_projections_wanted
+
+    monkeypatch.delenv("DART_JAX_FUSED_PROJECTIONS", raising=False)
+    assert fused_projections_wanted("gpu") and not fused_projections_wanted("cpu")
+    assert not fused_projections_wanted("tpu")
+    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "0")
+    assert not fused_projections_wanted("gpu")
+    assert not load_qwen3(next(iter(ckpts.values())), dtype=jnp.float32).fused_projections
+    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "yes")
+    with pytest.raises(ValueError, match="DART_JAX_FUSED_PROJECTIONS must be 0 or 1"):
+        load_qwen3(next(iter(ckpts.values())), dtype=jnp.float32)
+
+
 PREFILL, CACHE_SLOTS = 24, 64
 
 

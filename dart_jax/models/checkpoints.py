@@ -27,7 +27,7 @@ from dart_jax.errors import FileFormatError, InputError
 from .eagle3 import Eagle3Head, eagle3_rope
 from .head import DartHead, head_rope
 from .layers import rope_inv_freq
-from .qwen3 import Qwen3, default_dtype, use_backend_layout
+from .qwen3 import Qwen3, default_dtype, fused_projections_wanted, use_backend_layout
 from .sharding import DEFAULT_RULES, check_fits, make_mesh, model_sizes, named_sharding, place
 
 
@@ -85,6 +85,7 @@ def load_target(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Me
 def _load_target(folder: Path, config, dtype, mesh, rules) -> Qwen3:
     mesh = make_mesh(mesh)
     check_fits(mesh, model_sizes(config), rules=rules)
+    fused_projections_wanted()  # a bad $DART_JAX_FUSED_PROJECTIONS fails before any read
     # a bad RoPE fails before any read
     with np.errstate(all="ignore"):
         tables = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling_dict)

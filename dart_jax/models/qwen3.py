@@ -14,6 +14,7 @@ The three DART taps (docs/spec.md §2) are the residual-stream inputs of layers 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 import jax
@@ -23,9 +24,12 @@ from flax import nnx, struct
 
 from dart_jax.convert.qwen3 import Qwen3Config
 
-from .layers import Linear, RMSNorm, apply_rope, attention, param, rope_cos_sin, rope_inv_freq
+from .layers import (Linear, RMSNorm, apply_rope, attention, group_mask, group_queries, param, rope_cos_sin,
+                     rope_inv_freq, ungroup_queries)
 
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
+# "1": fused projections on every backend, "0": on none; unset: on a GPU only (`use_backend_layout`)
+FUSED_PROJECTIONS_ENV = "DART_JAX_FUSED_PROJECTIONS"
 
 
 def default_dtype():
@@ -75,6 +79,19 @@ class Embed(nnx.Module):
         return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)  # [..., H]
 
 
+def _fused_linear(parts: list[Linear]) -> Linear:
+    """One Linear whose kernel [in, sum of outs] (and bias) is `parts`' side by side: x @ it holds
+    each part's x @ kernel in its columns, the same products."""
+    first = parts[0]
+    kernel = jnp.concatenate([p.kernel.get_value() for p in parts], axis=1)
+    fused = Linear(kernel.shape[0], kernel.shape[1], (first.kernel.logical_axes[0], None), dtype=first.dtype,
+                   param_dtype=kernel.dtype, rngs=None, bias=first.bias is not None)
+    fused.kernel.set_value(kernel)
+    if first.bias is not None:
+        fused.bias.set_value(jnp.concatenate([p.bias.get_value() for p in parts]))
+    return fused
+
+
 class Attention(nnx.Module):
     def __init__(self, c: Qwen3Config, *, dtype, param_dtype, rngs):
         h, nq, nkv, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -82,6 +99,7 @@ class Attention(nnx.Module):
         self.q_proj = Linear(h, nq * d, ("embed", "heads"), **kw)
         self.k_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
         self.v_proj = Linear(h, nkv * d, ("embed", "kv_heads"), **kw)
+        self.qkv_proj = None  # `fuse_projections`: q, k and v in one kernel instead
         self.o_proj = Linear(nq * d, h, ("heads", "embed"), **kw)
         if c.qk_norm:
             self.q_norm = RMSNorm(d, c.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
@@ -90,14 +108,25 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = None
         self.num_heads, self.num_kv_heads, self.head_dim = nq, nkv, d
 
+    def fuse_projections(self) -> None:
+        """q, k and v projections as one [H, (Hq + 2·Hkv)·D] kernel (`Qwen3.fuse_projections`)."""
+        if self.qkv_proj is not None:
+            return
+        self.qkv_proj = nnx.data(_fused_linear([self.q_proj, self.k_proj, self.v_proj]))
+        del self.q_proj, self.k_proj, self.v_proj
+
     def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
         """x [B,T,H] → q [B,T,Hq,D], k and v [B,T,Hkv,D] (Qwen3's per-head norm on q and k, then RoPE)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        nq, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+            q, k, v = qkv[..., :nq * d], qkv[..., nq * d:(nq + nkv) * d], qkv[..., (nq + nkv) * d:]
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.reshape(b, t, nq, d), k.reshape(b, t, nkv, d), v.reshape(b, t, nkv, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
@@ -106,10 +135,24 @@ class MLP(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.gate_proj = Linear(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
         self.up_proj = Linear(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
+        self.gate_up_proj = None  # `fuse_projections`: gate and up in one kernel instead
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, ("mlp", "embed"), **kw)
+        self.intermediate_size = c.intermediate_size
+
+    def fuse_projections(self) -> None:
+        """gate and up projections as one [H, 2·I] kernel (`Qwen3.fuse_projections`)."""
+        if self.gate_up_proj is not None:
+            return
+        self.gate_up_proj = nnx.data(_fused_linear([self.gate_proj, self.up_proj]))
+        del self.gate_proj, self.up_proj
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))  # [B,T,I] -> [B,T,H]
+        if self.gate_up_proj is not None:
+            y = self.gate_up_proj(x)
+            gate, up = y[..., :self.intermediate_size], y[..., self.intermediate_size:]
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(jax.nn.silu(gate) * up)  # [B,T,I] -> [B,T,H]
 
 
 # attend(layer index, q, k, v) → (attention output [B,T,Hq,D], what the forward keeps of the layer)
@@ -253,6 +296,20 @@ class Qwen3(nnx.Module):
         head.kernel.set_value(jnp.asarray(self.embed_tokens.embedding.get_value()).T)
         self.lm_head = nnx.data(head)  # None at construction made the attribute static
 
+    def fuse_projections(self) -> None:
+        """Each layer's q, k and v projections as one matmul, and its gate and up projections as
+        another (the same products, in fewer and wider matmuls): in a 61-row verify at Qwen3-8B's
+        widths on an H200 the attention's projections read their weights at 1.3-1.4 TB/s against
+        2.9-3.3 for the MLP's (benchmarks/RESULTS.md, the 2026-11-26 profile). The separate weights are
+        replaced, not kept. For one device: a model sharded over a mesh keeps them separate."""
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+
+    @property
+    def fused_projections(self) -> bool:
+        return bool(self.layers) and self.layers[0].mlp.gate_up_proj is not None
+
     def lm_logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., H] → float32 logits [..., V]."""
         with jax.named_scope("lm_head"):
@@ -270,12 +327,24 @@ class Qwen3(nnx.Module):
         return (logits, taps) if return_taps else logits
 
 
+def fused_projections_wanted(backend: str | None = None) -> bool:
+    """Whether `use_backend_layout` fuses the projections on `backend` (default: JAX's):
+    $DART_JAX_FUSED_PROJECTIONS "1" everywhere, "0" nowhere, unset on a GPU only."""
+    flag = os.environ.get(FUSED_PROJECTIONS_ENV, "").strip()
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"${FUSED_PROJECTIONS_ENV} must be 0 or 1 (or unset: fused on a GPU only), got {flag!r}")
+    return flag == "1" if flag else (backend or jax.default_backend()) == "gpu"
+
+
 def use_backend_layout(model: Qwen3) -> Qwen3:
     """The target as the engine runs it on this backend: on a CPU, with its own [H, V] LM head
-    (`Qwen3.untie_lm_head`); elsewhere as it is. For a model whose weights are placed on one
+    (`Qwen3.untie_lm_head`); on a GPU, with fused projections (`Qwen3.fuse_projections`; see
+    `fused_projections_wanted` for the switch). For a model whose weights are placed on one
     device (the loaders, the benchmarks' random models), not over a mesh."""
     if jax.default_backend() == "cpu":
         model.untie_lm_head()
+    if fused_projections_wanted():
+        model.fuse_projections()
     return model
 
 
@@ -283,18 +352,19 @@ def _attention_with_cache(q, k_new, v_new, k_old, v_old, visible, new_mask, scal
     """Attention of T new tokens over two key blocks, the cache (slots where `visible` [B,S]) and
     the new tokens themselves (`new_mask` [B,T,T]), with one softmax over both. Keeping the new
     keys out of the cache means a verification never writes the cache per layer and never builds
-    a [B,T,S] mask by gathering."""
-    b, t, hq, d = q.shape
+    a [B,T,S] mask by gathering. Queries are grouped per KV head (`layers.group_queries`)."""
+    b, t, hq, _ = q.shape
     hkv = k_new.shape[2]
     s = k_old.shape[1]
-    qg = q.reshape(b, t, hkv, hq // hkv, d)
-    scores = jnp.concatenate([jnp.einsum("btkgd,bskd->bkgts", qg, k_old, preferred_element_type=jnp.float32),
-                              jnp.einsum("btkgd,bskd->bkgts", qg, k_new, preferred_element_type=jnp.float32)],
-                             axis=-1) * scale  # [B,Hkv,G,T,S+T]
-    mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)), new_mask], axis=-1)[:, None, None]
+    qg = group_queries(q, hkv)  # [B,Hkv,G·T,D]
+    scores = jnp.concatenate([jnp.einsum("bkmd,bskd->bkms", qg, k_old, preferred_element_type=jnp.float32),
+                              jnp.einsum("bkmd,bskd->bkms", qg, k_new, preferred_element_type=jnp.float32)],
+                             axis=-1) * scale  # [B,Hkv,G·T,S+T]
+    mask = group_mask(jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)), new_mask], axis=-1),
+                      hq // hkv)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = jnp.where(mask, probs, 0.0).astype(v_new.dtype)
-    out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_old, preferred_element_type=jnp.float32)
-           + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_new, preferred_element_type=jnp.float32))
-    return out.astype(v_new.dtype).reshape(b, t, hq, d)
+    out = (jnp.einsum("bkms,bskd->bkmd", probs[..., :s], v_old, preferred_element_type=jnp.float32)
+           + jnp.einsum("bkms,bskd->bkmd", probs[..., s:], v_new, preferred_element_type=jnp.float32))
+    return ungroup_queries(out.astype(v_new.dtype), t)
