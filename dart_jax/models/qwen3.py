@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx, struct
 
 from dart_jax.convert.qwen3 import Qwen3Config
+from dart_jax.errors import InputError
 
 from .layers import (Linear, RMSNorm, apply_rope, attention, group_mask, group_queries, param, rope_cos_sin,
                      rope_inv_freq, ungroup_queries)
@@ -332,7 +333,7 @@ def fused_projections_wanted(backend: str | None = None) -> bool:
     $DART_JAX_FUSED_PROJECTIONS "1" everywhere, "0" nowhere, unset on a GPU only."""
     flag = os.environ.get(FUSED_PROJECTIONS_ENV, "").strip()
     if flag not in ("", "0", "1"):
-        raise ValueError(f"${FUSED_PROJECTIONS_ENV} must be 0 or 1 (or unset: fused on a GPU only), got {flag!r}")
+        raise InputError(f"${FUSED_PROJECTIONS_ENV} must be 0 or 1 (or unset: fused on a GPU only), got {flag!r}.")
     return flag == "1" if flag else (backend or jax.default_backend()) == "gpu"
 
 
