@@ -74,7 +74,7 @@ SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,4,16,32,61,64"  # tree nodes: 61 is keep 60 with its root; 64 a multiple of 16
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 7
+SHALLOW_LAYERS = 4  # stage 10
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
@@ -243,7 +243,9 @@ class Campaign:
                 sys.executable, "-m", "pytest", "-q", *test_workers(), "-p", "no:cacheprovider",
                 "--continue-on-collection-errors", "--ignore=tests/test_serve_api.py",
                 "--ignore=tests/test_serve_ui.py", "--ignore=tests/test_notebook.py",
-                "--ignore=tests/test_bench_campaign.py"], 360, env={"JAX_DEFAULT_MATMUL_PRECISION": "highest"},
+                "--ignore=tests/test_bench_campaign.py"], 360,
+                # JAX_PLATFORMS empty: the GPU (tests/conftest.py would pick the CPU when it is unset)
+                env={"JAX_DEFAULT_MATMUL_PRECISION": "highest", "JAX_PLATFORMS": ""},
                 min_left_s=150))
         stages += [shapes_stage(s) for s in shapes[1:]]
         return stages
@@ -352,8 +354,9 @@ def _stage_order(path: Path) -> tuple:
     """Report order: shape as in SHAPES, deeper first, batch 1 before the pool, a stage before its variants."""
     name = _forced_name(path)
     rank = (SHAPES + ("tiny",)).index(name["shape"]) if name["shape"] in SHAPES + ("tiny",) else 99
-    variant = list(VARIANTS).index(name["variant"]) + 1 if name["variant"] in VARIANTS else 0
-    return rank, -int(name["layers"]), name["batch"] != "b1", variant, path.name
+    # a variant with no label of its own (more τ values) continues its stage's rows
+    variant = list(VARIANTS).index(name["variant"]) + 1 if VARIANTS.get(name["variant"], ("",))[0] else 0
+    return rank, -int(name["layers"]), name["batch"] != "b1", variant, bool(name["variant"]), path.name
 
 
 def report(out: Path) -> str:

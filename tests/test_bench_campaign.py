@@ -103,3 +103,27 @@ def test_report_shows_the_rows_of_a_stage_cut_short(tmp_path):
     assert "| Qwen3-8B (36 layers, 61-node trees) (cut short) | 1 | 3.61 | 3.50 |" in text
     assert "| 1.75 |" in text  # step ÷ plain token = τ × plain ÷ DART = 3.5 × 100 / 200
     assert text.count("Qwen3-8B (4 layers, 61-node trees) |") == 2  # the finished JSON's two rows, not the partial
+
+
+def test_report_puts_variants_beside_their_stage(tmp_path):
+    """A variant's rows follow its stage's, labelled with its settings; more τ values of the same
+    settings continue the stage's rows under its label."""
+    config = {"model": {"shape": "Qwen3-8B", "layers": 36}, "keep": 60}
+
+    def rows(*taus):
+        return [{"tau_asked": t, "batch": 1, "tau": t, "ar_tok_s": 100.0, "dart_tok_s": 150.0, "speedup": 1.5,
+                 "same_output": True} for t in taus]
+
+    for name, taus in (("forced-Qwen3-8B-36L-b1-nocb", (3.61,)), ("forced-Qwen3-8B-36L-b1-more", (5.0,)),
+                       ("forced-Qwen3-8B-36L-b1", (3.61, 1.0)), ("forced-Qwen3-8B-4L-b1", (2.0,))):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": config if "36L" in name else
+                                                           {**config, "model": {"shape": "Qwen3-8B", "layers": 4}},
+                                                           "rows": rows(*taus)}))
+    table = [line for line in gpu_campaign.report(tmp_path).splitlines() if line.startswith("| Qwen3-8B (")]
+    plain = "| Qwen3-8B (36 layers, 61-node trees) | 1 |"
+    assert [line.split(" | ")[0:3] for line in table] == [
+        ["| Qwen3-8B (36 layers, 61-node trees)", "1", "3.61"], ["| Qwen3-8B (36 layers, 61-node trees)", "1", "1"],
+        ["| Qwen3-8B (36 layers, 61-node trees)", "1", "5"],
+        ["| Qwen3-8B (36 layers, 61-node trees) [XLA command buffers off]", "1", "3.61"],
+        ["| Qwen3-8B (4 layers, 61-node trees)", "1", "2"]]
+    assert sum(line.startswith(plain) for line in table) == 3

@@ -290,8 +290,8 @@ def test_supported_float_kinds_load(tiny, tmp_path, dtype):
     tensors = {name: array.astype(dtype) for name, array in _tensors(base).items()}
     folder = _copy(base, tmp_path / "base", tensors=tensors)
     model = load_qwen3(folder, dtype=jnp.float32)
-    np.testing.assert_array_equal(np.asarray(model.layers[1].self_attn.q_proj.kernel[...]),
-                                  tensors["model.layers.1.self_attn.q_proj.weight"].astype(np.float32).T)
+    np.testing.assert_array_equal(np.asarray(model.layers[1].self_attn.o_proj.kernel[...]),  # never fused
+                                  tensors["model.layers.1.self_attn.o_proj.weight"].astype(np.float32).T)
     htensors = {name: (a.astype(dtype) if a.dtype == np.float32 else a) for name, a in _tensors(head).items()}
     hfolder = _copy(head, tmp_path / "head", tensors=htensors)
     loaded = load_dart_head(hfolder, model, dtype=jnp.float32)

@@ -17,6 +17,7 @@ import torch
 
 from dart_jax.api.model import DartModel, load_trie, published_base
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
+from dart_jax.errors import InputError
 from dart_jax.decoding.batcher import Batcher, PlainBatcher
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.engine import Engine, Stats
@@ -129,6 +130,9 @@ def test_fused_projections_keep_greedy_decoding_exact(tiny, monkeypatch):
         ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=24)
         assert dart == ar == expected
         assert max(counts) > 2  # runs of accepted draft tokens were verified
+    # a mesh would copy the fused kernels whole onto every device: refused, naming the fix
+    with pytest.raises(InputError, match="fused.*load the target with the mesh"):
+        Engine(model.target, DartDrafter(model.head), eos_ids=(EOS,), tree_eos_id=EOS, mesh="model=1")
 
 
 def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):

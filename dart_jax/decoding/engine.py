@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dart_jax.errors import InputError
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, write_cache
 from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inputs_on_mesh, make_mesh,
                                       shard_module, sharded_caches)
@@ -257,6 +258,11 @@ class Engine:
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
                  mesh=None, adaptive: bool = False):
         self.target, self.drafter, self.trie, self.mesh = target, drafter, trie, make_mesh(mesh)
+        if self.mesh is not None and target.fused_projections:
+            raise InputError("the target's projections are fused (the one-device layout a GPU loads, "
+                             "Qwen3.fuse_projections), which a mesh would copy whole onto every device: load the "
+                             "target with the mesh (load_target(..., mesh=...) keeps the checkpoint's layout), or set "
+                             "DART_JAX_FUSED_PROJECTIONS=0 before loading it.")
         if self.mesh is not None:  # loaders place the weights already (then this moves nothing)
             shard_module(target, self.mesh)
             shard_module(drafter.module, self.mesh)

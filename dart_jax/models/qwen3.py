@@ -85,8 +85,9 @@ def _fused_linear(parts: list[Linear]) -> Linear:
     each part's x @ kernel in its columns, the same products."""
     first = parts[0]
     kernel = jnp.concatenate([p.kernel.get_value() for p in parts], axis=1)
-    fused = Linear(kernel.shape[0], kernel.shape[1], (first.kernel.logical_axes[0], None), dtype=first.dtype,
-                   param_dtype=kernel.dtype, rngs=None, bias=first.bias is not None)
+    fused = nnx.eval_shape(lambda: Linear(kernel.shape[0], kernel.shape[1], (first.kernel.logical_axes[0], None),
+                                          dtype=first.dtype, param_dtype=kernel.dtype, rngs=None,
+                                          bias=first.bias is not None))  # no zero kernel made first
     fused.kernel.set_value(kernel)
     if first.bias is not None:
         fused.bias.set_value(jnp.concatenate([p.bias.get_value() for p in parts]))
