@@ -29,7 +29,7 @@ new tokens; "plain" is the device loop of plain greedy decoding.
     `Qwen3.fuse_projections`): the A/B of that default.
  5. forced-Qwen3-8B-36L-b1-nocb: stage 1 with XLA's command buffers off: do they cost the step
     (updated every call, as the step's inputs are new buffers) or save it?
- 6. shapes-Qwen3-8B-cublas: stage 4 with XLA's Triton GEMMs off (cuBLAS at 61 rows) instead.
+ 6. shapes-Qwen3-8B-cublas: stage 3 for 1 and 61 nodes with XLA's Triton GEMMs off (cuBLAS at 61 rows).
  7. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
  8. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
     through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees
