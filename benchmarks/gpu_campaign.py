@@ -216,14 +216,13 @@ class Campaign:
 
         deep = DEPTH[first][0]
         profile = f"profile-{first}-{deep}L"
-        flags = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
         b1 = f"forced-{first}-{deep}L-b1"
         stages = [
             forced(b1, first, deep, taus, 200),
             Stage(profile, f"{profile}/profile.json", lambda: [
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
                 *keep, "--steps", "2" if smoke else "8", *self.model(first, deep)], 180,
-                env={"XLA_FLAGS": flags}, min_device_gib=DEPTH[first][1]),
+                env=variant_env("nocb"), min_device_gib=DEPTH[first][1]),
             shapes_stage(first),
             shapes_stage(first, "unfused"),
             forced(b1, first, deep, taus, 200, variant="nocb"),

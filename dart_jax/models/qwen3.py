@@ -269,15 +269,19 @@ class Qwen3(nnx.Module):
         forward's output, so that the write stays in place."""
         b, t = ids.shape
         cache_len = jnp.broadcast_to(jnp.asarray(cache_len, jnp.int32), (b,))
-        visible = jnp.arange(cache.k.shape[2], dtype=jnp.int32)[None, :] < cache_len[:, None]  # [B,S]
-        new_mask = jnp.broadcast_to(mask.astype(bool), (b, t, t))
+        s = cache.k.shape[2]
+        visible = jnp.arange(s, dtype=jnp.int32)[None, :] < cache_len[:, None]  # [B,S]
+        # the cache's slots, then the tree's nodes; built once for every layer, in the grouped rows
+        full_mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)),
+                                     jnp.broadcast_to(mask.astype(bool), (b, t, t))], axis=-1)  # [B,T,S+T]
+        full_mask = group_mask(full_mask, self.config.num_attention_heads // self.config.num_key_value_heads)
         scale = self.config.head_dim ** -0.5
 
         def attend(i, q, k, v):
             k = k.astype(cache.k.dtype).astype(q.dtype)
             v = v.astype(cache.v.dtype).astype(q.dtype)
             out = _attention_with_cache(q, k, v, cache.k[i].astype(q.dtype), cache.v[i].astype(q.dtype),
-                                        visible, new_mask, scale)
+                                        full_mask, scale)
             return out, (k, v)
 
         hidden, taps, kept = self._run(ids, positions, attend, return_taps)
@@ -350,20 +354,19 @@ def use_backend_layout(model: Qwen3) -> Qwen3:
     return model
 
 
-def _attention_with_cache(q, k_new, v_new, k_old, v_old, visible, new_mask, scale):
-    """Attention of T new tokens over two key blocks, the cache (slots where `visible` [B,S]) and
-    the new tokens themselves (`new_mask` [B,T,T]), with one softmax over both. Keeping the new
-    keys out of the cache means a verification never writes the cache per layer and never builds
-    a [B,T,S] mask by gathering. Queries are grouped per KV head (`layers.group_queries`)."""
-    b, t, hq, _ = q.shape
+def _attention_with_cache(q, k_new, v_new, k_old, v_old, mask, scale):
+    """Attention of T new tokens over two key blocks, the cache's S slots and the new tokens
+    themselves, with one softmax over both; `mask` [B, 1, G·T, S+T] (`layers.group_mask` of
+    [B, T, S+T]) says which slots and nodes each query row may see. Keeping the new keys out of the
+    cache means a verification never writes the cache per layer and never builds a [B,T,S] mask by
+    gathering. Queries are grouped per KV head (`layers.group_queries`)."""
+    t = q.shape[1]
     hkv = k_new.shape[2]
     s = k_old.shape[1]
     qg = group_queries(q, hkv)  # [B,Hkv,G·T,D]
     scores = jnp.concatenate([jnp.einsum("bkmd,bskd->bkms", qg, k_old, preferred_element_type=jnp.float32),
                               jnp.einsum("bkmd,bskd->bkms", qg, k_new, preferred_element_type=jnp.float32)],
                              axis=-1) * scale  # [B,Hkv,G·T,S+T]
-    mask = group_mask(jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)), new_mask], axis=-1),
-                      hq // hkv)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     probs = jnp.where(mask, probs, 0.0).astype(v_new.dtype)
