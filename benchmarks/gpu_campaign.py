@@ -18,18 +18,19 @@ new tokens; "plain" is the device loop of plain greedy decoding.
  1. forced-Qwen3-8B-36L-b1: `bench e2e --force-tau 3.61,1` at the real depth (36 layers,
     16 GB of weights), batch 1: the end-to-end speedup at the paper's τ (bench/forced.py), and at
     τ = 1 the bare step against a plain token (the issue's goal: within 1.2×).
- 2. profile-Qwen3-8B-36L: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps
+ 2. forced-Qwen3-8B-36L-b1-xla: stage 1 with every verify compiled with XLA's own GEMMs
+    (`DART_JAX_VERIFY_GEMMS=xla`): the A/B of the default, which compiles a step of 32 rows or more
+    with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
+ 3. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
+    against a decode call and a token of the device loop, at the full depth, and what a host call
+    costs besides its device work (an empty call; a call taking every weight array).
+ 4. shapes-Qwen3-8B-xla: stage 3 at 32, 61 and 64 rows with XLA's GEMMs (the default: cuBLAS).
+ 5. profile-Qwen3-8B-36L: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps
     and the per-phase and per-op tables (profile.{json,md}), run with XLA's command buffers off
     (`--xla_gpu_enable_command_buffer=`) so that every kernel is traced under its own HLO
     instruction and scope; stage 1 gives the step's wall time with them on.
- 3. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 1…64 nodes against a decode
-    step, at the full depth (is a 64-node tree, a multiple of 16 rows, cheaper than 61?).
- 4. shapes-Qwen3-8B-unfused: stage 3 for 1 and 61 nodes, plain decoding included, with the
-    projections unfused (`DART_JAX_FUSED_PROJECTIONS=0`; a GPU fuses q/k/v and gate/up by default,
-    `Qwen3.fuse_projections`): the A/B of that default.
- 5. forced-Qwen3-8B-36L-b1-nocb: stage 1 with XLA's command buffers off: do they cost the step
-    (updated every call, as the step's inputs are new buffers) or save it?
- 6. shapes-Qwen3-8B-cublas: stage 3 for 1 and 61 nodes with XLA's Triton GEMMs off (cuBLAS at 61 rows).
+ 6. shapes-Qwen3-8B-cublas: stage 3 at 4 and 16 rows with cuBLAS (the default: XLA's GEMMs); with
+    stages 3 and 4, both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
  7. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
  8. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
     through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees
@@ -41,14 +42,16 @@ new tokens; "plain" is the device loop of plain greedy decoding.
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
 12. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
-A variant (a name after the batch: -unfused, -nocb, -cublas; VARIANTS) is its stage again under
-other settings, reported beside it.
+A variant (a name after the stage: -xla, -cublas, -nocb; VARIANTS) is its stage again under
+other settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no
+longer run: fused projections (faster plain decoding, the same verify) and XLA's command buffers
+(on: faster plain decoding and step).
 The real-depth stages are skipped, not failed, on a device with less memory than their weights
 need (the skip is noted in the report, and a later call on a bigger device runs them).
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 7), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 10), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -71,7 +74,9 @@ PAPER_TAU_8B = 3.61
 TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
-BUDGETS = "1,4,16,32,61,64"  # tree nodes: 61 is keep 60 with its root; 64 a multiple of 16
+# tree nodes besides the root (`bench shapes --budgets`): 60 is the engine's keep 60 (61 rows), the
+# others give 2, 4, 16, 32 and 64 rows
+BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
 SHALLOW_LAYERS = 4  # stage 10
@@ -82,12 +87,14 @@ POOL_KEEP = ["--keep", "15"]
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # the profile's XLA flag: every kernel traced on its own
 # a stage again under other settings: name → (what, environment; XLA_FLAGS are added to the caller's)
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "unfused": ("q/k/v and gate/up unfused", {"DART_JAX_FUSED_PROJECTIONS": "0"}),
+    "xla": ("every verify with XLA's own GEMMs (Triton)", {"DART_JAX_VERIFY_GEMMS": "xla"}),
+    "cublas": ("every verify with cuBLAS", {"DART_JAX_VERIFY_GEMMS": "cublas"}),
     "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}),
-    "cublas": ("XLA's Triton GEMMs off: cuBLAS", {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"}),
     "more": ("", {}),  # more τ values, the same settings
 }
-SHAPE_VARIANTS = ("unfused", "cublas")  # in the shapes table, in this order
+# in the shapes table, in this order, with the tree sizes each measures: with the default (cuBLAS
+# from CUBLAS_MIN_ROWS = 32 rows up, XLA's GEMMs below) they give both kinds at 4 to 64 nodes
+SHAPE_VARIANTS = {"xla": "31,60,63", "cublas": "3,15"}
 
 
 def variant_env(variant: str) -> dict[str, str] | None:
@@ -208,7 +215,7 @@ class Campaign:
         def shapes_stage(shape: str, variant: str = "") -> Stage:
             model = (["--tiny", "--reps", "2", "--warmup", "1", "--budgets", "1,4"] if smoke else
                      ["--model", shape, "--dtype", "bfloat16", "--reps", "20", "--warmup", "3", "--budgets",
-                      "1,61" if variant else BUDGETS])
+                      SHAPE_VARIANTS[variant] if variant else BUDGETS])
             name = f"shapes-{shape}" + (f"-{variant}" if variant else "")
             return Stage(name, f"{name}.json", lambda: bench + [
                 "shapes", *model, "--no-progress", "--output", str(out / f"{name}.json")], 150,
@@ -219,13 +226,13 @@ class Campaign:
         b1 = f"forced-{first}-{deep}L-b1"
         stages = [
             forced(b1, first, deep, taus, 200),
+            forced(b1, first, deep, taus, 200, variant="xla"),
+            shapes_stage(first),
+            shapes_stage(first, "xla"),
             Stage(profile, f"{profile}/profile.json", lambda: [
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
                 *keep, "--steps", "2" if smoke else "8", *self.model(first, deep)], 180,
                 env=variant_env("nocb"), min_device_gib=DEPTH[first][1]),
-            shapes_stage(first),
-            shapes_stage(first, "unfused"),
-            forced(b1, first, deep, taus, 200, variant="nocb"),
             shapes_stage(first, "cublas"),
         ]
         if not smoke:  # the same code as stage 1
@@ -399,13 +406,16 @@ def report(out: Path) -> str:
                   f"{r['overlap_wait_ms_per_half_step']:.2f} | {r['overlap_same_output']} |" for r in overlap]
     profiles = sorted(out.glob("profile-*/profile.md"))
     lines += [""] + ([p.read_text().strip() for p in profiles] or ["### Profile\n\n(not measured: see the logs)"])
-    budgets = BUDGETS.split(",")
+    budgets = sorted({int(b) for b in ",".join([BUDGETS, *SHAPE_VARIANTS.values()]).split(",")})
     lines += ["", "### Verify step by tree size (random weights, bf16; ms, and ratio to a token of plain decoding's "
-              "device loop)", "",
-              "| shape | decode call ms | plain token ms | " + " | ".join(f"{b} nodes" for b in budgets) + " |",
-              "|---|---|---|" + "---|" * len(budgets)]
+              "device loop; c: compiled with cuBLAS GEMMs)", "",
+              "Host calls besides their device work: an empty call (one tiny array), and a call taking every "
+              "weight array and the cache as a step does (reads one element).", "",
+              "| shape | empty call ms | call with the weights ms | decode call ms | plain token ms | "
+              + " | ".join(f"{b + 1} rows" for b in budgets) + " |",
+              "|---|---|---|---|---|" + "---|" * len(budgets)]
     for shape in SHAPES + ("tiny",):
-        for variant in ("",) + SHAPE_VARIANTS:
+        for variant in ("", *SHAPE_VARIANTS):
             d = load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))
             label = shape + (f" [{VARIANTS[variant][0]}]" if variant else "")
             if not d:
@@ -413,9 +423,13 @@ def report(out: Path) -> str:
                     lines.append(f"| {label} | (not measured) |")
                 continue
             s = d["summary"]
-            cells = [f"{s['verify_ms'][b]:.2f} ({s['ratio_to_plain'][b]:.2f}×)" if b in s["verify_ms"] else "-"
-                     for b in budgets]
-            lines.append(f"| {label} | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
+            cublas = {str(r["budget"]) for r in d.get("rows", []) if r.get("gemms") == "cublas"}
+            cells = [f"{s['verify_ms'][b]:.2f} ({s['ratio_to_plain'][b]:.2f}×{', c' if b in cublas else ''})"
+                     if b in s["verify_ms"] else "-" for b in map(str, budgets)]
+            calls = s.get("call_ms", {})
+            lines.append(f"| {label} | " + " | ".join(f"{calls[c]:.3f}" if c in calls else "-"
+                                                       for c in ("empty", "weights"))
+                         + f" | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
     tests = load(out / "tests.json")
     if tests:
         lines += ["", "### Test suite on the GPU (fp32, matmul precision highest)", "", f"`{tests['summary']}`"]

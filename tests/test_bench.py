@@ -97,7 +97,10 @@ def test_shapes_tiny_and_plot(capsys, tmp_path):
                    "--warmup", "1", "--plot", str(tmp_path / "s.png"))
     check_documented(out)
     rows = out["rows"]
-    assert [(r["kind"], r["budget"], r["tokens"]) for r in rows] == [("decode", 0, 1), ("plain", 0, 1), ("verify", 5, 6)]
+    assert [(r["kind"], r["name"], r["budget"], r["tokens"]) for r in rows] == [
+        ("decode", "", 0, 1), ("plain", "", 0, 1), ("call", "empty", 0, 0), ("call", "weights", 0, 0), ("verify", "", 5, 6)]
+    assert rows[-1]["gemms"] == "xla"  # a CPU keeps XLA's own GEMMs
+    assert out["summary"]["call_ms"] == {"empty": rows[2]["median_ms"], "weights": rows[3]["median_ms"]}
     for r in rows:
         assert r["ratio_to_decode"] == pytest.approx(r["median_ms"] / rows[0]["median_ms"])
         assert r["ratio_to_plain"] == pytest.approx(r["median_ms"] / rows[1]["median_ms"])

@@ -16,9 +16,9 @@ SCRIPT = ROOT / "benchmarks" / "gpu_campaign.py"
 _SPEC = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)  # a script, not a package
 gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from_spec(_SPEC))  # dataclasses need it
 _SPEC.loader.exec_module(gpu_campaign)
-STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "profile-tiny-6L": "profile-tiny-6L/profile.json",
-          "shapes-tiny": "shapes-tiny.json", "shapes-tiny-unfused": "shapes-tiny-unfused.json",
-          "forced-tiny-6L-b1-nocb": "forced-tiny-6L-b1-nocb.json", "shapes-tiny-cublas": "shapes-tiny-cublas.json",
+STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "forced-tiny-6L-b1-xla": "forced-tiny-6L-b1-xla.json",
+          "shapes-tiny": "shapes-tiny.json", "shapes-tiny-xla": "shapes-tiny-xla.json",
+          "profile-tiny-6L": "profile-tiny-6L/profile.json", "shapes-tiny-cublas": "shapes-tiny-cublas.json",
           "forced-tiny-6L-pool": "forced-tiny-6L-pool.json", "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
 
 
@@ -36,8 +36,8 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
         data = json.loads((out / result).read_text())
         assert data.get("rows") or data.get("phases"), name
         assert f"[skip] {name}" not in first
-    # drawn in memory, at two depths, and a variant (XLA's command buffers off) of the first
-    for name, layers in (("forced-tiny-6L-b1", 6), ("forced-tiny-3L-b1", 3), ("forced-tiny-6L-b1-nocb", 6)):
+    # drawn in memory, at two depths, and a variant (every verify with XLA's GEMMs) of the first
+    for name, layers in (("forced-tiny-6L-b1", 6), ("forced-tiny-3L-b1", 3), ("forced-tiny-6L-b1-xla", 6)):
         forced = json.loads((out / f"{name}.json").read_text())
         assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0] and all(r["same_output"] for r in forced["rows"])
         assert forced["config"]["model"]["layers"] == layers
@@ -48,12 +48,14 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "forced acceptance" in report and "| phase | ms per step |" in report
     assert "tiny (6 layers, 9-node trees)" in report and "tiny (3 layers, 9-node trees)" in report
     assert "tree search overlapped" in report
-    assert "| tiny [XLA's Triton GEMMs off: cuBLAS] |" in report  # the shapes under other settings
-    assert "| tiny [q/k/v and gate/up unfused] |" in report
-    assert "| tiny (6 layers, 9-node trees) [XLA command buffers off] | 1 | 1 |" in report
+    assert "| tiny [every verify with cuBLAS] |" in report  # the shapes under other settings
+    assert "| tiny [every verify with XLA's own GEMMs (Triton)] |" in report
+    assert "| tiny (6 layers, 9-node trees) [every verify with XLA's own GEMMs (Triton)] | 1 | 1 |" in report
+    assert "call with the weights ms" in report
     # a variant's log opens with its command and the settings it ran under
-    assert "--xla_gpu_enable_command_buffer=" in (out / "forced-tiny-6L-b1-nocb.log").read_text().splitlines()[0]
-    assert "DART_JAX_FUSED_PROJECTIONS='0'" in (out / "shapes-tiny-unfused.log").read_text().splitlines()[0]
+    assert "DART_JAX_VERIFY_GEMMS='xla'" in (out / "forced-tiny-6L-b1-xla.log").read_text().splitlines()[0]
+    assert "DART_JAX_VERIFY_GEMMS='cublas'" in (out / "shapes-tiny-cublas.log").read_text().splitlines()[0]
+    assert "--xla_gpu_enable_command_buffer=" in (out / "profile-tiny-6L.log").read_text().splitlines()[0]
     with tarfile.open(archive) as tar:  # everything the device tool must bring back, in one file
         names = set(tar.getnames())
     assert set(STAGES.values()) | {"RESULTS-gpu.md", "env.txt", "forced-tiny-6L-b1.log"} <= names
@@ -114,7 +116,7 @@ def test_report_puts_variants_beside_their_stage(tmp_path):
         return [{"tau_asked": t, "batch": 1, "tau": t, "ar_tok_s": 100.0, "dart_tok_s": 150.0, "speedup": 1.5,
                  "same_output": True} for t in taus]
 
-    for name, taus in (("forced-Qwen3-8B-36L-b1-nocb", (3.61,)), ("forced-Qwen3-8B-36L-b1-more", (5.0,)),
+    for name, taus in (("forced-Qwen3-8B-36L-b1-xla", (3.61,)), ("forced-Qwen3-8B-36L-b1-more", (5.0,)),
                        ("forced-Qwen3-8B-36L-b1", (3.61, 1.0)), ("forced-Qwen3-8B-4L-b1", (2.0,))):
         (tmp_path / f"{name}.json").write_text(json.dumps({"config": config if "36L" in name else
                                                            {**config, "model": {"shape": "Qwen3-8B", "layers": 4}},
@@ -124,6 +126,6 @@ def test_report_puts_variants_beside_their_stage(tmp_path):
     assert [line.split(" | ")[0:3] for line in table] == [
         ["| Qwen3-8B (36 layers, 61-node trees)", "1", "3.61"], ["| Qwen3-8B (36 layers, 61-node trees)", "1", "1"],
         ["| Qwen3-8B (36 layers, 61-node trees)", "1", "5"],
-        ["| Qwen3-8B (36 layers, 61-node trees) [XLA command buffers off]", "1", "3.61"],
+        ["| Qwen3-8B (36 layers, 61-node trees) [every verify with XLA's own GEMMs (Triton)]", "1", "3.61"],
         ["| Qwen3-8B (4 layers, 61-node trees)", "1", "2"]]
     assert sum(line.startswith(plain) for line in table) == 3

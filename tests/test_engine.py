@@ -21,6 +21,7 @@ from dart_jax.errors import InputError
 from dart_jax.decoding.batcher import Batcher, PlainBatcher
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding import engine as engine_module
 from dart_jax.decoding import sampling as sampling_module
 from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings, prompt_bucket
@@ -133,6 +134,39 @@ def test_fused_projections_keep_greedy_decoding_exact(tiny, monkeypatch):
     # a mesh would copy the fused kernels whole onto every device: refused, naming the fix
     with pytest.raises(InputError, match="fused.*load the target with the mesh"):
         Engine(model.target, DartDrafter(model.head), eos_ids=(EOS,), tree_eos_id=EOS, mesh="model=1")
+
+
+def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monkeypatch):
+    """A GPU compiles the verification of a big tree with other GEMMs (qwen3.verify_compiler_options):
+    here the rule is forced on the CPU with a GPU option every XLA accepts. A step whose tree has
+    32 rows or more runs an executable compiled with it, a smaller one XLA's defaults, and greedy
+    decoding stays transformers' either way. A bad $DART_JAX_VERIFY_GEMMS stops the engine at once."""
+    off = {"xla_gpu_enable_triton_gemm": False}
+    asked, made = [], []
+    real_jitted = engine_module.jitted
+
+    def rule(rows, choice):
+        asked.append((rows, choice))
+        return dict(off) if rows >= 32 else None
+
+    def spy(fn, *args, **kwargs):
+        made.append(kwargs.get("compiler_options"))
+        return real_jitted(fn, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "verify_compiler_options", rule)
+    monkeypatch.setattr(engine_module, "jitted", spy)
+    for keep, options in ((60, off), (8, None)):
+        engine = Engine(tiny.model.target, DartDrafter(tiny.model.head), cheating_trie(tiny), eos_ids=(EOS,),
+                        tree_eos_id=EOS, tree=TreeSettings(keep=keep), shapes=ShapeSettings(min_bucket=64))
+        made.clear()
+        for prompt in PROMPTS[:2]:
+            dart, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=16)
+            assert dart == hf_generate(tiny, prompt, 16)
+        assert (keep + 1, "auto") in asked
+        assert made == [options]  # the step, made once with its options (the prefill keeps XLA's)
+    monkeypatch.setenv("DART_JAX_VERIFY_GEMMS", "fastest")
+    with pytest.raises(InputError, match="DART_JAX_VERIFY_GEMMS must be auto, xla or cublas"):
+        engine_for(tiny, keep=60)
 
 
 def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):

@@ -18,7 +18,9 @@ from dart_jax.convert.qwen3 import load_qwen3_config
 from dart_jax.models.checkpoints import load_qwen3
 from dart_jax.convert.safetensors_io import read_tensors, write_tensors
 from dart_jax.convert.qwen3 import Qwen3Config
-from dart_jax.models.qwen3 import KVCache, default_dtype, fused_projections_wanted, init_cache, write_cache
+from dart_jax.errors import InputError
+from dart_jax.models.qwen3 import (KVCache, default_dtype, fused_projections_wanted, init_cache, verify_compiler_options,
+                                   write_cache)
 from dart_jax.models.sharding import DEFAULT_RULES, logical_to_spec, shard_cache, shard_module
 
 CONFIGS = {
@@ -159,6 +161,23 @@ def test_fused_projections_match_transformers(ckpts, name, monkeypatch):
     logits, _, _ = cached_forward(model, ids[:, PREFILL:PREFILL + chain], cache, np.full(2, PREFILL, np.int32),
                                   mask, positions)
     np.testing.assert_allclose(np.asarray(logits), ref_logits[:, PREFILL:PREFILL + chain], atol=1e-4, rtol=0)
+
+
+def test_verify_gemms_switch(monkeypatch):
+    """On a GPU a verification of 32 rows or more compiles with Triton's GEMMs off (cuBLAS), fewer
+    rows with XLA's defaults; "xla" never turns them off, "cublas" always; other backends keep
+    XLA's defaults; a bad value is refused, naming the variable and its values."""
+    off = {"xla_gpu_enable_triton_gemm": False}
+    monkeypatch.delenv("DART_JAX_VERIFY_GEMMS", raising=False)
+    assert verify_compiler_options(31, "gpu") is None and verify_compiler_options(32, "gpu") == off
+    assert verify_compiler_options(61, "cpu") is None and verify_compiler_options(61, "tpu") is None
+    assert verify_compiler_options(2, "gpu", choice="cublas") == off
+    assert verify_compiler_options(976, "gpu", choice="xla") is None
+    monkeypatch.setenv("DART_JAX_VERIFY_GEMMS", "CUBLAS")
+    assert verify_compiler_options(2, "gpu") == off
+    monkeypatch.setenv("DART_JAX_VERIFY_GEMMS", "triton")
+    with pytest.raises(InputError, match="DART_JAX_VERIFY_GEMMS must be auto, xla or cublas"):
+        verify_compiler_options(61, "gpu")
 
 
 def test_fused_projections_switch(ckpts, monkeypatch):

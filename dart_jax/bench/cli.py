@@ -34,7 +34,7 @@ TABLE_COLUMNS = {
     "ngram": ["num_nodes", "order", "load_ms", "query_us", "kernel_query_us", "kernel_query_us_hot",
               "kernel_query_us_root_table", "kernel_query_us_hot_root_table", "bytes_per_node_file",
               "bytes_per_node_memory", "hit_rate", "convert_mb_per_s"],
-    "shapes": ["kind", "budget", "tokens", "median_ms", "min_ms", "ratio_to_decode", "ratio_to_plain"],
+    "shapes": ["kind", "name", "gemms", "budget", "tokens", "median_ms", "min_ms", "ratio_to_decode", "ratio_to_plain"],
 }
 
 

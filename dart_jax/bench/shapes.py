@@ -23,7 +23,8 @@ from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_wi
 from dart_jax.decoding.engine import verify_tree
 from dart_jax.decoding.sampling import vocab_argmax
 from dart_jax.decoding.settings import GenerationSettings
-from dart_jax.models.qwen3 import Qwen3, init_cache, use_backend_layout
+from dart_jax.models.qwen3 import (Qwen3, init_cache, use_backend_layout, verify_compiler_options,
+                                   verify_gemms_wanted)
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes, shard_module, sharded_caches
 
 _QWEN3_COMMON = {"vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
@@ -130,7 +131,7 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     cache_bytes = 2 * fields["num_hidden_layers"] * batch * max_len * kv_heads * head_dim * jdtype.itemsize
     _check_memory(fields, jdtype.itemsize, cache_bytes, mesh.size if mesh is not None else 1)
 
-    bar = progress(1 + (2 + len(budgets)) * (reps + warmup), "shapes", show_progress)
+    bar = progress(1 + (4 + len(budgets)) * (reps + warmup), "shapes", show_progress)
     target = Qwen3(config, dtype=jdtype, param_dtype=jdtype, rngs=nnx.Rngs(seed))
     if mesh is not None:
         shard_module(target, mesh)
@@ -145,7 +146,17 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         logits, taps, tree_kv = verify_tree(model.merge(state), tree, cache, cache_len)
         return vocab_argmax(logits), taps, tree_kv
 
-    verify = jax.jit(verify)
+    gemms = verify_gemms_wanted()
+    # compiled as the engine compiles its step: with the XLA options of the verification's size
+    verifiers = {}
+
+    def verifier(rows: int):
+        options = verify_compiler_options(rows, choice=gemms)
+        key = tuple(sorted(options.items())) if options else ()
+        if key not in verifiers:
+            verifiers[key] = jax.jit(verify, compiler_options=options) if options else jax.jit(verify)
+        return verifiers[key]
+
     rng = np.random.default_rng(seed)
     cache_len = jnp.full((batch,), context, jnp.int32)
     if mesh is None:
@@ -179,28 +190,39 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         # ancestors-or-self of a chain: any tree of this size costs the same with dense attention
         tree = {"tokens": ids, "positions": jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens)),
                 "mask": jnp.broadcast_to(jnp.tril(jnp.ones((tokens, tokens), bool)), (batch, tokens, tokens))}
-        return lambda: verify(state, tree, holder["cache"], cache_len)
+        run = verifier(batch * tokens)
+        return lambda: run(state, tree, holder["cache"], cache_len)
 
     def timed(call):
         return summary_ms(time_calls(call, reps=reps, warmup=warmup, tick=bar.update))
 
+    # what a host call costs besides its device work: a call of one tiny array, and a call that
+    # takes every weight array (and the cache) as the step does and reads one element
+    small = jnp.zeros((batch,), jnp.int32)
+    empty = jax.jit(lambda x: x + 1)
+    weights = jax.jit(lambda state, cache: state[0].ravel()[0], keep_unused=True)
+    calls = {"empty": timed(lambda: empty(small)), "weights": timed(lambda: weights(state, holder["cache"]))}
     base = timed(decode_call)
     loop = {key: v / chunk for key, v in timed(plain_call).items()}  # per token
-    rows = [{"kind": "decode", "budget": 0, "tokens": 1, **base, "ratio_to_decode": 1.0,
+    rows = [{"kind": "decode", "name": "", "budget": 0, "tokens": 1, **base, "ratio_to_decode": 1.0,
              "ratio_to_plain": base["median_ms"] / loop["median_ms"]},
-            {"kind": "plain", "budget": 0, "tokens": 1, **loop, "ratio_to_decode": loop["median_ms"] / base["median_ms"],
+            {"kind": "plain", "name": "", "budget": 0, "tokens": 1, **loop, "ratio_to_decode": loop["median_ms"] / base["median_ms"],
              "ratio_to_plain": 1.0}]
+    rows += [{"kind": "call", "name": name, "budget": 0, "tokens": 0, **t, "ratio_to_decode": t["median_ms"] / base["median_ms"],
+              "ratio_to_plain": t["median_ms"] / loop["median_ms"]} for name, t in calls.items()]
     for budget in budgets:
         t = timed(verify_call(budget + 1))
-        rows.append({"kind": "verify", "budget": budget, "tokens": budget + 1, **t,
+        rows.append({"kind": "verify", "name": "", "budget": budget, "tokens": budget + 1, **t,
+                     "gemms": "cublas" if verify_compiler_options(batch * (budget + 1), choice=gemms) else "xla",
                      "ratio_to_decode": t["median_ms"] / base["median_ms"],
                      "ratio_to_plain": t["median_ms"] / loop["median_ms"]})
     bar.close()
     config_out = {"shape": label, "fields": fields, "params": param_count(fields), "dtype": dtype,
                   "context": context, "batch": batch, "reps": reps, "warmup": warmup, "seed": seed,
-                  "mesh": None if mesh is None else dict(mesh.shape), "backend": jax.default_backend()}
+                  "verify_gemms": gemms, "mesh": None if mesh is None else dict(mesh.shape), "backend": jax.default_backend()}
     verify_rows = [r for r in rows if r["kind"] == "verify"]
     summary = {"decode_ms": base["median_ms"], "plain_token_ms": loop["median_ms"],
+               "call_ms": {name: t["median_ms"] for name, t in calls.items()},
                "verify_ms": {str(r["budget"]): r["median_ms"] for r in verify_rows},
                "ratio_to_decode": {str(r["budget"]): r["ratio_to_decode"] for r in verify_rows},
                "ratio_to_plain": {str(r["budget"]): r["ratio_to_plain"] for r in verify_rows}}

@@ -59,9 +59,10 @@ def split_flat(module: nnx.Module) -> tuple[ModelDef, tuple]:
 def jitted(fn, model: ModelDef, *static, **jit_kwargs):
     """`fn` jitted with its ModelDef (and further static arguments) bound. Binding them here keeps
     the GraphDef out of the per-call arguments: as a static argument it would be hashed on every
-    step, which costs milliseconds of host time. Callers over equal ModelDefs share the jitted
-    function, hence its compiled executables."""
-    key = (fn, model, static)
+    step, which costs milliseconds of host time. Callers over equal ModelDefs (and equal XLA
+    `compiler_options`, if any) share the jitted function, hence its compiled executables."""
+    options = jit_kwargs.get("compiler_options")
+    key = (fn, model, static, tuple(sorted(options.items())) if options else None)
     if key not in _JITTED:
         _JITTED[key] = jax.jit(functools.partial(fn, model, *static), **jit_kwargs)
     return _JITTED[key]

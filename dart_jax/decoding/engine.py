@@ -39,7 +39,8 @@ import numpy as np
 from flax import nnx
 
 from dart_jax.errors import InputError
-from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, write_cache
+from dart_jax.models.qwen3 import (KVCache, Qwen3, init_cache, verify_compiler_options, verify_gemms_wanted,
+                                   write_cache)
 from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inputs_on_mesh, make_mesh,
                                       shard_module, sharded_caches)
 from dart_jax.ngram import TreeSettings
@@ -229,6 +230,36 @@ _DONATE = ("cache", "draft_cache")
 
 
 @functools.lru_cache(maxsize=None)
+def _by_tree_rows(make, gemms: str, lowerable: bool):
+    """A step function (state, tree, ..., n=...) that runs `make(jit options)`'s function for the
+    XLA options of its verification, rows = sequences × `n` tree nodes (`verify_compiler_options`
+    under the $DART_JAX_VERIFY_GEMMS choice `gemms`); one jitted function per set of options. With
+    `lowerable` (`make` returns jitted functions: no mesh) it has their `lower` too."""
+    by_rows: dict[int, object] = {}
+    by_options: dict[tuple, object] = {}
+
+    def pick(tree, n: int):
+        rows = tree.shape[0] * n
+        fn = by_rows.get(rows)
+        if fn is None:
+            options = verify_compiler_options(rows, choice=gemms)
+            key = tuple(sorted(options.items())) if options else ()
+            if key not in by_options:
+                by_options[key] = make({"compiler_options": options} if options else {})
+            fn = by_rows[rows] = by_options[key]
+        return fn
+
+    def run(state, tree, *args, n: int, **kwargs):
+        return pick(tree, n)(state, tree, *args, n=n, **kwargs)
+
+    def lower(state, tree, *args, n: int, **kwargs):
+        return pick(tree, n).lower(state, tree, *args, n=n, **kwargs)
+
+    if lowerable:
+        run.lower = lower
+    return run
+
+
 def _pinned(fn, mesh):
     """`fn` (`_prefill`, `_step`, `_plain`: outputs 1 and 2 are the target and drafter caches) with
     both caches pinned to their shardings on `mesh`, so that a donated cache comes back as it went
@@ -285,12 +316,14 @@ class Engine:
         self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), model, cls,
                                               static_argnames=("rows", "k", "nodes", "draft_window"), donate_argnames=_DONATE),
                                        self.mesh)
-        self._step = inputs_on_mesh(jitted(_pinned(_step, self.mesh), model, cls,
-                                           static_argnames=("n", "depth", "k", "window"), donate_argnames=_DONATE),
-                                    self.mesh)
-        self._step_rows = inputs_on_mesh(jitted(_pinned(_step_rows, self.mesh), model, cls,
-                                                static_argnames=("n", "depth", "k", "window"),
-                                                donate_argnames=_DONATE), self.mesh)
+        # each step compiled with the XLA options of its verification's size (verify_compiler_options)
+        gemms = verify_gemms_wanted()  # a bad $DART_JAX_VERIFY_GEMMS fails here, not at the first step
+        self._step = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
+            _pinned(_step, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
+            donate_argnames=_DONATE, **options), self.mesh), gemms, self.mesh is None)
+        self._step_rows = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
+            _pinned(_step_rows, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
+            donate_argnames=_DONATE, **options), self.mesh), gemms, self.mesh is None)
         self._plain = inputs_on_mesh(jitted(_pinned(_plain, self.mesh), model, cls,
                                             static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
                                      self.mesh)
