@@ -130,4 +130,9 @@ def test_profile_of_a_tiny_model_on_this_device(tmp_path, capsys):
     # device ops were found, most carry the step's named scopes, and the verify is among them
     assert s["ops_traced"] > 0 and s["ops_with_scope"] >= s["ops_traced"] // 2
     assert phases["verify_attention"] > 0 and phases["tree_search"] > 0
+    # the same steps timed without the profiler, and no Python call traced under it
+    u = s["untraced"]
+    assert u["steps"] == 3 and 0 < u["tree_search_ms"] < u["step_ms"] and 0 < u["device_call_ms"] < u["step_ms"]
+    assert "The same steps without the profiler" in (out / "profile.md").read_text()
+    assert not [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("$")]
     assert {r["phase"] for r in result["ops"]} & {"verify_attention", "verify_mlp", "verify_lm_head"}

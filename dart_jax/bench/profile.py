@@ -2,9 +2,10 @@
 
     python -m dart_jax.bench.profile --out DIR [model options of `bench e2e`] [--steps 8] [--force-tau 3.61]
 
-One prompt is decoded once untimed (everything compiles), then again, and `--steps` of its
-decoding steps run under `jax.profiler` (the trace lands in DIR/trace/, for TensorBoard or
-Perfetto). From the trace's Chrome-format `*.trace.json.gz` (read with the standard library) and
+One prompt is decoded once untimed (everything compiles); then `--steps` of its decoding steps
+run twice, once timed on the host alone (`summary.untraced`: the step's own wall time and tree
+search, which a profiler slows) and once under `jax.profiler`, Python calls not traced (the trace
+lands in DIR/trace/, for TensorBoard or Perfetto). From the trace's Chrome-format `*.trace.json.gz` (read with the standard library) and
 the host's own step timing come two tables, written to DIR as `profile.json` and `profile.md`:
 
 per phase, mean ms per step (the rows add up to the step's wall time):
@@ -301,29 +302,39 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
                 pool.run()
             finally:
                 pool.close()
-            pool = new_pool()
-            host = []
-            trace_dir = out / "trace"
-            try:
-                pool.step()  # the prefill
-                jax.profiler.start_trace(str(trace_dir))
+            def timed_steps(trace: Path | None) -> list[dict[str, float]]:
+                """The first `steps` steps after the prefill of a new pool, timed on the host, under
+                the profiler with `trace` (Python calls not traced: that tracer slows every call)."""
+                pool, host = new_pool(), []
                 try:
-                    for _ in range(steps):
-                        if not pool.active:
-                            break
-                        request = next(r for r in pool.busy if r is not None)
-                        tree0, dev0 = request.stats.tree_s, request.stats.device_s
-                        t0 = time.perf_counter()
-                        with jax.profiler.TraceAnnotation(_STEP):
-                            events = pool.step()
-                        wall = time.perf_counter() - t0
-                        host.append({"wall_s": wall, "tree_s": request.stats.tree_s - tree0,
-                                     "device_call_s": request.stats.device_s - dev0,
-                                     "accepted": float(np.mean([a for _, _, a in events])) if events else 0.0})
+                    pool.step()  # the prefill
+                    if trace is not None:
+                        options = jax.profiler.ProfileOptions()
+                        options.python_tracer_level = 0
+                        jax.profiler.start_trace(str(trace), profiler_options=options)
+                    try:
+                        for _ in range(steps):
+                            if not pool.active:
+                                break
+                            request = next(r for r in pool.busy if r is not None)
+                            tree0, dev0 = request.stats.tree_s, request.stats.device_s
+                            t0 = time.perf_counter()
+                            with jax.profiler.TraceAnnotation(_STEP):
+                                events = pool.step()
+                            wall = time.perf_counter() - t0
+                            host.append({"wall_s": wall, "tree_s": request.stats.tree_s - tree0,
+                                         "device_call_s": request.stats.device_s - dev0,
+                                         "accepted": float(np.mean([a for _, _, a in events])) if events else 0.0})
+                    finally:
+                        if trace is not None:
+                            jax.profiler.stop_trace()
                 finally:
-                    jax.profiler.stop_trace()
-            finally:
-                pool.close()
+                    pool.close()
+                return host
+
+            untraced = timed_steps(None)  # the same steps without the profiler: the step's own times
+            trace_dir = out / "trace"
+            host = timed_steps(trace_dir)
         finally:
             engine._step = step_fn
         if not host:
@@ -342,6 +353,9 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
         keep = tree_label(engine)
     phase_rows, op_rows, summary = tables(read_trace(trace_dir), hlo, host, top=top)
     summary["scopes"] = scope_note
+    mean_ms = lambda key: float(np.mean([h[key] for h in untraced])) * 1e3 if untraced else float("nan")  # noqa: E731
+    summary["untraced"] = {"step_ms": mean_ms("wall_s"), "tree_search_ms": mean_ms("tree_s"),
+                           "device_call_ms": mean_ms("device_call_s"), "steps": len(untraced)}
     result = {"mode": "profile",
               "config": {"model": source, "prompt_id": item["id"], "steps": len(host), "keep": keep,
                          "tree_depth": engine.rows, "force_tau": force_tau, **work.config(seed),
@@ -359,6 +373,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"forced τ {c['force_tau'] or 'none'})", "",
              f"Step {s['step_ms']:.3f} ms (phases add up to {s['phases_sum_ms']:.3f} ms); device busy "
              f"{s['device_busy_ms']:.3f} ms; accepted per step {s['accepted_per_step']:.2f}; scopes: {s['scopes']}.", "",
+             *([f"The same steps without the profiler: step {u['step_ms']:.3f} ms, of which the device call "
+                f"{u['device_call_ms']:.3f} ms and the tree search {u['tree_search_ms']:.3f} ms.", ""]
+               if (u := s.get("untraced")) else []),
              "| phase | ms per step | share |", "|---|---|---|"]
     lines += [f"| {r['phase']} | {r['ms_per_step']:.3f} | {r['share']:.1%} |" for r in result["phases"]]
     lines += ["", "| phase | op kind | ms per step | share of device |", "|---|---|---|---|"]
