@@ -229,7 +229,6 @@ def _plain(model: ModelDef, drafter_cls, state, token, cache: KVCache, draft_cac
 _DONATE = ("cache", "draft_cache")
 
 
-@functools.lru_cache(maxsize=None)
 def _by_tree_rows(make, gemms: str, lowerable: bool):
     """A step function (state, tree, ..., n=...) that runs `make(jit options)`'s function for the
     XLA options of its verification, rows = sequences × `n` tree nodes (`verify_compiler_options`
@@ -260,6 +259,7 @@ def _by_tree_rows(make, gemms: str, lowerable: bool):
     return run
 
 
+@functools.lru_cache(maxsize=None)
 def _pinned(fn, mesh):
     """`fn` (`_prefill`, `_step`, `_plain`: outputs 1 and 2 are the target and drafter caches) with
     both caches pinned to their shardings on `mesh`, so that a donated cache comes back as it went
