@@ -70,6 +70,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+# the stages' names and settings as of this version; a folder of results made by another version
+# measured other settings under the same names, so --resume (and --out) refuse it
+CAMPAIGN_VERSION = "2"
+VERSION_FILE = "campaign-version.txt"
 PAPER_TAU_8B = 3.61
 TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
@@ -92,8 +96,9 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}),
     "more": ("", {}),  # more τ values, the same settings
 }
-# in the shapes table, in this order, with the tree sizes each measures: with the default (cuBLAS
-# from CUBLAS_MIN_ROWS = 32 rows up, XLA's GEMMs below) they give both kinds at 4 to 64 nodes
+# in the shapes table, in this order, with the tree sizes each measures (`--budgets`: nodes besides
+# the root, one sequence): with the default (cuBLAS from CUBLAS_MIN_ROWS = 32 rows up, XLA's GEMMs
+# below) they give both kinds at 4 to 64 rows
 SHAPE_VARIANTS = {"xla": "31,60,63", "cublas": "3,15"}
 
 
@@ -298,6 +303,17 @@ def pack_folder(folder: Path, archive: Path) -> None:
     partial.replace(archive)
 
 
+def foreign_results(folder: Path) -> str | None:
+    """Why `folder`'s results cannot be taken as this campaign's (made by another version of it,
+    whose stages measured other settings under the same names), or None."""
+    version = folder / VERSION_FILE
+    found = version.read_text().strip() if version.exists() else None
+    if found == CAMPAIGN_VERSION or (found is None and not any(folder.glob("*.json"))):
+        return None
+    return (f"its results were made by campaign version {found or '1 (unmarked)'}, this is version "
+            f"{CAMPAIGN_VERSION} (stages with the same names now measure other settings)")
+
+
 def test_workers() -> list[str]:
     """pytest-xdist's 8 workers where the image has it."""
     return ["-n", "8"] if importlib.util.find_spec("xdist") else []
@@ -320,7 +336,12 @@ def main(argv=None) -> int:
     for folder in args.resume:
         if not folder.is_dir():
             ap.error(f"--resume {folder}: no such folder (pass the --out folder of an earlier call)")
+        if (problem := foreign_results(folder)):
+            ap.error(f"--resume {folder}: {problem}; resume only from a call of this version")
+    if args.out.is_dir() and (problem := foreign_results(args.out)):
+        ap.error(f"--out {args.out}: {problem}; give a new folder")
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / VERSION_FILE).write_text(CAMPAIGN_VERSION + "\n")
     info = subprocess.run([sys.executable, "-c", "import jax, flax, numba; print(jax.__version__, flax.__version__, "
                            "numba.__version__, jax.devices()); from dart_jax.models.qwen3 import fused_projections_wanted; "
                            "print('fused projections (the default layout here):', fused_projections_wanted())"],
@@ -406,17 +427,21 @@ def report(out: Path) -> str:
                   f"{r['overlap_wait_ms_per_half_step']:.2f} | {r['overlap_same_output']} |" for r in overlap]
     profiles = sorted(out.glob("profile-*/profile.md"))
     lines += [""] + ([p.read_text().strip() for p in profiles] or ["### Profile\n\n(not measured: see the logs)"])
-    budgets = sorted({int(b) for b in ",".join([BUDGETS, *SHAPE_VARIANTS.values()]).split(",")})
+    shape_files = {(shape, variant): load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))
+                   for shape in SHAPES + ("tiny",) for variant in ("", *SHAPE_VARIANTS)}
+    # the tree sizes the files hold (the constants' where none is there yet)
+    budgets = sorted({int(b) for d in shape_files.values() if d for b in d["summary"]["verify_ms"]}
+                     or {int(b) for b in ",".join([BUDGETS, *SHAPE_VARIANTS.values()]).split(",")})
     lines += ["", "### Verify step by tree size (random weights, bf16; ms, and ratio to a token of plain decoding's "
-              "device loop; c: compiled with cuBLAS GEMMs)", "",
+              "device loop; nodes with the root, one sequence; c: compiled with cuBLAS GEMMs)", "",
               "Host calls besides their device work: an empty call (one tiny array), and a call taking every "
               "weight array and the cache as a step does (reads one element).", "",
               "| shape | empty call ms | call with the weights ms | decode call ms | plain token ms | "
-              + " | ".join(f"{b + 1} rows" for b in budgets) + " |",
+              + " | ".join(f"{b + 1} nodes" for b in budgets) + " |",
               "|---|---|---|---|---|" + "---|" * len(budgets)]
     for shape in SHAPES + ("tiny",):
         for variant in ("", *SHAPE_VARIANTS):
-            d = load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))
+            d = shape_files[(shape, variant)]
             label = shape + (f" [{VARIANTS[variant][0]}]" if variant else "")
             if not d:
                 if shape != "tiny" and not variant:

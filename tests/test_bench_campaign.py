@@ -89,6 +89,26 @@ def test_resume_from_a_missing_folder_is_refused(tmp_path):
     assert done.returncode == 2 and "--resume" in done.stderr and "no such folder" in done.stderr
 
 
+def test_results_of_another_campaign_version_are_refused(tmp_path):
+    """Stages keep their names when what they measure changes: a folder made by another version of
+    the campaign (or an unmarked one, from before the versions) is refused as --resume and as --out,
+    naming the versions; a new or empty folder is taken."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "forced-tiny-6L-b1.json").write_text("{}")
+    for args in (["--out", str(tmp_path / "o"), "--resume", str(old)], ["--out", str(old)]):
+        done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and "campaign version 1 (unmarked)" in done.stderr, done.stderr
+    (old / "campaign-version.txt").write_text("1\n")
+    assert "version 1, this is version" in gpu_campaign.foreign_results(old)
+    (old / "campaign-version.txt").write_text(gpu_campaign.CAMPAIGN_VERSION + "\n")
+    assert gpu_campaign.foreign_results(old) is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert gpu_campaign.foreign_results(empty) is None
+
+
 def test_report_shows_the_rows_of_a_stage_cut_short(tmp_path):
     """A forced stage killed by its time limit leaves <name>.json.partial: the report shows its rows,
     marked, and prefers the finished JSON where both exist."""

@@ -5,8 +5,9 @@
 One prompt is decoded once untimed (everything compiles); then `--steps` of its decoding steps
 run twice, once timed on the host alone (`summary.untraced`: the step's own wall time and tree
 search, which a profiler slows) and once under `jax.profiler`, Python calls not traced (the trace
-lands in DIR/trace/, for TensorBoard or Perfetto). From the trace's Chrome-format `*.trace.json.gz` (read with the standard library) and
-the host's own step timing come two tables, written to DIR as `profile.json` and `profile.md`:
+lands in DIR/trace/, for TensorBoard or Perfetto). From the trace's Chrome-format
+`*.trace.json.gz` (read with the standard library) and the host's own step timing come two
+tables, written to DIR as `profile.json` and `profile.md`:
 
 per phase, mean ms per step (the rows add up to the step's wall time):
   verify_attention, verify_mlp, verify_lm_head, verify_other   the target over the tree (device)

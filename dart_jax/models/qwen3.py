@@ -362,8 +362,8 @@ def verify_compiler_options(rows: int, backend: str | None = None,
     at a tree's few dozen rows they split the attention projections' reduction into f32 partial sums
     (1.3 TB/s on an H200, against 3.8 TB/s for cuBLAS; a 62-row verify at the Qwen3-8B shape took
     10.4 ms in Triton, 7.4 ms in cuBLAS; benchmarks/RESULTS.md, 2026-11-26 fifth session). So
-    verifications of at least `CUBLAS_MIN_ROWS` rows compile with Triton's GEMMs off, and plain
-    decoding keeps XLA's choice. $DART_JAX_VERIFY_GEMMS: "auto" (unset) that rule, "xla" never,
+    steps whose verification has at least `CUBLAS_MIN_ROWS` rows compile with Triton's GEMMs off
+    (the whole step: the draft head's matmuls in it too), and plain decoding keeps XLA's choice. $DART_JAX_VERIFY_GEMMS: "auto" (unset) that rule, "xla" never,
     "cublas" for every tree (`choice`, default: read from there). Other backends: None."""
     choice = choice or verify_gemms_wanted()
     if (backend or jax.default_backend()) != "gpu" or choice == "xla":
