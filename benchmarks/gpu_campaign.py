@@ -31,17 +31,20 @@ new tokens; "plain" is the device loop of plain greedy decoding.
     instruction and scope; stage 1 gives the step's wall time with them on.
  6. shapes-Qwen3-8B-cublas: stage 3 at 4 and 16 rows with cuBLAS (the default: XLA's GEMMs); with
     stages 3 and 4, both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
- 7. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
- 8. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
+ 7. layout-Qwen3-8B: benchmarks/layer_layout_probe.py: the host cost of passing ~300 weight arrays
+    against 6 stacked ones, and a stand-in of the target's weight traffic at 1 and 61 rows with
+    the layers' weights separate (today), stacked and unrolled, or stacked under lax.scan.
+ 8. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
+ 9. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
     through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees
     while the device verifies the other half, `Batcher(overlap=True)`): `overlap_gain` =
     overlapped / default tok/s.
- 9. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
-10. forced-Qwen3-8B-4L-b1: every τ at 4 layers (where the host's share of a step shows most).
-11. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+10. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
+11. forced-Qwen3-8B-4L-b1: every τ at 4 layers (where the host's share of a step shows most).
+12. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
-12. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+13. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 A variant (a name after the stage: -xla, -cublas, -nocb; VARIANTS) is its stage again under
 other settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no
 longer run: fused projections (faster plain decoding, the same verify) and XLA's command buffers
@@ -51,7 +54,7 @@ need (the skip is noted in the report, and a later call on a bigger device runs 
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 10), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 11), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -239,6 +242,11 @@ class Campaign:
                 *keep, "--steps", "2" if smoke else "8", *self.model(first, deep)], 180,
                 env=variant_env("nocb"), min_device_gib=DEPTH[first][1]),
             shapes_stage(first, "cublas"),
+            Stage(f"layout-{first}", f"layout-{first}.json", lambda: [
+                sys.executable, str(Path(__file__).resolve().parent / "layer_layout_probe.py"),
+                *(["--tiny", "--reps", "2", "--warmup", "1"] if smoke else ["--shape", first]),
+                "--output", str(out / f"layout-{first}.json")], 180,
+                min_device_gib=0.0 if smoke else 2.2 * DEPTH[first][1]),
         ]
         if not smoke:  # the same code as stage 1
             stages.append(forced(b1, first, deep, TAUS_MORE, 200, variant="more"))
@@ -455,6 +463,21 @@ def report(out: Path) -> str:
             lines.append(f"| {label} | " + " | ".join(f"{calls[c]:.3f}" if c in calls else "-"
                                                        for c in ("empty", "weights"))
                          + f" | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
+    for layout in sorted(out.glob("layout-*.json")):
+        d = load(layout)
+        if not d:
+            continue
+        c = d["config"]
+        lines += ["", f"### Weights separate or stacked ({c.get('shape')}, {c['layers']} layers, {c['dtype']}; "
+                  "benchmarks/layer_layout_probe.py)", "",
+                  "A pass: a call that only takes the arrays. A forward: norms and the q/k/v, o, gate/up and down "
+                  "matmuls of every layer (no attention).", "",
+                  "| layout | call | rows | arrays | ms (median) | weights TB/s | max abs diff to separate |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['layout']} | {r['kind']} | {r['rows']} | {r['arrays']} | {r['median_ms']:.3f} | "
+                  + (f"{r['weights_tb_s']:.2f}" if r.get("weights_tb_s") else "-") + " | "
+                  + (f"{r['max_abs_diff']:.3g}" if r.get("max_abs_diff") is not None else "-") + " |"
+                  for r in d["rows"]]
     tests = load(out / "tests.json")
     if tests:
         lines += ["", "### Test suite on the GPU (fp32, matmul precision highest)", "", f"`{tests['summary']}`"]

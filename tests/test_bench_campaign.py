@@ -19,7 +19,8 @@ _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "forced-tiny-6L-b1-xla": "forced-tiny-6L-b1-xla.json",
           "shapes-tiny": "shapes-tiny.json", "shapes-tiny-xla": "shapes-tiny-xla.json",
           "profile-tiny-6L": "profile-tiny-6L/profile.json", "shapes-tiny-cublas": "shapes-tiny-cublas.json",
-          "forced-tiny-6L-pool": "forced-tiny-6L-pool.json", "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
+          "layout-tiny": "layout-tiny.json", "forced-tiny-6L-pool": "forced-tiny-6L-pool.json",
+          "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
 
 
 def campaign(*args: str, env: dict | None = None) -> str:
@@ -52,6 +53,7 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "| tiny [every verify with XLA's own GEMMs (Triton)] |" in report
     assert "| tiny (6 layers, 9-node trees) [every verify with XLA's own GEMMs (Triton)] | 1 | 1 |" in report
     assert "call with the weights ms" in report
+    assert "| separate | pass | 0 | 36 |" in report and "| scanned | forward | 61 | 6 |" in report
     # a variant's log opens with its command and the settings it ran under
     assert "DART_JAX_VERIFY_GEMMS='xla'" in (out / "forced-tiny-6L-b1-xla.log").read_text().splitlines()[0]
     assert "DART_JAX_VERIFY_GEMMS='cublas'" in (out / "shapes-tiny-cublas.log").read_text().splitlines()[0]
