@@ -366,12 +366,15 @@ def main(argv=None) -> int:
 
 def _speedup_table(rows: list[dict]) -> list[str]:
     lines = ["| target | batch | τ asked | τ measured | plain tok/s | DART tok/s | speedup | step ÷ plain token | "
-             "same output | resynced | unforced steps |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "step ms = device call + search + other | same output | resynced | unforced steps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         # tokens per second per sequence: a step makes τ tokens, a plain token one
         ratio = r["tau"] * r["ar_tok_s"] / r["dart_tok_s"] if r["dart_tok_s"] else float("nan")
+        split = (f"{r['step_ms']:.2f} = {r['device_call_ms']:.2f} + {r['search_ms']:.2f} + {r['host_other_ms']:.2f}"
+                 if "step_ms" in r else "-")
         lines.append(f"| {r['_label']} | {r['batch']} | {r['tau_asked']:g} | {r['tau']:.2f} | {r['ar_tok_s']:.0f} | "
-                     f"{r['dart_tok_s']:.0f} | **{r['speedup']:.2f}×** | {ratio:.2f} | {r['same_output']} | "
+                     f"{r['dart_tok_s']:.0f} | **{r['speedup']:.2f}×** | {ratio:.2f} | {split} | {r['same_output']} | "
                      f"{r.get('resynced', 0)} | {r.get('unforced_steps', 0)} |")
     return lines
 

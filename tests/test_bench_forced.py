@@ -234,6 +234,11 @@ def test_forced_tau_on_the_command_line(capsys, tmp_path):
         assert r["same_output"] is True
         assert r["tau"] == pytest.approx(r["tau_drawn"])  # forced exactly
         assert r["speedup"] == pytest.approx(r["dart_tok_s"] / r["ar_tok_s"])
+        # a step's wall time split on the host: the device call, DART's own search (the forcing out)
+        # and the rest; the steps' times fit in the run's time less the forcing (one rep: that run's)
+        assert r["device_call_ms"] > 0 and r["search_ms"] > 0 and r["host_other_ms"] >= -0.01
+        assert r["step_ms"] == pytest.approx(r["device_call_ms"] + r["search_ms"] + r["host_other_ms"])
+        assert r["step_ms"] * r["steps"] <= 1e3 * r["new_tokens"] / r["dart_tok_s"]
     assert rows[0]["tau"] == 1.0  # τ = 1: no draft token is ever accepted
     assert out["config"]["force_tau"] == [1.0, 3.0]
     assert bench.main([*base, "--force-tau", "40"]) == 2

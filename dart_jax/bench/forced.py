@@ -405,6 +405,7 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
                     bar.update()
                 pool, handles, wall = last
                 lengths = [n for h in handles for n in h.stats.accept_lengths]
+                split = step_split(pool, handles, wall)
                 steps = sum(h.stats.steps for h in handles)
                 rate, ar_rate = median(rates), median(ar_rates)
                 rows.append({"tau_asked": tau, "batch": b, "tau": float(np.mean(lengths)) if lengths else float("nan"),
@@ -412,7 +413,7 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
                              "alpha": pool.alpha, "steps": steps, "new_tokens": sum(len(h.token_ids) for h in handles),
                              "dart_tok_s": rate, "dart_tok_s_with_forcing": median(raw_rates), "ar_tok_s": ar_rate,
                              "speedup": rate / ar_rate, "force_ms_per_step": 1e3 * pool.force_s / max(steps, 1),
-                             "unforced_steps": pool.unforced_steps, "capped_steps": pool.capped_steps,
+                             **split, "unforced_steps": pool.unforced_steps, "capped_steps": pool.capped_steps,
                              "calibration_runs": runs, "resynced": resyncs,
                              "same_output": [list(h.token_ids) for h in handles] == ar_out,
                              **(overlapped(engine, prompts, settings, refs, tau=tau, seed=seed, reps=reps,
@@ -422,6 +423,23 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
                     on_rows(forced_result(rows, config))
         bar.close()
     return forced_result(rows, config)
+
+
+def step_split(pool: "ForcedBatcher", handles, wall: float) -> dict[str, float]:
+    """Where a pool step's wall time went in a forced run (host clocks, no profiler), ms per step:
+    `step_ms` (the run's wall time less the prefill and the forcing, over the pool's steps),
+    `device_call_ms` (the step's device call until its packed answer is on the host: dispatch,
+    device work, sync), `search_ms` (DART's tree search and packing, the forcing left out) and
+    `host_other_ms` (the rest: bookkeeping between steps)."""
+    steps = max((h.stats.steps for h in handles), default=0)
+    if not steps:
+        return {}
+    per_step = lambda key: float(np.mean([getattr(h.stats, key) / h.stats.steps for h in handles if h.stats.steps]))  # noqa: E731
+    prefill = max(h.stats.prefill_s for h in handles)
+    step = (wall - prefill - pool.force_s) / steps
+    call, search = per_step("device_s"), per_step("tree_s") - pool.force_s / steps
+    return {"step_ms": 1e3 * step, "device_call_ms": 1e3 * call, "search_ms": 1e3 * search,
+            "host_other_ms": 1e3 * (step - call - search)}
 
 
 def forced_result(rows: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
