@@ -1,0 +1,241 @@
+"""The draft-tree search of docs/spec.md §5 in JAX, so that it can run on the accelerator.
+
+The host's search (`dart_jax.ngram.build_tree`, Numba) sits between two device calls in every
+step: the device waits while the host searches, and each step pays a host round trip (on an H200
+at the Qwen3-8B shape a host call cost about 1.5 ms more than a token of a device loop;
+benchmarks/RESULTS.md, 2026-11-26). A search written with array operations of static shapes can
+run inside the step's own program, which is what a decoding loop on the device needs.
+
+`search_tree` builds the same tree as `build_tree` — the same scores (float32, the same formula
+and order of operations), the same pool numbering and tie-breaking, the same node order, mask
+and retrieve rows — but without `build_tree`'s pruning: every extension of every beam entry is
+scored (d · beam_width · k entries), then sorted. One difference can remain: `build_tree` takes
+each logarithm in double precision and rounds it to float32, XLA computes it in float32, which
+may differ in the last bit; two pool entries whose scores are that close may then rank the other
+way round. Either tree is a valid draft: greedy DART's output does not depend on the tree.
+
+The trie is `DeviceTrie`: the CSR trie's arrays (`dart_jax.ngram.Trie`) on the device, children
+found by binary search (a fixed number of halvings: the largest child list's). Inputs are not
+checked here (the caller's drafter gives ids in range and probabilities in [0, 1]).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dart_jax.ngram import Trie
+from dart_jax.ngram.tree import DraftTree, default_level_weight, default_logit_weight
+
+_TINY = np.float32(1e-10)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DeviceTrie:
+    """A CSR trie's arrays as device arrays (`from_trie`): `token`, `freq` (int32 [N]) and `start`
+    (int32 [N + 1]: node i's children are start[i] .. start[i+1] - 1, sorted by token); `order`
+    and `halvings` (ceil(log2) of the largest child list, the binary search's steps) are static."""
+
+    token: jax.Array
+    freq: jax.Array
+    start: jax.Array
+    order: int = dataclasses.field(metadata={"static": True})
+    halvings: int = dataclasses.field(metadata={"static": True})
+
+    @classmethod
+    def from_trie(cls, trie: Trie) -> "DeviceTrie":
+        token, freq, child_start = trie.arrays()
+        if child_start[-1] >= 2**31:
+            raise ValueError(f"a trie of {child_start[-1]} nodes does not fit the device search's int32 indices")
+        widths = np.diff(child_start)
+        largest = int(widths.max()) if widths.size else 0
+        return cls(jnp.asarray(token, jnp.int32), jnp.asarray(freq, jnp.int32), jnp.asarray(child_start, jnp.int32),
+                   int(trie.order), max(largest - 1, 0).bit_length())
+
+    def child(self, node, tok):
+        """The child of each `node` (int32, -1: none) whose token is `tok` (broadcast), or -1."""
+        n = self.token.shape[0]
+        valid = (node >= 0) & (node < n)
+        safe = jnp.where(valid, node, 0)
+        lo = jnp.where(valid, self.start[safe], 0)
+        size = jnp.where(valid, self.start[safe + 1] - lo, 0)
+        lo, size, tok = jnp.broadcast_arrays(lo, size, tok)
+        for _ in range(self.halvings):  # as ngram._query.find_child: keep lo on the last token <= tok
+            half = size >> 1
+            step = (size > 1) & (self.token[jnp.clip(lo + half, 0, n - 1)] <= tok)
+            lo = jnp.where(step, lo + half, lo)
+            size = size - half
+        found = (size > 0) & (self.token[jnp.clip(lo, 0, n - 1)] == tok)
+        return jnp.where(found, lo, -1).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSearch:
+    """The search's settings (as `build_tree`'s arguments): static under `jax.jit`."""
+
+    keep: int = 60
+    beam_width: int = 20
+    ngram_weight: float = 0.5
+    eos_id: int | None = None
+
+    def weights(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        level = np.array([default_level_weight(i) for i in range(d)], np.float64).astype(np.float32)
+        logit = np.array([default_logit_weight(i) for i in range(d)], np.float64).astype(np.float32)
+        return level, logit
+
+
+def _lexsort_first(keys: tuple, count: int):
+    """Indices of the `count` first entries under `jnp.lexsort(keys)` (last key primary)."""
+    return jnp.lexsort(keys)[:count]
+
+
+def search_tree(topk_ids, topk_probs, preceding, n_preceding, trie: DeviceTrie | None,
+                settings: DeviceSearch) -> DraftTree:
+    """One sequence's draft tree (docs/spec.md §5) padded to keep + 1 nodes, as `build_tree`.
+
+    topk_ids int32 [d, k], topk_probs float32 [d, k], preceding int32 [P] whose first
+    `n_preceding` (int32 scalar, >= 1) entries are the ids fed to the head (the last: the root)."""
+    d, k = topk_ids.shape
+    W, keep = settings.beam_width, settings.keep
+    level_w, logit_w = settings.weights(d)
+    eos = -1 if settings.eos_id is None else int(settings.eos_id)
+    ngw = np.float32(settings.ngram_weight)
+    use_ngram = trie is not None and settings.ngram_weight > 0 and trie.order > 1
+    m = trie.order - 1 if use_ngram else 0
+    miss = np.float32(np.float32(math.log(_TINY)) * ngw)
+    one = np.float32(1.0)
+
+    ids = topk_ids.astype(jnp.int32)
+    logit_term = jnp.log(jnp.minimum(topk_probs.astype(jnp.float32), one) + _TINY) * jnp.asarray(logit_w)[:, None]
+
+    # the beam: pool index (-1: the empty sequence), score, validity, trie nodes of its last L ids
+    beam_idx = jnp.full((W,), -1, jnp.int32)
+    beam_score = jnp.zeros((W,), jnp.float32)
+    beam_ok = jnp.zeros((W,), bool).at[0].set(True)
+    nodes = [jnp.full((W,), -1, jnp.int32) for _ in range(m + 1)]  # nodes[L][b], L = 1 .. m
+    for length in range(1, m + 1):
+        ok = n_preceding >= length
+        node = trie.child(jnp.int32(0), preceding[jnp.maximum(n_preceding - length, 0)])
+        for t in range(1, length):
+            node = trie.child(node, preceding[jnp.clip(n_preceding - length + t, 0, preceding.shape[0] - 1)])
+        nodes[length] = nodes[length].at[0].set(jnp.where(ok, node, -1))
+
+    pool = {name: [] for name in ("score", "parent", "token", "depth", "eos", "ok")}
+    for lvl in range(d):
+        lw = np.float32(level_w[lvl])
+        term = logit_term[lvl][None, :]  # [1, k]
+        tok = jnp.broadcast_to(ids[lvl][None, :], (W, k))
+        if m and lvl > 0:
+            ng = jnp.full((W, k), miss, jnp.float32)
+            done = jnp.zeros((W, k), bool)
+            for length in range(m, 0, -1):
+                s = nodes[length][:, None]  # [W, 1]
+                s_freq = trie.freq[jnp.maximum(s, 0)]
+                usable = (s >= 0) & (s_freq > 0)  # a node of count 0 is no evidence: back off
+                child = trie.child(s, tok)
+                hit = usable & (child >= 0) & ~done
+                pn = trie.freq[jnp.maximum(child, 0)].astype(jnp.float32) * (one / s_freq.astype(jnp.float32))
+                pn = jnp.where(pn <= one, pn, one)  # a NaN too
+                ng = jnp.where(hit, jnp.log(pn + _TINY) * ngw, ng)
+                done = done | hit
+            score = beam_score[:, None] + lw * (term + ng)
+        else:
+            score = beam_score[:, None] + lw * term
+        score = jnp.broadcast_to(score, (W, k))
+        ok = jnp.broadcast_to(beam_ok[:, None], (W, k))
+        is_eos = tok == eos
+        base = lvl * W * k
+        number = base + jnp.arange(W * k, dtype=jnp.int32)  # creation order: beam rank, then column
+        pool["score"].append(score.reshape(-1))
+        pool["parent"].append(jnp.broadcast_to(beam_idx[:, None], (W, k)).reshape(-1))
+        pool["token"].append(tok.reshape(-1))
+        pool["depth"].append(jnp.full((W * k,), lvl + 1, jnp.int32))
+        pool["eos"].append(is_eos.reshape(-1))
+        pool["ok"].append(ok.reshape(-1))
+        if lvl + 1 < d:  # the next beam: (valid, non-EOS first, higher score, lower number)
+            flat_ok, flat_score = ok.reshape(-1), score.reshape(-1)
+            best = _lexsort_first((number, -flat_score, is_eos.reshape(-1), ~flat_ok), W)
+            parent_rank = best // k
+            new_tok = tok.reshape(-1)[best]
+            if m:
+                new_nodes = [None, trie.child(jnp.int32(0), new_tok)]
+                for length in range(2, m + 1):
+                    new_nodes.append(trie.child(nodes[length - 1][parent_rank], new_tok))
+                nodes = [nodes[0]] + new_nodes[1:]
+            beam_idx, beam_score, beam_ok = number[best], flat_score[best], flat_ok[best]
+
+    score = jnp.concatenate(pool["score"])
+    parent = jnp.concatenate(pool["parent"])
+    token = jnp.concatenate(pool["token"])
+    depth = jnp.concatenate(pool["depth"])
+    ok = jnp.concatenate(pool["ok"])
+    number = jnp.arange(score.shape[0], dtype=jnp.int32)
+    # the best `keep` of the whole pool by score alone (ties: lower number); fewer if the pool is smaller
+    chosen = _lexsort_first((number, -score, ~ok), min(keep, score.shape[0]))
+    chosen_ok = ok[chosen]
+    n_sel = chosen_ok.sum().astype(jnp.int32)
+    rank = jnp.arange(chosen.shape[0], dtype=jnp.int32)
+    # nodes 1..: by depth, within a depth by selection rank
+    by_depth = jnp.lexsort((rank, depth[chosen], ~chosen_ok))
+    order = chosen[by_depth]
+    order_ok = chosen_ok[by_depth]
+    n = keep + 1
+    node_of = jnp.full(score.shape[0], -1, jnp.int32).at[order].set(
+        jnp.where(order_ok, jnp.arange(1, order.shape[0] + 1, dtype=jnp.int32), -1))
+    pad = n - 1 - order.shape[0]
+    real = jnp.concatenate([jnp.ones((1,), bool), order_ok, jnp.zeros((pad,), bool)])
+    root = preceding[jnp.maximum(n_preceding - 1, 0)].astype(jnp.int32)
+    tokens = jnp.where(real, jnp.concatenate([root[None], token[order], jnp.zeros((pad,), jnp.int32)]), 0)
+    positions = jnp.where(real, jnp.concatenate([jnp.zeros((1,), jnp.int32), depth[order],
+                                                 jnp.zeros((pad,), jnp.int32)]), 0)
+    par_pool = parent[order]
+    par_node = jnp.where(par_pool < 0, 0, node_of[jnp.maximum(par_pool, 0)])
+    parents = jnp.where(real, jnp.concatenate([jnp.full((1,), -1, jnp.int32), par_node,
+                                               jnp.full((pad,), -1, jnp.int32)]), -1)
+
+    index = jnp.arange(n, dtype=jnp.int32)
+    mask = index[:, None] == index[None, :]
+    paths = jnp.full((n, d), -1, jnp.int32)
+    chain = index
+    for _ in range(d + 1):  # each node and its ancestors (a chain reaches the root in <= d steps)
+        ok_a = chain >= 0
+        a = jnp.maximum(chain, 0)
+        mask = mask | (ok_a[:, None] & (index[None, :] == a[:, None]))
+        col = positions[a] - 1
+        put = (ok_a & (a >= 1))[:, None] & (jnp.arange(d)[None, :] == col[:, None])
+        paths = jnp.where(put, tokens[a][:, None], paths)
+        chain = jnp.where(ok_a, parents[a], -1)
+    mask = mask & (real[:, None] | (index[:, None] == index[None, :]))
+    has_child = jnp.zeros(n, jnp.int32).at[jnp.maximum(parents, 0)].add((parents >= 0).astype(jnp.int32)) > 0
+    leaf = real & ~has_child & (index >= 1)
+    # leaves in lexicographic order of their token paths (a prefix first: -1 pads), ties by index
+    leaf_order = jnp.lexsort((index, *[paths[:, t] for t in range(d - 1, -1, -1)], ~leaf))[:n - 1]
+    n_leaves = leaf.sum().astype(jnp.int32)
+    row_ok = jnp.arange(n - 1) < n_leaves
+    retrieve = jnp.full((n - 1, d + 1), -1, jnp.int32)
+    chain = jnp.where(row_ok, leaf_order, -1)
+    for _ in range(d):
+        ok_a = chain >= 1
+        a = jnp.maximum(chain, 0)
+        put = ok_a[:, None] & (jnp.arange(d + 1)[None, :] == positions[a][:, None])
+        retrieve = jnp.where(put, a[:, None], retrieve)
+        chain = jnp.where(ok_a, parents[a], -1)
+    retrieve = jnp.where(row_ok[:, None] & (jnp.arange(d + 1)[None, :] == 0), 0, retrieve)
+    return DraftTree(tokens, positions, parents, mask, retrieve, n_sel + 1, n_leaves)
+
+
+def search_trees(topk_ids, topk_probs, preceding, preceding_len, trie: DeviceTrie | None,
+                 settings: DeviceSearch) -> DraftTree:
+    """`search_tree` for B sequences ([B, ...] inputs; fields stacked)."""
+    return jax.vmap(lambda i, p, pre, n: search_tree(i, p, pre, n, trie, settings))(
+        topk_ids, topk_probs, preceding, preceding_len)
+
+
+def host_tree(tree: DraftTree) -> dict[str, Any]:
+    """A device tree's fields as NumPy arrays (for comparisons and tests)."""
+    return {name: np.asarray(value) for name, value in zip(DraftTree._fields, tree)}
