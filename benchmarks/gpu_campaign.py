@@ -21,30 +21,34 @@ new tokens; "plain" is the device loop of plain greedy decoding.
  2. forced-Qwen3-8B-36L-b1-xla: stage 1 with every verify compiled with XLA's own GEMMs
     (`DART_JAX_VERIFY_GEMMS=xla`): the A/B of the default, which compiles a step of 32 rows or more
     with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
- 3. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
+ 3. loop-Qwen3-8B-36L-host, loop-Qwen3-8B-36L-device: plain `bench e2e` (random weights, so τ is
+    about 1 and the step is what is timed) with one device call a step, then with LOOP_STEPS steps a
+    call, the trees searched on the device (`--device-steps`, `Engine(device_steps=...)`): what
+    a step's host round trip costs, and what the device's search costs instead.
+ 4. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
     against a decode call and a token of the device loop, at the full depth, and what a host call
     costs besides its device work (an empty call; a call taking every weight array).
- 4. shapes-Qwen3-8B-xla: stage 3 at 32, 61 and 64 rows with XLA's GEMMs (the default: cuBLAS).
- 5. profile-Qwen3-8B-36L: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps
+ 5. shapes-Qwen3-8B-xla: stage 4 at 32, 61 and 64 rows with XLA's GEMMs (the default: cuBLAS).
+ 6. profile-Qwen3-8B-36L: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps
     and the per-phase and per-op tables (profile.{json,md}), run with XLA's command buffers off
     (`--xla_gpu_enable_command_buffer=`) so that every kernel is traced under its own HLO
     instruction and scope; stage 1 gives the step's wall time with them on.
- 6. shapes-Qwen3-8B-cublas: stage 3 at 4 and 16 rows with cuBLAS (the default: XLA's GEMMs); with
-    stages 3 and 4, both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
- 7. layout-Qwen3-8B: benchmarks/layer_layout_probe.py: the host cost of passing ~300 weight arrays
+ 7. shapes-Qwen3-8B-cublas: stage 4 at 4 and 16 rows with cuBLAS (the default: XLA's GEMMs); with
+    stages 4 and 5, both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
+ 8. layout-Qwen3-8B: benchmarks/layer_layout_probe.py: the host cost of passing ~300 weight arrays
     against 6 stacked ones, and a stand-in of the target's weight traffic at 1 and 61 rows with
     the layers' weights separate (today), stacked and unrolled, or stacked under lax.scan.
- 8. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
- 9. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
+ 9. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
+10. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
     through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees
     while the device verifies the other half, `Batcher(overlap=True)`): `overlap_gain` =
     overlapped / default tok/s.
-10. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
-11. forced-Qwen3-8B-4L-b1: every τ at 4 layers (where the host's share of a step shows most).
-12. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+11. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
+12. forced-Qwen3-8B-4L-b1: every τ at 4 layers (where the host's share of a step shows most).
+13. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
-13. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+14. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 A variant (a name after the stage: -xla, -cublas, -nocb; VARIANTS) is its stage again under
 other settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no
 longer run: fused projections (faster plain decoding, the same verify) and XLA's command buffers
@@ -54,7 +58,7 @@ need (the skip is noted in the report, and a later call on a bigger device runs 
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 11), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 12), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -86,7 +90,8 @@ SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 10
+SHALLOW_LAYERS = 4  # stage 12
+LOOP_STEPS = 8  # steps per device call of the device loop's stage (Engine(device_steps=...))
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
@@ -229,12 +234,21 @@ class Campaign:
                 "shapes", *model, "--no-progress", "--output", str(out / f"{name}.json")], 150,
                 env=variant_env(variant), min_device_gib=DEPTH[shape][1])
 
+        def loop_stage(shape: str, layers: int, steps: int) -> Stage:
+            # plain `bench e2e` (random weights: τ about 1), DART one host call a step or `steps` a call
+            name = f"loop-{shape}-{layers}L-{'device' if steps else 'host'}"
+            return Stage(name, f"{name}.json", lambda: bench + [
+                "e2e", *keep, *reps, *self.model(shape, layers), "--device-steps", str(steps), "--no-progress",
+                "--output", str(out / f"{name}.json")], 200, min_device_gib=DEPTH[shape][1])
+
         deep = DEPTH[first][0]
         profile = f"profile-{first}-{deep}L"
         b1 = f"forced-{first}-{deep}L-b1"
         stages = [
             forced(b1, first, deep, taus, 200),
             forced(b1, first, deep, taus, 200, variant="xla"),
+            loop_stage(first, deep, 0),
+            loop_stage(first, deep, LOOP_STEPS),
             shapes_stage(first),
             shapes_stage(first, "xla"),
             Stage(profile, f"{profile}/profile.json", lambda: [
@@ -436,6 +450,22 @@ def report(out: Path) -> str:
         lines += [f"| {r['_label']} | {r['batch']} | {r['tau']:.2f} | {r['dart_tok_s']:.0f} | {r['overlap_tok_s']:.0f} | "
                   f"**{r['overlap_gain']:.2f}×** | {r['overlap_search_ms_per_half_step']:.2f} | "
                   f"{r['overlap_wait_ms_per_half_step']:.2f} | {r['overlap_same_output']} |" for r in overlap]
+    loops = [(p, load(p)) for p in sorted(out.glob("loop-*.json"))]
+    if any(d for _, d in loops):
+        lines += ["", "### The step in a host loop and in a device loop (random weights, τ about 1; `bench e2e "
+                  "--device-steps`)", "",
+                  "Host: one device call a step, the tree searched on the host. Device: that many steps per call, "
+                  "the trees searched on the device. Step ms = τ ÷ DART tok/s.", "",
+                  "| stage | steps per call | τ | plain tok/s | DART tok/s | step ms | plain token ms | "
+                  "step ÷ plain token | same output |", "|---|---|---|---|---|---|---|---|---|"]
+        for path, d in loops:
+            if not d:
+                continue
+            s = d["summary"]
+            step, token = 1e3 * s["tau"] / s["dart_tok_s"], 1e3 / s["ar_tok_s"]
+            lines.append(f"| {path.stem} | {d['config'].get('device_steps') or 1} | {s['tau']:.2f} | "
+                         f"{s['ar_tok_s']:.0f} | {s['dart_tok_s']:.0f} | {step:.2f} | {token:.2f} | {step / token:.2f} | "
+                         f"{s['all_same_output']} |")
     profiles = sorted(out.glob("profile-*/profile.md"))
     lines += [""] + ([p.read_text().strip() for p in profiles] or ["### Profile\n\n(not measured: see the logs)"])
     shape_files = {(shape, variant): load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))

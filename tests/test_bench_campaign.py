@@ -17,6 +17,7 @@ _SPEC = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)  # a scri
 gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from_spec(_SPEC))  # dataclasses need it
 _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "forced-tiny-6L-b1-xla": "forced-tiny-6L-b1-xla.json",
+          "loop-tiny-6L-host": "loop-tiny-6L-host.json", "loop-tiny-6L-device": "loop-tiny-6L-device.json",
           "shapes-tiny": "shapes-tiny.json", "shapes-tiny-xla": "shapes-tiny-xla.json",
           "profile-tiny-6L": "profile-tiny-6L/profile.json", "shapes-tiny-cublas": "shapes-tiny-cublas.json",
           "layout-tiny": "layout-tiny.json", "forced-tiny-6L-pool": "forced-tiny-6L-pool.json",
@@ -53,6 +54,9 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "| tiny [every verify with XLA's own GEMMs (Triton)] |" in report
     assert "| tiny (6 layers, 9-node trees) [every verify with XLA's own GEMMs (Triton)] | 1 | 1 |" in report
     assert "call with the weights ms" in report
+    # the host loop and the device loop (8 steps a call), the same tokens as plain decoding
+    assert "| loop-tiny-6L-host | 1 |" in report and "| loop-tiny-6L-device | 8 |" in report
+    assert json.loads((out / "loop-tiny-6L-device.json").read_text())["summary"]["all_same_output"]
     assert "| separate | pass | 0 | 36 |" in report and "| scanned | forward | 61 | 6 |" in report
     # a variant's log opens with its command and the settings it ran under
     assert "DART_JAX_VERIFY_GEMMS='xla'" in (out / "forced-tiny-6L-b1-xla.log").read_text().splitlines()[0]

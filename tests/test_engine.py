@@ -169,6 +169,56 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
         engine_for(tiny, keep=60)
 
 
+def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):
+    """device_steps: several steps per device call, the trees searched on the device. Against the
+    host's one step per call (whose trees the device search reproduces): the same tokens, accepted
+    lengths and events, greedy (transformers' tokens) and sampled (the same keys, the same draws),
+    with long accepted runs (a trie of the target's own continuations), an EOS inside a run, budgets
+    that end inside a run, and a batch whose sequences stop at different calls."""
+    trie = cheating_trie(tiny)
+    host = engine_for(tiny, trie, keep=60)
+    device = Engine(tiny.model.target, DartDrafter(tiny.model.head), trie, eos_ids=(EOS,), tree_eos_id=EOS,
+                    tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64), device_steps=3)
+    for prompt in PROMPTS:
+        expected = hf_generate(tiny, prompt, 23)
+        for kwargs in ({"max_new_tokens": 23}, {"max_new_tokens": 19, "temperature": 0.8, "seed": 5}):
+            ran = [run(e.generate_steps, prompt, **kwargs) for e in (host, device)]
+            assert ran[0][0] == ran[1][0] and ran[0][1] == ran[1][1]  # tokens, accepted lengths
+            if "temperature" not in kwargs:
+                assert ran[1][0] == expected and max(ran[1][1]) > 2
+    # an EOS that the target emits inside an accepted run ends the sequence there, EOS kept
+    greedy = hf_generate(tiny, PROMPTS[0], 30, eos=None)
+    stop = greedy[9]
+    with_eos = [Engine(tiny.model.target, DartDrafter(tiny.model.head), trie, eos_ids=(stop,), tree_eos_id=EOS,
+                       tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64), device_steps=s) for s in (0, 4)]
+    ran = [run(e.generate_steps, PROMPTS[0], max_new_tokens=30) for e in with_eos]
+    assert ran[0][0] == ran[1][0] == greedy[:greedy.index(stop) + 1]
+    # a batch: each sequence as the host's pool decodes it
+    settings = [GenerationSettings(max_new_tokens=n) for n in (7, 25, 16)]
+    results = []
+    for e in (host, device):
+        stats = [Stats() for _ in settings]
+        outs = [[] for _ in settings]
+        for rows in e.decode_batch(PROMPTS[:3], settings, stats):
+            for i, (kept, _) in enumerate(rows):
+                outs[i] += kept
+        results.append((outs, [s.accept_lengths for s in stats]))
+    assert results[0] == results[1]
+    assert [len(o) for o in results[1][0]] == [7, 25, 16]
+
+
+def test_device_steps_are_refused_where_they_cannot_run(tiny):
+    with pytest.raises(InputError, match="device_steps must be an integer >= 0"):
+        Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, device_steps=-1)
+    with pytest.raises(InputError, match='pass keep=N / --keep N \\(not "auto"\\)'):
+        Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, adaptive=True,
+               device_steps=2)
+    device = Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS,
+                    tree=TreeSettings(keep=8), device_steps=2)
+    with pytest.raises(InputError, match="overlap.*device_steps"):
+        device.batcher(2, 128, overlap=True)
+
+
 def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     trie = cheating_trie(tiny)
     engine = engine_for(tiny, trie)

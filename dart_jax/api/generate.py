@@ -48,6 +48,8 @@ def load_model(args) -> DartModel:
                  if getattr(args, k, None) is not None})
     if getattr(args, "eagle3", None):
         opts["eagle3"] = args.eagle3
+    if getattr(args, "device_steps", 0):
+        opts["device_steps"] = args.device_steps
     if args.ckpt is None:
         base, head, trie = _demo_paths(getattr(args, "demo", "smollm2"))
         opts = demo_options(getattr(args, "demo", "smollm2"), opts)

@@ -116,12 +116,12 @@ class DartModel:
                  tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
                  chat: ChatSettings = ChatSettings(), mesh=None, eagle3=None,
                  eagle3_tree: TreeSettings = TreeSettings(keep=59, topk=10), eagle3_depth: int = EAGLE3_DEPTH,
-                 adaptive: bool = False):
+                 adaptive: bool = False, device_steps: int = 0):
         self.tokenizer = tokenizer
         self.chat_settings = chat
         tree_eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(eos_ids, default=None)
         self.engine = Engine(target, DartDrafter(head), trie, eos_ids=eos_ids, tree_eos_id=tree_eos, tree=tree,
-                             shapes=shapes, mesh=mesh, adaptive=adaptive)
+                             shapes=shapes, mesh=mesh, adaptive=adaptive, device_steps=device_steps)
         # EAGLE-3 (an Eagle3Head over the same target module: one copy of the target's weights)
         self.eagle3_engine = None if eagle3 is None else Engine(
             target, Eagle3Drafter(eagle3, eagle3_depth), None, eos_ids=eos_ids, tree_eos_id=tree_eos, tree=eagle3_tree,
@@ -143,12 +143,14 @@ class DartModel:
                         tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
                         chat: ChatSettings | None = None, trie_cache_dir: str | os.PathLike | None = None,
                         eagle3=None, eagle3_total_token: int = 60, eagle3_depth: int = EAGLE3_DEPTH,
-                        eagle3_top_k: int = 10, **opts) -> "DartModel":
+                        eagle3_top_k: int = 10, device_steps: int = 0, **opts) -> "DartModel":
         """Load base (Qwen3), DART head and n-gram trie (hub ids or local paths), and with
         `eagle3` (hub id or folder of an EAGLE-3 head in the published layout) EAGLE-3 beside
         DART over the same target; its tree: `eagle3_total_token` nodes (root included),
         `eagle3_depth` draft steps, `eagle3_top_k` children per expanded node (the reference's
         defaults 60, 7, 10). `generate(..., method="eagle3")` then drafts with it.
+        `device_steps` N > 0: DART runs N steps per device call, its trees searched on the device
+        (the same trees as the host's search; needs a fixed `keep`, no mesh; see the README).
 
         base=None resolves the base of a published head. ngram=None takes DEFAULT_NGRAM;
         ngram=False (or "none") searches with the head's logits only. `small_ngram` picks
@@ -209,12 +211,12 @@ class DartModel:
             eagle3_opts["eagle3"] = load_eagle3_head(eagle3_dir, target, dtype=dtype, mesh=mesh)
         return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids,
                                                                  target_config.vocab_size),
-                   mesh=mesh, adaptive=adaptive, **groups, **eagle3_opts)
+                   mesh=mesh, adaptive=adaptive, device_steps=device_steps, **groups, **eagle3_opts)
 
     @classmethod
     def from_modules(cls, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int], mesh=None,
                      tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
-                     chat: ChatSettings | None = None, **opts) -> "DartModel":
+                     chat: ChatSettings | None = None, device_steps: int = 0, **opts) -> "DartModel":
         """A model over modules already made (a `Qwen3` target and its `DartHead`, e.g. random
         weights drawn on the device for a benchmark at a real shape), with `from_pretrained`'s
         settings: `tree`, `shapes`, `chat` or their fields by name in `opts` (keep, "auto" by
@@ -223,7 +225,7 @@ class DartModel:
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         groups["tree"] = fit_tree(groups["tree"], head.config.num_rows, head.config.draft_vocab_size, adaptive)
         return cls(target, head, tokenizer, trie, eos_ids=eos_ids, mesh=make_mesh(mesh, option="mesh (--mesh)"),
-                   adaptive=adaptive, **groups)
+                   adaptive=adaptive, device_steps=device_steps, **groups)
 
     @classmethod
     def demo(cls, name: str | None = None, **opts) -> "DartModel":

@@ -74,6 +74,10 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
     # "not given" (the demo's CPU settings apply) and the text names the real default
     group.add_argument("--max-keep", type=int, default=None,
                        help="the largest tree 'auto' may use, the reference's size (default: 60)%(default).0s")
+    group.add_argument("--device-steps", type=int, default=0, metavar="N",
+                       help="run N DART steps per device call, the draft trees searched on the device (the same "
+                            "trees; for accelerators: slower on a CPU); needs a fixed --keep. Default 0: one device "
+                            "call a step, the host searching")
     group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
     group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
     group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")

@@ -93,6 +93,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--keep", type=tree_size, help="tree budget (nodes besides the root) or 'auto' (per-step choice "
                                                   "by measured speed); default: the model's default, auto")
+    p.add_argument("--device-steps", type=int, default=0, metavar="N",
+                   help="DART runs N steps per device call, its trees searched on the device (needs a fixed --keep); "
+                        "default 0: one device call a step, the host searching")
     p.add_argument("--no-chat", action="store_true", help="feed the prompts without the chat template")
     p.add_argument("--mesh", metavar="SPEC", help="shard the model over devices: 'model=4' or 'data=2,model=4' "
                                                   "(default: one device)")

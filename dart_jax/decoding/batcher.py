@@ -39,11 +39,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.errors import InputError
 from dart_jax.models.multihost import to_host
 
 from .adaptive import median_time
 from .autoregressive import attention_window, live_rows
-from .layout import plain_layout, prefill_layout, step_layout, tree_layout
+from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats
 from .sampling import SamplingParams
 from .settings import GenerationSettings
@@ -280,6 +281,9 @@ class Batcher(SlotPool):
         """`overlap`: step the busy rows in two halves, the host searching one half's trees while the
         device verifies the other (module docstring)."""
         super().__init__(engine, slots, max_length)
+        if overlap and engine.device_steps:
+            raise InputError("overlap searches trees on the host while the device verifies; this engine searches "
+                             "them on the device (device_steps): use one or the other")
         self.overlap = bool(overlap)
         self._flight: _Half | None = None  # overlap: the half whose step is on the device
         self._ready: _Half | None = None  # overlap: the other half's searched trees, dispatched when it lands
@@ -360,6 +364,8 @@ class Batcher(SlotPool):
         size = engine.sizer.choose(m, lambda m: self._measure(m, committed))
         if size == 0:
             return self._advance_plain(rows, m)
+        if engine.device_steps:
+            return self._advance_on_device(rows, m, committed)
         t0 = time.perf_counter()
         packed_tree = self._search(size, rows, m)
         t1 = time.perf_counter()
@@ -384,6 +390,47 @@ class Batcher(SlotPool):
             s.accept_lengths.append(count)
             s.tree_sizes.append(size)
             events.append(self._take(request, fed.tolist(), count))
+        return events
+
+    def _advance_on_device(self, rows: list[int], m: int, committed: int) -> list[Moved]:
+        """`engine.device_steps` speculative steps in one device call, the trees searched there
+        (`Engine.steps_on_device`): one event per request and step taken, as the host's steps give."""
+        engine, steps = self.engine, self.engine.device_steps
+        remaining = np.zeros(m, np.int32)
+        for slot in rows:
+            budget = self.busy[slot].budget
+            remaining[slot] = budget.limit - len(budget.out)
+        # every slot the last step may read or write: its tree past the previous steps' tokens, its draft
+        reach = committed + (steps - 1) * (self.depth + 1) + engine.drafter.reach(self.depth + 1)
+        window = attention_window(reach, self.length)
+        t0 = time.perf_counter()
+        proposal = {name: jnp.asarray(a[:m]) for name, a in self.proposal.items()}
+        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.steps_on_device(
+            proposal, jnp.asarray(self.preceding[:m], jnp.int32), jnp.asarray(self.preceding_len[:m], jnp.int32),
+            self.cache, self.draft_cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
+            depth=self.depth, k=self.k, window=window)
+        layout = device_steps_layout(steps, self.depth, self.context, self.fields)
+        out = layout.unpack(np.asarray(packed))
+        elapsed = time.perf_counter() - t0
+        events = []
+        for slot in rows:
+            request = self.busy[slot]
+            counts = [int(c) for c in out["counts"][slot] if c > 0]
+            tokens = out["out"][slot, :int(out["n_out"][slot])]
+            for f in self.fields:
+                self.proposal[f.name][slot] = out[f.name][slot]
+            self._set_preceding(slot, out["preceding"][slot, :int(out["preceding_len"][slot])])
+            self.committed[slot] += sum(counts)
+            s = request.stats
+            s.device_s += elapsed
+            at = 0
+            for count in counts:  # each step's tokens: its accepted ones and the bonus (cut at a stop)
+                step_ids = tokens[at:at + count].tolist()
+                at += count
+                s.steps += 1
+                s.accept_lengths.append(count)
+                s.tree_sizes.append(engine.tree.keep)
+                events.append(self._take(request, step_ids, count))
         return events
 
     def _advance_plain(self, rows: list[int], m: int) -> list[tuple[Request, list[int], int]]:

@@ -49,8 +49,9 @@ from .adaptive import TreeSizer, auto_sizes
 from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, jitted, last_logits, live_rows, param_rows,
                              put_window, split_flat, window_view)
 from .batcher import Batcher, PlainBatcher
-from .drafter import Drafter
-from .layout import plain_layout, prefill_layout, step_layout, tree_layout
+from .drafter import DartDrafter, Drafter
+from .device_tree import DeviceSearch, DeviceTrie, search_trees
+from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Stats, check_prompt
 from .sampling import accept_trees, sample_tokens, split_rows
 from .settings import GenerationSettings, ShapeSettings
@@ -140,9 +141,23 @@ def _step_body(model: ModelDef, drafter_cls, state, tree, start, cache: KVCache,
                n: int, depth: int, k: int, window: int):
     """`_step` (start None: the first m rows) or `_step_rows` (the m rows from the traced `start`)."""
     pair = model.merge(state)
-    m = tree.shape[0]
-    tree = tree_layout(n, depth).unpack(tree)
+    out, cache, draft_cache, cache_len, keys = _step_core(
+        pair, drafter_cls, tree_layout(n, depth).unpack(tree), start, cache, draft_cache, cache_len, keys, params,
+        n=n, depth=depth, k=k, window=window)
+    layout = step_layout(depth, drafter_cls.proposal_fields(depth, k, n))
+    packed = layout.pack({"count": out["count"], "path_tokens": out["path_tokens"], "bonus": out["bonus"],
+                          **out["proposal"]})
+    return packed, cache, draft_cache, cache_len, keys
+
+
+def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
+               n: int, depth: int, k: int, window: int):
+    """One speculative step of m = tree["tokens"].shape[0] rows from `start` (None: the first m) on
+    unpacked trees (the `tree_layout` fields) → ({count, path_tokens, bonus, follow: each row's
+    committed tokens after the root (count of them: the accepted ones, then the bonus), proposal},
+    caches, lengths, keys)."""
     tokens, parents, retrieve = tree["tokens"], tree["parents"], tree["retrieve"]
+    m = tokens.shape[0]
     length = _rows(cache_len, start, m)
     with jax.named_scope("verify"):
         w = min(window, cache.k.shape[2])
@@ -169,9 +184,62 @@ def _step_body(model: ModelDef, drafter_cls, state, tree, start, cache: KVCache,
                                                rows=depth, k=k, nodes=n)
         draft_cache = (drafter_cls.cache_put(draft_cache, draft_w) if start is None
                        else drafter_cls.cache_put_rows(draft_cache, draft_w, start))
-    layout = step_layout(depth, drafter_cls.proposal_fields(depth, k, n))
-    packed = layout.pack({"count": count, "path_tokens": path_tokens, "bonus": bonus, **proposal})
-    return packed, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
+    out = {"count": count, "path_tokens": path_tokens, "bonus": bonus, "follow": follow, "proposal": proposal}
+    return out, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
+
+
+def _device_steps(model: ModelDef, drafter_cls, state, trie, proposal, preceding, preceding_len, cache: KVCache,
+                  draft_cache, cache_len, keys, params, remaining, eos, *, n: int, depth: int, k: int, window: int,
+                  steps: int, search: DeviceSearch):
+    """Up to `steps` speculative steps of the first m = preceding.shape[0] rows in one device loop,
+    the draft trees searched on the device (`device_tree.search_trees`: the host search's trees):
+    `proposal` the drafter's last proposal, `preceding` [m,P] the ids fed to it (the first
+    `preceding_len`; the last is the root). A row stops on an id of `eos` (kept) or after
+    `remaining` [m] tokens; the loop ends when every row has stopped. → packed `device_steps_layout`
+    [m] (the tokens each row committed, its accepted length per step, and what the next call
+    starts from), caches, lengths, keys."""
+    pair = model.merge(state)
+    m, width = preceding.shape[0], depth + 1
+    rows = jnp.arange(m)[:, None]
+    j = jnp.arange(width)[None, :]
+
+    def body(carry):
+        i, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out, out, counts = carry
+        active = remaining > 0
+        with jax.named_scope("tree_search"):
+            found = search_trees(proposal["cand_ids"], proposal["cand_probs"], preceding, plen, trie, search)
+        tree = {"tokens": found.tokens, "positions": found.positions, "parents": found.parents, "mask": found.mask,
+                "retrieve": found.retrieve}
+        res, cache, draft_cache, new_len, keys = _step_core(pair, drafter_cls, tree, None, cache, draft_cache, cache_len,
+                                                            keys, params, n=n, depth=depth, k=k, window=window)
+        count, follow = res["count"], res["follow"]  # follow[:, :count]: the step's committed tokens
+        with jax.named_scope("stops"):
+            is_eos = jnp.any(follow[..., None] == eos[None, None, :], axis=-1) & (j < count[:, None])
+            first_eos = jnp.min(jnp.where(is_eos, j, width), axis=1)
+            emitted = jnp.where(active, jnp.minimum(jnp.minimum(count, first_eos + 1), remaining), 0)
+            cols = jnp.where(j < emitted[:, None], n_out[:, None] + j, out.shape[1])  # past the end: dropped
+            out = out.at[rows, cols].set(follow, mode="drop")
+            remaining = jnp.where(active & (first_eos >= emitted), remaining - emitted, 0)
+            counts = counts.at[:, i].set(jnp.where(active, count, 0))
+            cache_len = cache_len.at[:m].set(jnp.where(active, new_len[:m], cache_len[:m]))
+            # the next search's preceding ids: the root, the accepted tokens and the bonus
+            fed = jnp.concatenate([res["path_tokens"][:, :1], follow], axis=1)
+            fed = jnp.pad(fed, ((0, 0), (0, preceding.shape[1] - fed.shape[1])))
+            preceding = jnp.where(active[:, None], fed, preceding)
+            plen = jnp.where(active, count + 1, plen)
+            proposal = jax.tree.map(lambda new, old: jnp.where(active.reshape((m,) + (1,) * (new.ndim - 1)), new, old),
+                                    res["proposal"], proposal)
+        return (i + 1, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out + emitted, out,
+                counts)
+
+    start = (jnp.int32(0), proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, remaining,
+             jnp.zeros((m,), jnp.int32), jnp.full((m, steps * width), -1, jnp.int32), jnp.zeros((m, steps), jnp.int32))
+    (_, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out, out,
+     counts) = jax.lax.while_loop(lambda c: (c[0] < steps) & jnp.any(c[8] > 0), body, start)
+    layout = device_steps_layout(steps, depth, preceding.shape[1], drafter_cls.proposal_fields(depth, k, n))
+    packed = layout.pack({"n_out": n_out, "out": out, "counts": counts, "preceding": preceding, "preceding_len": plen,
+                          **proposal})
+    return packed, cache, draft_cache, cache_len, keys
 
 
 def _plain(model: ModelDef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
@@ -287,7 +355,7 @@ class Engine:
 
     def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
-                 mesh=None, adaptive: bool = False):
+                 mesh=None, adaptive: bool = False, device_steps: int = 0):
         self.target, self.drafter, self.trie, self.mesh = target, drafter, trie, make_mesh(mesh)
         if self.mesh is not None and target.fused_projections:
             raise InputError("the target's projections are fused (the one-device layout a GPU loads, "
@@ -329,6 +397,26 @@ class Engine:
                                      self.mesh)
         self.pool = CachePool(self._make_caches)
         self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
+        # device_steps > 0: speculative steps run that many at a time in one device loop, the trees
+        # searched on the device (`_device_steps`); 0: one device call per step, the host searching
+        if isinstance(device_steps, bool) or not isinstance(device_steps, int) or device_steps < 0:
+            raise InputError(f"device_steps must be an integer >= 0 (0: a host call per step), got {device_steps!r}")
+        if device_steps and not isinstance(drafter, DartDrafter):
+            raise InputError("device_steps needs the DART drafter (its trees are searched on the device); "
+                             f"this engine drafts with {type(drafter).__name__}: pass device_steps=0")
+        if device_steps and (self.mesh is not None or self.adaptive):
+            raise InputError("device_steps (--device-steps) runs one fixed tree size on one device: pass keep=N / "
+                             "--keep N (not \"auto\") and no mesh, or device_steps=0")
+        self.device_steps = device_steps
+        self._device_trie = None
+        self._gemms = gemms
+
+        def device_loop(rows: int):  # compiled with the XLA options of a verify of `rows` rows
+            options = verify_compiler_options(rows, choice=gemms)
+            return jitted(_device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "steps", "search"),
+                          donate_argnames=_DONATE, **({"compiler_options": options} if options else {}))
+
+        self._device_loop = device_loop
 
     # ------------------------------------------------------------------ device calls (a pool's caches)
     def prefill(self, ids, prompt_len, start, cache, draft_cache, keys, params, *, rows: int, k: int, nodes: int,
@@ -351,6 +439,24 @@ class Engine:
         compiled variant for every `start`) → the same as `step`."""
         return self._step_rows(self._state, tree, np.int32(start), cache, draft_cache, cache_len, keys, params, n=n,
                                depth=depth, k=k, window=window)
+
+    def device_trie(self) -> DeviceTrie | None:
+        """The trie's arrays on the device (made at the first call; None without a trie)."""
+        if self._device_trie is None and self.trie is not None:
+            trie = self.trie.to_csr() if hasattr(self.trie, "to_csr") else self.trie
+            self._device_trie = DeviceTrie.from_trie(trie)
+        return self._device_trie
+
+    def steps_on_device(self, proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, params,
+                        remaining, *, depth: int, k: int, window: int):
+        """`device_steps` speculative steps of the first m = preceding.shape[0] rows in one device
+        call (see `_device_steps`) → (packed `device_steps_layout` [m], caches, lengths, keys)."""
+        search = DeviceSearch(keep=self.tree.keep, beam_width=self.tree.beam_width,
+                              ngram_weight=self.tree.ngram_weight, eos_id=self.tree_eos_id)
+        run = self._device_loop(preceding.shape[0] * self.n_nodes)
+        return run(self._state, self.device_trie(), proposal, preceding, preceding_len, cache, draft_cache, cache_len,
+                   keys, params, remaining, self.eos_row, n=self.n_nodes, depth=depth, k=k, window=window,
+                   steps=self.device_steps, search=search)
 
     def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
               window: int, chunk: int | None = None):
@@ -377,7 +483,7 @@ class Engine:
         this engine's) chooses the size per step up to tree.keep."""
         return Engine(self.target, self.drafter, self.trie, eos_ids=sorted(self.eos_ids), tree_eos_id=self.tree_eos_id,
                       tree=tree, shapes=self.shapes, mesh=self.mesh,
-                      adaptive=self.adaptive if adaptive is None else adaptive)
+                      adaptive=self.adaptive if adaptive is None else adaptive, device_steps=self.device_steps)
 
     def tree_settings(self, size: int) -> TreeSettings:
         """The tree settings of a step that uses a tree of `size` nodes besides the root."""
@@ -442,10 +548,16 @@ class Engine:
             for prompt, s, st in zip(prompts, settings, stats):
                 batcher.submit(prompt, s, st)
             while batcher.active:
-                rows: list[tuple[list[int], int]] = [([], 0)] * len(prompts)
+                # a call of the pool moves each sequence by one step, or by several (device_steps)
+                moves: dict[int, list[tuple[list[int], int]]] = {}
                 for request, kept, accepted in batcher.step():
-                    rows[request.index] = (kept, accepted)
-                yield rows
+                    moves.setdefault(request.index, []).append((kept, accepted))
+                for t in range(max(map(len, moves.values()), default=1)):
+                    rows: list[tuple[list[int], int]] = [([], 0)] * len(prompts)
+                    for index, steps in moves.items():
+                        if t < len(steps):
+                            rows[index] = steps[t]
+                    yield rows
         finally:
             batcher.close()
 

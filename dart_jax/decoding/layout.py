@@ -95,3 +95,12 @@ def plain_layout(chunk: int, proposal: tuple[Field, ...]) -> Layout:
     """What a plain chunk (no tree) sends to the host: the tokens it decoded per sequence (count of
     them real, -1 after) and the drafter's proposal after them."""
     return Layout((Field("count", ()), Field("tokens", (chunk,))) + proposal)
+
+
+def device_steps_layout(steps: int, depth: int, preceding: int, proposal: tuple[Field, ...]) -> Layout:
+    """What a device loop of up to `steps` speculative steps returns per sequence: `n_out` tokens
+    committed (`out`, -1 after), the accepted length of each step (`counts`, 0 for a step it did not
+    take), and the next call's start: the preceding ids (the first `preceding_len`) and the
+    drafter's proposal."""
+    return Layout((Field("n_out", ()), Field("out", (steps * (depth + 1),)), Field("counts", (steps,)),
+                   Field("preceding", (preceding,)), Field("preceding_len", ())) + proposal)
