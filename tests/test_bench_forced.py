@@ -243,6 +243,8 @@ def test_forced_tau_on_the_command_line(capsys, tmp_path):
     assert out["config"]["force_tau"] == [1.0, 3.0]
     assert bench.main([*base, "--force-tau", "40"]) == 2
     assert "out of reach" in capsys.readouterr().err
+    assert bench.main([*base, "--force-tau", "3", "--device-steps", "2"]) == 2  # trees searched on the device
+    assert "--device-steps" in capsys.readouterr().err
     assert bench.main([*base, "--force-tau", "3", "--overlap"]) == 2  # no pool of 2 rows to split
     assert "--overlap splits a pool of 2 or more rows" in capsys.readouterr().err
 

@@ -34,13 +34,21 @@ def assert_same(expected, got: dict, what: str):
         np.testing.assert_array_equal(got[name], np.asarray(value), err_msg=f"{what}: {name}")
 
 
-@pytest.mark.parametrize("d,k,keep,beam,order", [(8, 25, 60, 20, 3), (3, 5, 10, 4, 3), (1, 4, 8, 3, 2), (5, 9, 30, 7, 4)])
-def test_device_search_builds_the_host_searchs_tree(d, k, keep, beam, order):
+@pytest.mark.parametrize("d,k,keep,beam,order,cases", [
+    (8, 25, 60, 20, 3, 5), (3, 5, 10, 4, 3, 8), (1, 4, 8, 3, 2, 8), (5, 9, 30, 7, 4, 8),
+    (2, 3, 40, 5, 3, 8),  # a beam wider than the candidates, more nodes kept than the pool holds
+])
+def test_device_search_builds_the_host_searchs_tree(d, k, keep, beam, order, cases):
     rng = np.random.default_rng(d * 100 + k)
     vocab = 40
     trie = zipf_trie(rng, vocab, order)
+    if order == 4:  # nodes whose count is 0 (a reduced trie leaves them): no evidence, the lookup backs off
+        token, freq, start = trie.arrays()
+        freq = freq.copy()
+        freq[1::3] = 0
+        trie = Trie(token, freq, start, order)
     device_trie = DeviceTrie.from_trie(trie)
-    for case in range(8):
+    for case in range(cases):
         ids, probs = candidates(rng, d, k, vocab, ties=case % 4 == 1)
         n = int(rng.integers(1, P + 1))
         preceding = (rng.zipf(1.3, size=n) % vocab).astype(np.int32)

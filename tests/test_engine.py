@@ -207,6 +207,23 @@ def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):
     assert [len(o) for o in results[1][0]] == [7, 25, 16]
 
 
+def test_a_device_loop_attends_over_every_slot_its_steps_reach(tiny, monkeypatch):
+    """Attention windows as small as they go (8 slots, not 256): the window of a device call must
+    cover all of its steps' slots, else the tokens go wrong; and a max_length reached inside a call
+    ends the sequence there, as the host's steps do."""
+    from dart_jax.decoding import autoregressive
+    monkeypatch.setattr(autoregressive, "_MIN_WINDOW", 8)
+    trie = cheating_trie(tiny)
+    device = Engine(tiny.model.target, DartDrafter(tiny.model.head), trie, eos_ids=(EOS,), tree_eos_id=EOS,
+                    tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64), device_steps=4)
+    prompt = PROMPTS[1]
+    dart, counts, _ = run(device.generate_steps, prompt, max_new_tokens=30)
+    assert dart == hf_generate(tiny, prompt, 30) and max(counts) > 2
+    host = engine_for(tiny, trie, keep=60)
+    cut = [run(e.generate_steps, prompt, max_new_tokens=30, max_length=len(prompt) + 13)[:2] for e in (host, device)]
+    assert cut[0] == cut[1] and len(cut[1][0]) == 13
+
+
 def test_device_steps_are_refused_where_they_cannot_run(tiny):
     with pytest.raises(InputError, match="device_steps must be an integer >= 0"):
         Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, device_steps=-1)
@@ -217,6 +234,8 @@ def test_device_steps_are_refused_where_they_cannot_run(tiny):
                     tree=TreeSettings(keep=8), device_steps=2)
     with pytest.raises(InputError, match="overlap.*device_steps"):
         device.batcher(2, 128, overlap=True)
+    with pytest.raises(InputError, match="needs the DART drafter"):
+        Engine(tiny.model.target, SimpleNamespace(), eos_ids=(EOS,), tree_eos_id=EOS, device_steps=2)
 
 
 def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):

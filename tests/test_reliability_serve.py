@@ -243,6 +243,32 @@ def test_interrupt_ends_every_open_job_with_a_shutdown_error_and_refuses_new_one
             pool.close()
 
 
+def test_a_job_that_ends_inside_a_device_call_keeps_every_step(model):
+    """An engine with device_steps moves a job by several steps per call: the scheduler streams
+    each step and finishes the job at its last one, with the tokens the host's steps give."""
+    from dart_jax.decoding.settings import GenerationSettings
+    device_model = DartModel.demo("tiny", keep=16, device_steps=4)
+    ids = model.encode("hi", chat=False)
+    runs = []
+    for m in (model, device_model):
+        scheduler = Scheduler(m, slots=2, max_length=64)
+        events = {n: [] for n in (9, 14)}
+        try:
+            for n, sink in events.items():  # budgets that end inside a device call
+                scheduler.submit(ids, GenerationSettings(max_new_tokens=n, max_length=64), sink.append)
+            scheduler._drain(block=False)
+            while any(p.active for p in scheduler._pools.values()):
+                scheduler._step_pools()
+        finally:
+            for pool in scheduler._pools.values():
+                pool.close()
+        runs.append({n: ([t for e in evs for t in e.ids], [e.done for e in evs], evs[-1].finish_reason)
+                     for n, evs in events.items()})
+    assert runs[0] == runs[1]
+    for n, (tokens, done, reason) in runs[1].items():
+        assert len(tokens) == n and done[-1] and not any(done[:-1]) and reason == "length"
+
+
 def test_the_server_starts_for_a_base_without_a_chat_template(model, monkeypatch):
     monkeypatch.setattr(model.tokenizer, "chat_template", None)
     with pytest.raises(ValueError, match="no chat template"):

@@ -318,6 +318,7 @@ class DartModel:
         stats = stats if stats is not None else Stats()
         timer = CompileTimer()
         warm = [0, 0.0]  # tokens and seconds of the steps that compiled nothing
+        call_warm = False  # whether the device call of the last step compiled nothing
         steps = steps_fn(ids, settings, stats=stats)
         with contextlib.closing(steps):
             while not follow.stopped:
@@ -328,9 +329,12 @@ class DartModel:
                 kept, accepted = step
                 before = len(follow.ids)
                 piece = follow.feed(kept)
-                if timer.last_seconds == 0:
+                continued = getattr(step, "continued", False)  # the same call as the step before (device_steps)
+                if not continued:
+                    call_warm = timer.last_seconds == 0
+                if call_warm:
                     warm[0] += len(follow.ids) - before
-                    warm[1] += timer.last_wall
+                    warm[1] += 0.0 if continued else timer.last_wall
                 yield piece, accepted
         rest = follow.finish()
         if rest:
@@ -436,17 +440,19 @@ class DartModel:
                 if timer.seconds > before:
                     for request in {r for r, _, _ in moved} | {r for r in batcher.busy if r is not None}:
                         compiled[request.index] += timer.seconds - before
-                finished = 0
+                timed = set()  # a call may move a request by several steps (device_steps): its time counts once
                 for request, kept, _ in moved:
                     follow = follows[request.index]
                     count = len(follow.ids)
                     follow.feed(kept)
                     if timer.last_seconds == 0:
                         warm[request.index][0] += len(follow.ids) - count
-                        warm[request.index][1] += timer.last_wall
+                        if request.index not in timed:
+                            warm[request.index][1] += timer.last_wall
+                            timed.add(request.index)
                     if follow.stopped:
                         batcher.cancel(request)
-                    finished += request.done
+                finished = len({request.index for request, _, _ in moved if request.done})
                 if on_done is not None and finished:
                     on_done(finished)
         finally:

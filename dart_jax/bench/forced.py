@@ -224,6 +224,9 @@ class ForcedBatcher(Batcher):
     def __init__(self, engine, slots: int, max_length: int, *, tau: float, seed: int = 0, overlap: bool = False):
         if engine.adaptive:
             raise ValueError("--force-tau needs a fixed tree size (keep=auto may skip the tree): pass --keep N")
+        if engine.device_steps:
+            raise ValueError("--force-tau edits the trees that the host searches; with --device-steps they are "
+                             "searched on the device: leave one out")
         super().__init__(engine, slots, max_length, overlap=overlap)
         self.max_depth = self.depth
         self.alpha = acceptance_rate(tau, self.max_depth)

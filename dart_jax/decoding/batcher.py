@@ -396,10 +396,11 @@ class Batcher(SlotPool):
         """`engine.device_steps` speculative steps in one device call, the trees searched there
         (`Engine.steps_on_device`): one event per request and step taken, as the host's steps give."""
         engine, steps = self.engine, self.engine.device_steps
-        remaining = np.zeros(m, np.int32)
+        remaining, stops = np.zeros(m, np.int32), np.zeros(m, bool)
         for slot in rows:
             budget = self.busy[slot].budget
             remaining[slot] = budget.limit - len(budget.out)
+            stops[slot] = bool(budget.eos_ids)  # submit(..., stop_at_eos=False): no EOS stops it
         # every slot the last step may read or write: its tree past the previous steps' tokens, its draft
         reach = committed + (steps - 1) * (self.depth + 1) + engine.drafter.reach(self.depth + 1)
         window = attention_window(reach, self.length)
@@ -408,7 +409,7 @@ class Batcher(SlotPool):
         packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.steps_on_device(
             proposal, jnp.asarray(self.preceding[:m], jnp.int32), jnp.asarray(self.preceding_len[:m], jnp.int32),
             self.cache, self.draft_cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
-            depth=self.depth, k=self.k, window=window)
+            jnp.asarray(stops), depth=self.depth, k=self.k, window=window)
         layout = device_steps_layout(steps, self.depth, self.context, self.fields)
         out = layout.unpack(np.asarray(packed))
         elapsed = time.perf_counter() - t0

@@ -7,12 +7,14 @@ benchmarks/RESULTS.md, 2026-11-26). A search written with array operations of st
 run inside the step's own program, which is what a decoding loop on the device needs.
 
 `search_tree` builds the same tree as `build_tree` — the same scores (float32, the same formula
-and order of operations), the same pool numbering and tie-breaking, the same node order, mask
-and retrieve rows — but without `build_tree`'s pruning: every extension of every beam entry is
-scored (d · beam_width · k entries), then sorted. One difference can remain: `build_tree` takes
-each logarithm in double precision and rounds it to float32, XLA computes it in float32, which
-may differ in the last bit; two pool entries whose scores are that close may then rank the other
-way round. Either tree is a valid draft: greedy DART's output does not depend on the tree.
+and order of operations, each product rounded before its sum as there rather than fused into an
+FMA), the same pool numbering and tie-breaking, the same node order, mask and retrieve rows — but
+without `build_tree`'s pruning: every extension of every beam entry is scored (d · beam_width · k
+entries), then sorted. One difference can remain: `build_tree` takes each logarithm in double
+precision and rounds it to float32, XLA computes it in float32, which may differ in the last bit
+(about one value in seven on XLA:CPU); two pool entries whose scores are that close may then rank
+the other way round, and the trees differ. Either tree is a valid draft: greedy DART's output does
+not depend on the tree (its accepted lengths, and sampled draws, may).
 
 The trie is `DeviceTrie`: the CSR trie's arrays (`dart_jax.ngram.Trie`) on the device, children
 found by binary search (a fixed number of halvings: the largest child list's). Inputs are not
@@ -89,6 +91,12 @@ class DeviceSearch:
         return level, logit
 
 
+def _rounded(product):
+    """`product` rounded to float32 before its sum is taken, as the host's search rounds it: kept out
+    of the addition that follows, which XLA would otherwise fuse into one FMA (rounded once)."""
+    return jax.lax.optimization_barrier(product)
+
+
 def _lexsort_first(keys: tuple, count: int):
     """Indices of the `count` first entries under `jnp.lexsort(keys)` (last key primary)."""
     return jnp.lexsort(keys)[:count]
@@ -111,7 +119,7 @@ def search_tree(topk_ids, topk_probs, preceding, n_preceding, trie: DeviceTrie |
     one = np.float32(1.0)
 
     ids = topk_ids.astype(jnp.int32)
-    logit_term = jnp.log(jnp.minimum(topk_probs.astype(jnp.float32), one) + _TINY) * jnp.asarray(logit_w)[:, None]
+    logit_term = _rounded(jnp.log(jnp.minimum(topk_probs.astype(jnp.float32), one) + _TINY) * jnp.asarray(logit_w)[:, None])
 
     # the beam: pool index (-1: the empty sequence), score, validity, trie nodes of its last L ids
     beam_idx = jnp.full((W,), -1, jnp.int32)
@@ -139,13 +147,13 @@ def search_tree(topk_ids, topk_probs, preceding, n_preceding, trie: DeviceTrie |
                 usable = (s >= 0) & (s_freq > 0)  # a node of count 0 is no evidence: back off
                 child = trie.child(s, tok)
                 hit = usable & (child >= 0) & ~done
-                pn = trie.freq[jnp.maximum(child, 0)].astype(jnp.float32) * (one / s_freq.astype(jnp.float32))
+                pn = _rounded(trie.freq[jnp.maximum(child, 0)].astype(jnp.float32) * (one / s_freq.astype(jnp.float32)))
                 pn = jnp.where(pn <= one, pn, one)  # a NaN too
-                ng = jnp.where(hit, jnp.log(pn + _TINY) * ngw, ng)
+                ng = jnp.where(hit, _rounded(jnp.log(pn + _TINY) * ngw), ng)
                 done = done | hit
-            score = beam_score[:, None] + lw * (term + ng)
+            score = beam_score[:, None] + _rounded(lw * (term + ng))
         else:
-            score = beam_score[:, None] + lw * term
+            score = beam_score[:, None] + _rounded(lw * term)
         score = jnp.broadcast_to(score, (W, k))
         ok = jnp.broadcast_to(beam_ok[:, None], (W, k))
         is_eos = tok == eos

@@ -189,13 +189,13 @@ def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draf
 
 
 def _device_steps(model: ModelDef, drafter_cls, state, trie, proposal, preceding, preceding_len, cache: KVCache,
-                  draft_cache, cache_len, keys, params, remaining, eos, *, n: int, depth: int, k: int, window: int,
-                  steps: int, search: DeviceSearch):
+                  draft_cache, cache_len, keys, params, remaining, stops, eos, *, n: int, depth: int, k: int,
+                  window: int, steps: int, search: DeviceSearch):
     """Up to `steps` speculative steps of the first m = preceding.shape[0] rows in one device loop,
     the draft trees searched on the device (`device_tree.search_trees`: the host search's trees):
     `proposal` the drafter's last proposal, `preceding` [m,P] the ids fed to it (the first
-    `preceding_len`; the last is the root). A row stops on an id of `eos` (kept) or after
-    `remaining` [m] tokens; the loop ends when every row has stopped. → packed `device_steps_layout`
+    `preceding_len`; the last is the root). A row stops on an id of `eos` (kept) where `stops` [m]
+    says so, and after `remaining` [m] tokens; the loop ends when every row has stopped. → packed `device_steps_layout`
     [m] (the tokens each row committed, its accepted length per step, and what the next call
     starts from), caches, lengths, keys."""
     pair = model.merge(state)
@@ -214,7 +214,7 @@ def _device_steps(model: ModelDef, drafter_cls, state, trie, proposal, preceding
                                                             keys, params, n=n, depth=depth, k=k, window=window)
         count, follow = res["count"], res["follow"]  # follow[:, :count]: the step's committed tokens
         with jax.named_scope("stops"):
-            is_eos = jnp.any(follow[..., None] == eos[None, None, :], axis=-1) & (j < count[:, None])
+            is_eos = jnp.any(follow[..., None] == eos[None, None, :], axis=-1) & (j < count[:, None]) & stops[:, None]
             first_eos = jnp.min(jnp.where(is_eos, j, width), axis=1)
             emitted = jnp.where(active, jnp.minimum(jnp.minimum(count, first_eos + 1), remaining), 0)
             cols = jnp.where(j < emitted[:, None], n_out[:, None] + j, out.shape[1])  # past the end: dropped
@@ -346,6 +346,13 @@ def _pinned(fn, mesh):
     return run
 
 
+class Continued(tuple):
+    """(new ids, accepted length) of a step that came from the same device call as the step before
+    it (an engine with `device_steps`): its time was the first step's."""
+
+    continued = True
+
+
 class Engine:
     """Speculative decoding of `target` with `drafter`; the drafter's trees are searched with `trie`
     (None: the drafter's scores alone) under `tree` settings. Also runs the autoregressive baseline
@@ -356,6 +363,13 @@ class Engine:
     def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
                  mesh=None, adaptive: bool = False, device_steps: int = 0):
+        # device_steps > 0: speculative steps run that many at a time in one device loop, the trees
+        # searched on the device (`_device_steps`); 0: one device call per step, the host searching
+        if isinstance(device_steps, bool) or not isinstance(device_steps, int) or device_steps < 0:
+            raise InputError(f"device_steps must be an integer >= 0 (0: a host call per step), got {device_steps!r}")
+        if device_steps and not isinstance(drafter, DartDrafter):
+            raise InputError("device_steps needs the DART drafter (its trees are searched on the device); "
+                             f"this engine drafts with {type(drafter).__name__}: pass device_steps=0")
         self.target, self.drafter, self.trie, self.mesh = target, drafter, trie, make_mesh(mesh)
         if self.mesh is not None and target.fused_projections:
             raise InputError("the target's projections are fused (the one-device layout a GPU loads, "
@@ -397,19 +411,11 @@ class Engine:
                                      self.mesh)
         self.pool = CachePool(self._make_caches)
         self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
-        # device_steps > 0: speculative steps run that many at a time in one device loop, the trees
-        # searched on the device (`_device_steps`); 0: one device call per step, the host searching
-        if isinstance(device_steps, bool) or not isinstance(device_steps, int) or device_steps < 0:
-            raise InputError(f"device_steps must be an integer >= 0 (0: a host call per step), got {device_steps!r}")
-        if device_steps and not isinstance(drafter, DartDrafter):
-            raise InputError("device_steps needs the DART drafter (its trees are searched on the device); "
-                             f"this engine drafts with {type(drafter).__name__}: pass device_steps=0")
         if device_steps and (self.mesh is not None or self.adaptive):
             raise InputError("device_steps (--device-steps) runs one fixed tree size on one device: pass keep=N / "
                              "--keep N (not \"auto\") and no mesh, or device_steps=0")
         self.device_steps = device_steps
-        self._device_trie = None
-        self._gemms = gemms
+        self._device_trie: list = []  # [DeviceTrie] once made; an engine from with_tree shares the list
 
         def device_loop(rows: int):  # compiled with the XLA options of a verify of `rows` rows
             options = verify_compiler_options(rows, choice=gemms)
@@ -442,20 +448,21 @@ class Engine:
 
     def device_trie(self) -> DeviceTrie | None:
         """The trie's arrays on the device (made at the first call; None without a trie)."""
-        if self._device_trie is None and self.trie is not None:
+        if not self._device_trie and self.trie is not None:
             trie = self.trie.to_csr() if hasattr(self.trie, "to_csr") else self.trie
-            self._device_trie = DeviceTrie.from_trie(trie)
-        return self._device_trie
+            self._device_trie.append(DeviceTrie.from_trie(trie))
+        return self._device_trie[0] if self._device_trie else None
 
     def steps_on_device(self, proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, params,
-                        remaining, *, depth: int, k: int, window: int):
+                        remaining, stops, *, depth: int, k: int, window: int):
         """`device_steps` speculative steps of the first m = preceding.shape[0] rows in one device
-        call (see `_device_steps`) → (packed `device_steps_layout` [m], caches, lengths, keys)."""
+        call (see `_device_steps`; `stops` [m]: whether a row stops at EOS) → (packed
+        `device_steps_layout` [m], caches, lengths, keys)."""
         search = DeviceSearch(keep=self.tree.keep, beam_width=self.tree.beam_width,
                               ngram_weight=self.tree.ngram_weight, eos_id=self.tree_eos_id)
         run = self._device_loop(preceding.shape[0] * self.n_nodes)
         return run(self._state, self.device_trie(), proposal, preceding, preceding_len, cache, draft_cache, cache_len,
-                   keys, params, remaining, self.eos_row, n=self.n_nodes, depth=depth, k=k, window=window,
+                   keys, params, remaining, stops, self.eos_row, n=self.n_nodes, depth=depth, k=k, window=window,
                    steps=self.device_steps, search=search)
 
     def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
@@ -481,9 +488,11 @@ class Engine:
         """An engine over the same target, drafter and trie with other tree settings (another tree
         size is another compiled step; the weights are shared, not copied); `adaptive` (default:
         this engine's) chooses the size per step up to tree.keep."""
-        return Engine(self.target, self.drafter, self.trie, eos_ids=sorted(self.eos_ids), tree_eos_id=self.tree_eos_id,
-                      tree=tree, shapes=self.shapes, mesh=self.mesh,
-                      adaptive=self.adaptive if adaptive is None else adaptive, device_steps=self.device_steps)
+        engine = Engine(self.target, self.drafter, self.trie, eos_ids=sorted(self.eos_ids),
+                        tree_eos_id=self.tree_eos_id, tree=tree, shapes=self.shapes, mesh=self.mesh,
+                        adaptive=self.adaptive if adaptive is None else adaptive, device_steps=self.device_steps)
+        engine._device_trie = self._device_trie  # one copy of the trie on the device
+        return engine
 
     def tree_settings(self, size: int) -> TreeSettings:
         """The tree settings of a step that uses a tree of `size` nodes besides the root."""
@@ -556,7 +565,7 @@ class Engine:
                     rows: list[tuple[list[int], int]] = [([], 0)] * len(prompts)
                     for index, steps in moves.items():
                         if t < len(steps):
-                            rows[index] = steps[t]
+                            rows[index] = steps[t] if t == 0 else Continued(steps[t])
                     yield rows
         finally:
             batcher.close()

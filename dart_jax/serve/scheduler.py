@@ -320,7 +320,11 @@ class Scheduler:
             for job in inside:
                 if job is not None:
                     job.compile_s += compiled
-        for step in moved:
+        # a call may move a request by several steps (an engine with device_steps): one event each,
+        # the call's time counted once per job, the job finished at its last event
+        last = {step[0]: i for i, step in enumerate(moved)}
+        timed = set()
+        for i, step in enumerate(moved):
             request, kept, accepted = step
             job = self._jobs.get(request)
             if job is None:
@@ -328,9 +332,11 @@ class Scheduler:
             job.token_ids.extend(kept)
             if not compiled:
                 job.warm_tokens += len(kept)
-                job.warm_s += wall
+                if request not in timed:
+                    job.warm_s += wall
+                    timed.add(request)
             plain = getattr(step, "plain", False)
-            if request.done:
+            if request.done and last[request] == i:
                 del self._jobs[request]
                 self._finish(job, request.finish_reason, kept, accepted, plain=plain)
             else:
