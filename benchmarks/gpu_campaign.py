@@ -19,7 +19,7 @@ new tokens; "plain" is the device loop of plain greedy decoding.
     16 GB of weights), batch 1: the end-to-end speedup at the paper's τ (bench/forced.py), and at
     τ = 1 the bare step against a plain token (the issue's goal: within 1.2×).
  2. forced-Qwen3-8B-36L-b1-xla: stage 1 with every verify compiled with XLA's own GEMMs
-    (`DART_JAX_VERIFY_GEMMS=xla`): the A/B of the default, which compiles a step of 32 rows or more
+    (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
     with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
  3. loop-Qwen3-8B-36L-host, loop-Qwen3-8B-36L-device: plain `bench e2e` (random weights, so τ is
     about 1 and the step is what is timed) with one device call a step, then with LOOP_STEPS steps a
@@ -97,12 +97,13 @@ LOOP_STEPS = 8  # steps per device call of the device loop's stage (Engine(devic
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
 POOL_KEEP = ["--keep", "15"]
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # the profile's XLA flag: every kernel traced on its own
-# a stage again under other settings: name → (what, environment; XLA_FLAGS are added to the caller's)
-VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "xla": ("every verify with XLA's own GEMMs (Triton)", {"DART_JAX_VERIFY_GEMMS": "xla"}),
-    "cublas": ("every verify with cuBLAS", {"DART_JAX_VERIFY_GEMMS": "cublas"}),
-    "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}),
-    "more": ("", {}),  # more τ values, the same settings
+# a stage again under other settings: name → (what, environment (XLA_FLAGS are added to the
+# caller's), options added to the stage's command)
+VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
+    "xla": ("every verify with XLA's own GEMMs (Triton)", {}, ("--verify-gemms", "xla")),
+    "cublas": ("every verify with cuBLAS", {}, ("--verify-gemms", "cublas")),
+    "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}, ()),
+    "more": ("", {}, ()),  # more τ values, the same settings
 }
 # in the shapes table, in this order, with the tree sizes each measures (`--budgets`: nodes besides
 # the root, one sequence): with the default (cuBLAS from CUBLAS_MIN_ROWS = 32 rows up, XLA's GEMMs
@@ -115,6 +116,8 @@ def variant_env(variant: str) -> dict[str, str] | None:
     if not variant:
         return None
     env = dict(VARIANTS[variant][1])
+    if not env:
+        return None
     if "XLA_FLAGS" in env:
         env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {env['XLA_FLAGS']}".strip()
     return env
@@ -221,8 +224,9 @@ class Campaign:
                    deep: bool = True, nodes: list[str] = keep, variant: str = "") -> Stage:
             name += f"-{variant}" if variant else ""
             return Stage(name, f"{name}.json", lambda: bench + [
-                "e2e", "--force-tau", taus, *nodes, *reps, *self.model(shape, layers), *extra, "--no-progress",
-                "--output", str(out / f"{name}.json")], limit, env=variant_env(variant),
+                "e2e", "--force-tau", taus, *nodes, *reps, *self.model(shape, layers), *extra,
+                *VARIANTS.get(variant, ("", {}, ()))[2], "--no-progress", "--output", str(out / f"{name}.json")], limit,
+                env=variant_env(variant),
                 min_device_gib=DEPTH[shape][1] if deep else 0.0)
 
         def shapes_stage(shape: str, variant: str = "") -> Stage:
@@ -231,7 +235,8 @@ class Campaign:
                       SHAPE_VARIANTS[variant] if variant else BUDGETS])
             name = f"shapes-{shape}" + (f"-{variant}" if variant else "")
             return Stage(name, f"{name}.json", lambda: bench + [
-                "shapes", *model, "--no-progress", "--output", str(out / f"{name}.json")], 150,
+                "shapes", *model, *VARIANTS.get(variant, ("", {}, ()))[2], "--no-progress",
+                "--output", str(out / f"{name}.json")], 150,
                 env=variant_env(variant), min_device_gib=DEPTH[shape][1])
 
         def loop_stage(shape: str, layers: int, steps: int) -> Stage:

@@ -7,7 +7,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the backend's own weight layout (qwen3.fused_projections_wanted); a test that wants another sets it
 os.environ.pop("DART_JAX_FUSED_PROJECTIONS", None)
-os.environ.pop("DART_JAX_VERIFY_GEMMS", None)  # likewise its GEMMs (qwen3.verify_compiler_options)
 # The suite compiles hundreds of small programs and runs each on tiny shapes: less LLVM optimisation
 # makes compiling about a third faster (subprocesses inherit it); the results are the same.
 _FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"

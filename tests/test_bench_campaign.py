@@ -59,8 +59,9 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert json.loads((out / "loop-tiny-6L-device.json").read_text())["summary"]["all_same_output"]
     assert "| separate | pass | 0 | 36 |" in report and "| scanned | forward | 61 | 6 |" in report
     # a variant's log opens with its command and the settings it ran under
-    assert "DART_JAX_VERIFY_GEMMS='xla'" in (out / "forced-tiny-6L-b1-xla.log").read_text().splitlines()[0]
-    assert "DART_JAX_VERIFY_GEMMS='cublas'" in (out / "shapes-tiny-cublas.log").read_text().splitlines()[0]
+    assert "--verify-gemms xla" in (out / "forced-tiny-6L-b1-xla.log").read_text().splitlines()[0]
+    assert "--verify-gemms cublas" in (out / "shapes-tiny-cublas.log").read_text().splitlines()[0]
+    assert json.loads((out / "shapes-tiny-cublas.json").read_text())["config"]["verify_gemms"] == "cublas"
     assert "--xla_gpu_enable_command_buffer=" in (out / "profile-tiny-6L.log").read_text().splitlines()[0]
     with tarfile.open(archive) as tar:  # everything the device tool must bring back, in one file
         names = set(tar.getnames())

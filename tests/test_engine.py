@@ -140,7 +140,7 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
     """A GPU compiles the verification of a big tree with other GEMMs (qwen3.verify_compiler_options):
     here the rule is forced on the CPU with a GPU option every XLA accepts. A step whose tree has
     32 rows or more runs an executable compiled with it, a smaller one XLA's defaults, and greedy
-    decoding stays transformers' either way. A bad $DART_JAX_VERIFY_GEMMS stops the engine at once."""
+    decoding stays transformers' either way. A bad verify_gemms stops the engine at once."""
     off = {"xla_gpu_enable_triton_gemm": False}
     asked, made = [], []
     real_jitted = engine_module.jitted
@@ -155,18 +155,18 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
 
     monkeypatch.setattr(engine_module, "verify_compiler_options", rule)
     monkeypatch.setattr(engine_module, "jitted", spy)
-    for keep, options in ((60, off), (8, None)):
+    for keep, options, gemms in ((60, off, "auto"), (8, None, "xla")):
         engine = Engine(tiny.model.target, DartDrafter(tiny.model.head), cheating_trie(tiny), eos_ids=(EOS,),
-                        tree_eos_id=EOS, tree=TreeSettings(keep=keep), shapes=ShapeSettings(min_bucket=64))
+                        tree_eos_id=EOS, tree=TreeSettings(keep=keep), shapes=ShapeSettings(min_bucket=64),
+                        verify_gemms=gemms)
         made.clear()
         for prompt in PROMPTS[:2]:
             dart, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=16)
             assert dart == hf_generate(tiny, prompt, 16)
-        assert (keep + 1, "auto") in asked
+        assert (keep + 1, gemms) in asked  # the rule asked with the engine's choice
         assert made == [options]  # the step, made once with its options (the prefill keeps XLA's)
-    monkeypatch.setenv("DART_JAX_VERIFY_GEMMS", "fastest")
-    with pytest.raises(InputError, match="DART_JAX_VERIFY_GEMMS must be auto, xla or cublas"):
-        engine_for(tiny, keep=60)
+    with pytest.raises(InputError, match="verify_gemms \\(--verify-gemms\\) must be one of auto, xla, cublas"):
+        Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, verify_gemms="fast")
 
 
 def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):

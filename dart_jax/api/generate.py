@@ -50,6 +50,8 @@ def load_model(args) -> DartModel:
         opts["eagle3"] = args.eagle3
     if getattr(args, "device_steps", 0):
         opts["device_steps"] = args.device_steps
+    if getattr(args, "verify_gemms", "auto") != "auto":
+        opts["verify_gemms"] = args.verify_gemms
     if args.ckpt is None:
         base, head, trie = _demo_paths(getattr(args, "demo", "smollm2"))
         opts = demo_options(getattr(args, "demo", "smollm2"), opts)

@@ -78,6 +78,10 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
                        help="run N DART steps per device call, the draft trees searched on the device (the same "
                             "trees; for accelerators: slower on a CPU); needs a fixed --keep. Default 0: one device "
                             "call a step, the host searching")
+    group.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
+                       help="GEMMs a GPU compiles the tree verification with: auto (cuBLAS for trees of 32 rows or "
+                            "more, XLA's own below and for plain decoding), xla (XLA's everywhere) or cublas (every "
+                            "tree); other devices ignore it (default auto)")
     group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
     group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
     group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")

@@ -110,6 +110,7 @@ class ModelSet:
     eagle3_depth: int | None = None
     eagle3_top_k: int | None = None
     device_steps: int = 0  # DART's steps per device call, trees searched on the device (0: one call a step)
+    verify_gemms: str = "auto"  # the GEMMs a GPU compiles a verification with (qwen3.verify_compiler_options)
 
     def eagle3_sizes(self) -> dict[str, int]:
         return {k: v for k, v in (("eagle3_total_token", self.eagle3_total_token), ("eagle3_depth", self.eagle3_depth),
@@ -235,6 +236,8 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
     opts.update(m.eagle3_sizes())
     if m.device_steps:
         opts["device_steps"] = m.device_steps
+    if m.verify_gemms != "auto":
+        opts["verify_gemms"] = m.verify_gemms
     if m.mesh:
         opts["mesh"] = m.mesh
     if m.eagle3 == "random" and m.dart:
@@ -356,7 +359,8 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
     if probed is not None:
         summary["probe"] = probed
     config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "reps": reps,
-              "warmup": warmup, "methods": ",".join(methods), "device_steps": models.device_steps}
+              "warmup": warmup, "methods": ",".join(methods), "device_steps": models.device_steps,
+              "verify_gemms": models.verify_gemms}
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
 
 

@@ -96,6 +96,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-steps", type=int, default=0, metavar="N",
                    help="DART runs N steps per device call, its trees searched on the device (needs a fixed --keep); "
                         "default 0: one device call a step, the host searching")
+    p.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
+                   help="GEMMs a GPU compiles the tree verification with (see the README; default auto)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompts without the chat template")
     p.add_argument("--mesh", metavar="SPEC", help="shard the model over devices: 'model=4' or 'data=2,model=4' "
                                                   "(default: one device)")
@@ -219,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default 512)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 elsewhere")
+    p.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
+                   help="GEMMs a GPU compiles each verify with, as an engine with this verify_gemms (default auto)")
     p.add_argument("--mesh", metavar="SPEC", help="shard weights and cache over devices: 'model=4' or "
                                                   "'data=2,model=4' (default: one device)")
     _common(p, reps=10, warmup=2)

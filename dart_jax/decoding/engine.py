@@ -39,7 +39,7 @@ import numpy as np
 from flax import nnx
 
 from dart_jax.errors import InputError
-from dart_jax.models.qwen3 import (KVCache, Qwen3, init_cache, verify_compiler_options, verify_gemms_wanted,
+from dart_jax.models.qwen3 import (KVCache, Qwen3, check_verify_gemms, init_cache, verify_compiler_options,
                                    write_cache)
 from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inputs_on_mesh, make_mesh,
                                       shard_module, sharded_caches)
@@ -195,9 +195,9 @@ def _device_steps(model: ModelDef, drafter_cls, state, trie, proposal, preceding
     the draft trees searched on the device (`device_tree.search_trees`: the host search's trees):
     `proposal` the drafter's last proposal, `preceding` [m,P] the ids fed to it (the first
     `preceding_len`; the last is the root). A row stops on an id of `eos` (kept) where `stops` [m]
-    says so, and after `remaining` [m] tokens; the loop ends when every row has stopped. → packed `device_steps_layout`
-    [m] (the tokens each row committed, its accepted length per step, and what the next call
-    starts from), caches, lengths, keys."""
+    says so, and after `remaining` [m] tokens; the loop ends when every row has stopped. → packed
+    `device_steps_layout` [m] (the tokens each row committed, its accepted length per step, and
+    what the next call starts from), caches, lengths, keys."""
     pair = model.merge(state)
     m, width = preceding.shape[0], depth + 1
     rows = jnp.arange(m)[:, None]
@@ -300,7 +300,7 @@ _DONATE = ("cache", "draft_cache")
 def _by_tree_rows(make, gemms: str, lowerable: bool):
     """A step function (state, tree, ..., n=...) that runs `make(jit options)`'s function for the
     XLA options of its verification, rows = sequences × `n` tree nodes (`verify_compiler_options`
-    under the $DART_JAX_VERIFY_GEMMS choice `gemms`); one jitted function per set of options. With
+    under the engine's choice `gemms`, its verify_gemms); one jitted function per set of options. With
     `lowerable` (`make` returns jitted functions: no mesh) it has their `lower` too."""
     by_rows: dict[int, object] = {}
     by_options: dict[tuple, object] = {}
@@ -362,7 +362,7 @@ class Engine:
 
     def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
-                 mesh=None, adaptive: bool = False, device_steps: int = 0):
+                 mesh=None, adaptive: bool = False, device_steps: int = 0, verify_gemms: str = "auto"):
         # device_steps > 0: speculative steps run that many at a time in one device loop, the trees
         # searched on the device (`_device_steps`); 0: one device call per step, the host searching
         if isinstance(device_steps, bool) or not isinstance(device_steps, int) or device_steps < 0:
@@ -399,7 +399,8 @@ class Engine:
                                               static_argnames=("rows", "k", "nodes", "draft_window"), donate_argnames=_DONATE),
                                        self.mesh)
         # each step compiled with the XLA options of its verification's size (verify_compiler_options)
-        gemms = verify_gemms_wanted()  # a bad $DART_JAX_VERIFY_GEMMS fails here, not at the first step
+        # verify_gemms: which GEMMs a GPU compiles a verification with (qwen3.verify_compiler_options)
+        gemms = self.verify_gemms = check_verify_gemms(verify_gemms)
         self._step = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
             _pinned(_step, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
             donate_argnames=_DONATE, **options), self.mesh), gemms, self.mesh is None)
@@ -490,7 +491,8 @@ class Engine:
         this engine's) chooses the size per step up to tree.keep."""
         engine = Engine(self.target, self.drafter, self.trie, eos_ids=sorted(self.eos_ids),
                         tree_eos_id=self.tree_eos_id, tree=tree, shapes=self.shapes, mesh=self.mesh,
-                        adaptive=self.adaptive if adaptive is None else adaptive, device_steps=self.device_steps)
+                        adaptive=self.adaptive if adaptive is None else adaptive, device_steps=self.device_steps,
+                        verify_gemms=self.verify_gemms)
         engine._device_trie = self._device_trie  # one copy of the trie on the device
         return engine
 

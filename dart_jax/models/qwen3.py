@@ -31,8 +31,8 @@ from .layers import (Linear, RMSNorm, apply_rope, attention, group_mask, group_q
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
 # "1": fused projections on every backend, "0": on none; unset: on a GPU only (`use_backend_layout`)
 FUSED_PROJECTIONS_ENV = "DART_JAX_FUSED_PROJECTIONS"
-# which GEMMs XLA compiles a tree verification with on a GPU: "auto" (unset), "xla" or "cublas"
-VERIFY_GEMMS_ENV = "DART_JAX_VERIFY_GEMMS"
+# which GEMMs XLA compiles a tree verification with on a GPU (`verify_compiler_options`)
+VERIFY_GEMMS = ("auto", "xla", "cublas")
 # "auto": a verification of at least this many query rows (sequences x tree nodes) with cuBLAS
 CUBLAS_MIN_ROWS = 32
 _NO_TRITON_GEMMS = {"xla_gpu_enable_triton_gemm": False}
@@ -347,25 +347,24 @@ def fused_projections_wanted(backend: str | None = None) -> bool:
     return flag == "1" if flag else (backend or jax.default_backend()) == "gpu"
 
 
-def verify_gemms_wanted() -> str:
-    """$DART_JAX_VERIFY_GEMMS checked: "auto" (unset), "xla" or "cublas" (see `verify_compiler_options`)."""
-    flag = os.environ.get(VERIFY_GEMMS_ENV, "").strip().lower() or "auto"
-    if flag not in ("auto", "xla", "cublas"):
-        raise InputError(f"${VERIFY_GEMMS_ENV} must be auto, xla or cublas (or unset: auto), got {flag!r}.")
-    return flag
+def check_verify_gemms(choice: str) -> str:
+    """`choice` if it is one of VERIFY_GEMMS (see `verify_compiler_options`), else an InputError."""
+    if choice not in VERIFY_GEMMS:
+        raise InputError(f"verify_gemms (--verify-gemms) must be one of {', '.join(VERIFY_GEMMS)}, got {choice!r}.")
+    return choice
 
 
-def verify_compiler_options(rows: int, backend: str | None = None,
-                            choice: str | None = None) -> dict[str, bool] | None:
+def verify_compiler_options(rows: int, backend: str | None = None, choice: str = "auto") -> dict[str, bool] | None:
     """XLA options to compile a tree verification of `rows` query rows with (sequences × tree
     nodes), None for XLA's defaults. On a GPU, XLA's Triton GEMMs serve one-row decoding best, but
     at a tree's few dozen rows they split the attention projections' reduction into f32 partial sums
     (1.3 TB/s on an H200, against 3.8 TB/s for cuBLAS; a 62-row verify at the Qwen3-8B shape took
     10.4 ms in Triton, 7.4 ms in cuBLAS; benchmarks/RESULTS.md, 2026-11-26 fifth session). So
     steps whose verification has at least `CUBLAS_MIN_ROWS` rows compile with Triton's GEMMs off
-    (the whole step: the draft head's matmuls in it too), and plain decoding keeps XLA's choice. $DART_JAX_VERIFY_GEMMS: "auto" (unset) that rule, "xla" never,
-    "cublas" for every tree (`choice`, default: read from there). Other backends: None."""
-    choice = choice or verify_gemms_wanted()
+    (the whole step: the draft head's matmuls in it too), and plain decoding keeps XLA's choice.
+    `choice` (VERIFY_GEMMS; an engine's `verify_gemms`, `--verify-gemms`): "auto" that rule, "xla"
+    never, "cublas" for every tree. Other backends: None."""
+    check_verify_gemms(choice)
     if (backend or jax.default_backend()) != "gpu" or choice == "xla":
         return None
     return dict(_NO_TRITON_GEMMS) if choice == "cublas" or rows >= CUBLAS_MIN_ROWS else None
