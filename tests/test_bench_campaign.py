@@ -11,6 +11,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_campaign.py"
 _SPEC = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)  # a script, not a package
@@ -31,6 +33,7 @@ def campaign(*args: str, env: dict | None = None) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # about 2.5 minutes (14 stages, each a process that compiles): .ci/run runs it after the default run
 def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     out, archive = tmp_path / "camp", tmp_path / "back" / "campaign.tar.gz"
     first = campaign("--out", str(out), "--archive", str(archive))

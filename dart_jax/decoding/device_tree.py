@@ -40,12 +40,16 @@ _TINY = np.float32(1e-10)
 @dataclasses.dataclass(frozen=True)
 class DeviceTrie:
     """A CSR trie's arrays as device arrays (`from_trie`): `token`, `freq` (int32 [N]) and `start`
-    (int32 [N + 1]: node i's children are start[i] .. start[i+1] - 1, sorted by token); `order`
-    and `halvings` (ceil(log2) of the largest child list, the binary search's steps) are static."""
+    (int32 [N + 1]: node i's children are start[i] .. start[i+1] - 1, sorted by token), and `root`,
+    the root's children as a table token → child (-1: none; `Trie.root_table`). Static: `order`,
+    and `halvings`, the binary search's steps under any other node (ceil(log2) of the largest child
+    list below the root: the root's own list, a whole vocabulary wide, would need the most, and
+    each step is a kernel on a GPU)."""
 
     token: jax.Array
     freq: jax.Array
     start: jax.Array
+    root: jax.Array
     order: int = dataclasses.field(metadata={"static": True})
     halvings: int = dataclasses.field(metadata={"static": True})
 
@@ -54,15 +58,20 @@ class DeviceTrie:
         token, freq, child_start = trie.arrays()
         if child_start[-1] >= 2**31:
             raise ValueError(f"a trie of {child_start[-1]} nodes does not fit the device search's int32 indices")
-        widths = np.diff(child_start)
+        root = trie.root_table()
+        if root.size == 0 and child_start[1] > child_start[0]:
+            raise ValueError("the trie's root children have ids too large for a table (>= 2**24): the device search "
+                             "cannot take it; search on the host (device_steps=0)")
+        widths = np.diff(child_start)[1:]
         largest = int(widths.max()) if widths.size else 0
         return cls(jnp.asarray(token, jnp.int32), jnp.asarray(freq, jnp.int32), jnp.asarray(child_start, jnp.int32),
-                   int(trie.order), max(largest - 1, 0).bit_length())
+                   jnp.asarray(root if root.size else np.full(1, -1, np.int32), jnp.int32), int(trie.order),
+                   max(largest - 1, 0).bit_length())
 
     def child(self, node, tok):
         """The child of each `node` (int32, -1: none) whose token is `tok` (broadcast), or -1."""
         n = self.token.shape[0]
-        valid = (node >= 0) & (node < n)
+        valid = (node >= 1) & (node < n)
         safe = jnp.where(valid, node, 0)
         lo = jnp.where(valid, self.start[safe], 0)
         size = jnp.where(valid, self.start[safe + 1] - lo, 0)
@@ -73,7 +82,10 @@ class DeviceTrie:
             lo = jnp.where(step, lo + half, lo)
             size = size - half
         found = (size > 0) & (self.token[jnp.clip(lo, 0, n - 1)] == tok)
-        return jnp.where(found, lo, -1).astype(jnp.int32)
+        below = jnp.where(found, lo, -1)
+        at_root = jnp.where((tok >= 0) & (tok < self.root.shape[0]), self.root[jnp.clip(tok, 0, self.root.shape[0] - 1)],
+                            -1)
+        return jnp.where(jnp.broadcast_to(node, below.shape) == 0, at_root, below).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +153,14 @@ def search_tree(topk_ids, topk_probs, preceding, n_preceding, trie: DeviceTrie |
         if m and lvl > 0:
             ng = jnp.full((W, k), miss, jnp.float32)
             done = jnp.zeros((W, k), bool)
-            for length in range(m, 0, -1):
-                s = nodes[length][:, None]  # [W, 1]
+            # every suffix length's lookups in one search (one set of kernels a row, not one per length)
+            suffixes = jnp.stack([nodes[length] for length in range(m, 0, -1)])[:, :, None]  # [m, W, 1]
+            children = trie.child(suffixes, jnp.broadcast_to(tok, (m, W, k)))
+            for at, length in enumerate(range(m, 0, -1)):
+                s = suffixes[at]  # [W, 1]
                 s_freq = trie.freq[jnp.maximum(s, 0)]
                 usable = (s >= 0) & (s_freq > 0)  # a node of count 0 is no evidence: back off
-                child = trie.child(s, tok)
+                child = children[at]
                 hit = usable & (child >= 0) & ~done
                 pn = _rounded(trie.freq[jnp.maximum(child, 0)].astype(jnp.float32) * (one / s_freq.astype(jnp.float32)))
                 pn = jnp.where(pn <= one, pn, one)  # a NaN too
@@ -170,11 +185,11 @@ def search_tree(topk_ids, topk_probs, preceding, n_preceding, trie: DeviceTrie |
             best = _lexsort_first((number, -flat_score, is_eos.reshape(-1), ~flat_ok), W)
             parent_rank = best // k
             new_tok = tok.reshape(-1)[best]
-            if m:
-                new_nodes = [None, trie.child(jnp.int32(0), new_tok)]
-                for length in range(2, m + 1):
-                    new_nodes.append(trie.child(nodes[length - 1][parent_rank], new_tok))
-                nodes = [nodes[0]] + new_nodes[1:]
+            if m:  # the new entries' suffix nodes: the root's child, then a child of each parent suffix
+                parents = jnp.stack([jnp.zeros((W,), jnp.int32)] + [nodes[length - 1][parent_rank]
+                                                                    for length in range(2, m + 1)])
+                found = trie.child(parents, jnp.broadcast_to(new_tok, (m, W)))
+                nodes = [nodes[0]] + [found[length - 1] for length in range(1, m + 1)]
             beam_idx, beam_score, beam_ok = number[best], flat_score[best], flat_ok[best]
 
     score = jnp.concatenate(pool["score"])
