@@ -16,8 +16,9 @@ precision and rounds it to float32, XLA computes it in float32, which may differ
 the other way round, and the trees differ. Either tree is a valid draft: greedy DART's output does
 not depend on the tree (its accepted lengths, and sampled draws, may).
 
-The trie is `DeviceTrie`: the CSR trie's arrays (`dart_jax.ngram.Trie`) on the device, children
-found by binary search (a fixed number of halvings: the largest child list's). Inputs are not
+The trie is `DeviceTrie`: the CSR trie's arrays (`dart_jax.ngram.Trie`, 12 bytes a node, and a
+table of the root's children) on the device, a child found by a search that cuts its siblings'
+sorted list into 16 parts a step (a fixed number of steps: the largest list's). Inputs are not
 checked here (the caller's drafter gives ids in range and probabilities in [0, 1]).
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dart_jax.ngram import Trie
 from dart_jax.ngram.tree import DraftTree, default_level_weight, default_logit_weight
 
 _TINY = np.float32(1e-10)
+SEARCH_WAYS = 16  # parts a child list is cut into per step of the trie's search (DeviceTrie.rounds)
 
 
 @jax.tree_util.register_dataclass
@@ -42,16 +44,17 @@ class DeviceTrie:
     """A CSR trie's arrays as device arrays (`from_trie`): `token`, `freq` (int32 [N]) and `start`
     (int32 [N + 1]: node i's children are start[i] .. start[i+1] - 1, sorted by token), and `root`,
     the root's children as a table token → child (-1: none; `Trie.root_table`). Static: `order`,
-    and `halvings`, the binary search's steps under any other node (ceil(log2) of the largest child
-    list below the root: the root's own list, a whole vocabulary wide, would need the most, and
-    each step is a kernel on a GPU)."""
+    and `rounds`, the steps of the search under any other node: each step cuts a child list into
+    SEARCH_WAYS parts at once (one gather of the cut points, a count), so that a list of 1 446
+    children takes 3 steps rather than 11 halvings, each step a kernel or two on a GPU (the root's
+    own list, a whole vocabulary wide, would need the most: the table answers for it)."""
 
     token: jax.Array
     freq: jax.Array
     start: jax.Array
     root: jax.Array
     order: int = dataclasses.field(metadata={"static": True})
-    halvings: int = dataclasses.field(metadata={"static": True})
+    rounds: int = dataclasses.field(metadata={"static": True})
 
     @classmethod
     def from_trie(cls, trie: Trie) -> "DeviceTrie":
@@ -64,9 +67,11 @@ class DeviceTrie:
                              "cannot take it; search on the host (device_steps=0)")
         widths = np.diff(child_start)[1:]
         largest = int(widths.max()) if widths.size else 0
+        rounds = 0
+        while SEARCH_WAYS ** rounds < largest:
+            rounds += 1
         return cls(jnp.asarray(token, jnp.int32), jnp.asarray(freq, jnp.int32), jnp.asarray(child_start, jnp.int32),
-                   jnp.asarray(root if root.size else np.full(1, -1, np.int32), jnp.int32), int(trie.order),
-                   max(largest - 1, 0).bit_length())
+                   jnp.asarray(root if root.size else np.full(1, -1, np.int32), jnp.int32), int(trie.order), rounds)
 
     def child(self, node, tok):
         """The child of each `node` (int32, -1: none) whose token is `tok` (broadcast), or -1."""
@@ -76,11 +81,17 @@ class DeviceTrie:
         lo = jnp.where(valid, self.start[safe], 0)
         size = jnp.where(valid, self.start[safe + 1] - lo, 0)
         lo, size, tok = jnp.broadcast_arrays(lo, size, tok)
-        for _ in range(self.halvings):  # as ngram._query.find_child: keep lo on the last token <= tok
-            half = size >> 1
-            step = (size > 1) & (self.token[jnp.clip(lo + half, 0, n - 1)] <= tok)
-            lo = jnp.where(step, lo + half, lo)
-            size = size - half
+        cuts = jnp.arange(1, SEARCH_WAYS, dtype=jnp.int32)
+        for _ in range(self.rounds):
+            # [lo, lo + size) holds the last child whose token is <= tok (siblings are sorted, distinct):
+            # keep the part of the SEARCH_WAYS parts (`step` long) that begins with it
+            step = (size + SEARCH_WAYS - 1) // SEARCH_WAYS
+            at = cuts * step[..., None]  # [..., ways - 1] offsets of the parts after the first
+            inside = at < size[..., None]
+            below = self.token[jnp.clip(lo[..., None] + at, 0, n - 1)] <= tok[..., None]
+            part = jnp.sum(inside & below, axis=-1, dtype=jnp.int32)
+            lo = lo + part * step
+            size = jnp.where(size > 1, jnp.minimum(step, size - part * step), size)
         found = (size > 0) & (self.token[jnp.clip(lo, 0, n - 1)] == tok)
         below = jnp.where(found, lo, -1)
         at_root = jnp.where((tok >= 0) & (tok < self.root.shape[0]), self.root[jnp.clip(tok, 0, self.root.shape[0] - 1)],
