@@ -118,7 +118,7 @@ def run(fields: dict, layers: int, rows: list[int], dtype, reps: int, warmup: in
         options = verify_compiler_options(n_rows)
         first = None
         for name, (fn, arrays) in layouts.items():
-            jitted = jax.jit(fn, compiler_options=options) if options else jax.jit(fn)
+            jitted = jax.jit(fn, compiler_options=options)
             result = np.asarray(jitted(x, arrays), np.float32)
             first = result if first is None else first
             record(name, "forward", n_rows, len(jax.tree.leaves(arrays)),

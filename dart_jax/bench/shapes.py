@@ -147,16 +147,6 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         logits, taps, tree_kv = verify_tree(model.merge(state), tree, cache, cache_len)
         return vocab_argmax(logits), taps, tree_kv
 
-    # compiled as the engine compiles its step: with the XLA options of the verification's size
-    verifiers = {}
-
-    def verifier(rows: int):
-        options = verify_compiler_options(rows, choice=gemms)
-        key = tuple(sorted(options.items())) if options else ()
-        if key not in verifiers:
-            verifiers[key] = jax.jit(verify, compiler_options=options) if options else jax.jit(verify)
-        return verifiers[key]
-
     rng = np.random.default_rng(seed)
     cache_len = jnp.full((batch,), context, jnp.int32)
     if mesh is None:
@@ -185,12 +175,12 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
                                                                 chunk=chunk)
         return out
 
-    def verify_call(tokens):
+    def verify_call(tokens, options):
         ids = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch, tokens)), jnp.int32)
         # ancestors-or-self of a chain: any tree of this size costs the same with dense attention
         tree = {"tokens": ids, "positions": jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens)),
                 "mask": jnp.broadcast_to(jnp.tril(jnp.ones((tokens, tokens), bool)), (batch, tokens, tokens))}
-        run = verifier(batch * tokens)
+        run = jax.jit(verify, compiler_options=options)  # as the engine compiles a step of these rows
         return lambda: run(state, tree, holder["cache"], cache_len)
 
     def timed(call):
@@ -211,9 +201,10 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     rows += [{"kind": "call", "name": name, "budget": 0, "tokens": 0, **t, "ratio_to_decode": t["median_ms"] / base["median_ms"],
               "ratio_to_plain": t["median_ms"] / loop["median_ms"]} for name, t in calls.items()]
     for budget in budgets:
-        t = timed(verify_call(budget + 1))
+        options = verify_compiler_options(batch * (budget + 1), choice=gemms)
+        t = timed(verify_call(budget + 1, options))
         rows.append({"kind": "verify", "name": "", "budget": budget, "tokens": budget + 1, **t,
-                     "gemms": "cublas" if verify_compiler_options(batch * (budget + 1), choice=gemms) else "xla",
+                     "gemms": "cublas" if options else "xla",
                      "ratio_to_decode": t["median_ms"] / base["median_ms"],
                      "ratio_to_plain": t["median_ms"] / loop["median_ms"]})
     bar.close()

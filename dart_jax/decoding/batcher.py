@@ -305,6 +305,8 @@ class Batcher(SlotPool):
         # bonus; kept up to the longest that is read (the trie's order - 1) or written (depth + 2)
         order = engine.trie.order if engine.trie is not None else 0
         self.context = max(self.depth + 2, order - 1)
+        self.device_outputs = (device_steps_layout(engine.device_steps, self.depth, self.context, self.fields)
+                               if engine.device_steps else None)
         self.preceding = np.zeros((b, self.context), np.int64)
         self.preceding_len = np.ones(b, np.int64)
         self.committed = np.zeros(b, np.int64)
@@ -410,8 +412,7 @@ class Batcher(SlotPool):
             proposal, jnp.asarray(self.preceding[:m], jnp.int32), jnp.asarray(self.preceding_len[:m], jnp.int32),
             self.cache, self.draft_cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
             jnp.asarray(stops), depth=self.depth, k=self.k, window=window)
-        layout = device_steps_layout(steps, self.depth, self.context, self.fields)
-        out = layout.unpack(np.asarray(packed))
+        out = self.device_outputs.unpack(np.asarray(packed))
         elapsed = time.perf_counter() - t0
         events = []
         for slot in rows:

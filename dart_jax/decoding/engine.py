@@ -188,7 +188,7 @@ def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draf
     return out, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
 
 
-def _device_steps(model: ModelDef, drafter_cls, state, trie, proposal, preceding, preceding_len, cache: KVCache,
+def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal, preceding_len, cache: KVCache,
                   draft_cache, cache_len, keys, params, remaining, stops, eos, *, n: int, depth: int, k: int,
                   window: int, steps: int, search: DeviceSearch):
     """Up to `steps` speculative steps of the first m = preceding.shape[0] rows in one device loop,
@@ -298,23 +298,17 @@ _DONATE = ("cache", "draft_cache")
 
 
 def _by_tree_rows(make, gemms: str, lowerable: bool):
-    """A step function (state, tree, ..., n=...) that runs `make(jit options)`'s function for the
-    XLA options of its verification, rows = sequences × `n` tree nodes (`verify_compiler_options`
-    under the engine's choice `gemms`, its verify_gemms); one jitted function per set of options. With
-    `lowerable` (`make` returns jitted functions: no mesh) it has their `lower` too."""
+    """A step function (state, tree, ..., n=...) that runs `make(compiler_options)`'s function for
+    the XLA options of its verification, rows = sequences × `n` tree nodes (the first argument after
+    the state has a row per sequence; `verify_compiler_options` under the engine's verify_gemms
+    `gemms`). With `lowerable` (`make` returns jitted functions: no mesh) it has their `lower` too."""
     by_rows: dict[int, object] = {}
-    by_options: dict[tuple, object] = {}
 
     def pick(tree, n: int):
         rows = tree.shape[0] * n
-        fn = by_rows.get(rows)
-        if fn is None:
-            options = verify_compiler_options(rows, choice=gemms)
-            key = tuple(sorted(options.items())) if options else ()
-            if key not in by_options:
-                by_options[key] = make({"compiler_options": options} if options else {})
-            fn = by_rows[rows] = by_options[key]
-        return fn
+        if rows not in by_rows:  # `jitted` hands out one function per set of options
+            by_rows[rows] = make(verify_compiler_options(rows, choice=gemms))
+        return by_rows[rows]
 
     def run(state, tree, *args, n: int, **kwargs):
         return pick(tree, n)(state, tree, *args, n=n, **kwargs)
@@ -398,15 +392,15 @@ class Engine:
         self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), model, cls,
                                               static_argnames=("rows", "k", "nodes", "draft_window"), donate_argnames=_DONATE),
                                        self.mesh)
-        # each step compiled with the XLA options of its verification's size (verify_compiler_options)
-        # verify_gemms: which GEMMs a GPU compiles a verification with (qwen3.verify_compiler_options)
+        # each step compiled with the XLA options of its verification's size: verify_gemms says which
+        # GEMMs a GPU takes (qwen3.verify_compiler_options)
         gemms = self.verify_gemms = check_verify_gemms(verify_gemms)
         self._step = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
             _pinned(_step, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
-            donate_argnames=_DONATE, **options), self.mesh), gemms, self.mesh is None)
+            donate_argnames=_DONATE, compiler_options=options), self.mesh), gemms, self.mesh is None)
         self._step_rows = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
             _pinned(_step_rows, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
-            donate_argnames=_DONATE, **options), self.mesh), gemms, self.mesh is None)
+            donate_argnames=_DONATE, compiler_options=options), self.mesh), gemms, self.mesh is None)
         self._plain = inputs_on_mesh(jitted(_pinned(_plain, self.mesh), model, cls,
                                             static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
                                      self.mesh)
@@ -417,13 +411,11 @@ class Engine:
                              "--keep N (not \"auto\") and no mesh, or device_steps=0")
         self.device_steps = device_steps
         self._device_trie: list = []  # [DeviceTrie] once made; an engine from with_tree shares the list
-
-        def device_loop(rows: int):  # compiled with the XLA options of a verify of `rows` rows
-            options = verify_compiler_options(rows, choice=gemms)
-            return jitted(_device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "steps", "search"),
-                          donate_argnames=_DONATE, **({"compiler_options": options} if options else {}))
-
-        self._device_loop = device_loop
+        self._device_search = DeviceSearch(keep=self.tree.keep, beam_width=self.tree.beam_width,
+                                           ngram_weight=self.tree.ngram_weight, eos_id=tree_eos_id)
+        self._device_loop = _by_tree_rows(lambda options: jitted(
+            _device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "steps", "search"),
+            donate_argnames=_DONATE, compiler_options=options), gemms, True)
 
     # ------------------------------------------------------------------ device calls (a pool's caches)
     def prefill(self, ids, prompt_len, start, cache, draft_cache, keys, params, *, rows: int, k: int, nodes: int,
@@ -459,12 +451,9 @@ class Engine:
         """`device_steps` speculative steps of the first m = preceding.shape[0] rows in one device
         call (see `_device_steps`; `stops` [m]: whether a row stops at EOS) → (packed
         `device_steps_layout` [m], caches, lengths, keys)."""
-        search = DeviceSearch(keep=self.tree.keep, beam_width=self.tree.beam_width,
-                              ngram_weight=self.tree.ngram_weight, eos_id=self.tree_eos_id)
-        run = self._device_loop(preceding.shape[0] * self.n_nodes)
-        return run(self._state, self.device_trie(), proposal, preceding, preceding_len, cache, draft_cache, cache_len,
-                   keys, params, remaining, stops, self.eos_row, n=self.n_nodes, depth=depth, k=k, window=window,
-                   steps=self.device_steps, search=search)
+        return self._device_loop(self._state, preceding, self.device_trie(), proposal, preceding_len, cache,
+                                 draft_cache, cache_len, keys, params, remaining, stops, self.eos_row, n=self.n_nodes,
+                                 depth=depth, k=k, window=window, steps=self.device_steps, search=self._device_search)
 
     def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
               window: int, chunk: int | None = None):
