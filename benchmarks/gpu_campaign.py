@@ -14,45 +14,52 @@ after each row): the report shows them, marked, and a resumed call runs the stag
 
 Every model is random (bench/e2e.py `random_model`: bf16 weights drawn on the device at a Qwen3
 shape, nothing written to disk), with trees of 61 nodes (keep 60, 8 levels) and one prompt of 128
-new tokens; "plain" is the device loop of plain greedy decoding.
- 1. forced-Qwen3-8B-36L-b1: `bench e2e --force-tau 3.61,1` at the real depth (36 layers,
-    16 GB of weights), batch 1: the end-to-end speedup at the paper's τ (bench/forced.py), and at
-    τ = 1 the bare step against a plain token (the issue's goal: within 1.2×).
- 2. forced-Qwen3-8B-36L-b1-xla: stage 1 with every verify compiled with XLA's own GEMMs
-    (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
-    with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
- 3. loop-Qwen3-8B-36L-host, loop-Qwen3-8B-36L-device: plain `bench e2e` (random weights, so τ is
-    about 1 and the step is what is timed) with one device call a step, then with LOOP_STEPS steps a
-    call, the trees searched on the device (`--device-steps`, `Engine(device_steps=...)`): what
-    a step's host round trip costs, and what the device's search costs instead.
- 4. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
+new tokens; "plain" is the device loop of plain greedy decoding. "Device loop": LOOP_STEPS
+speculative steps a device call, the trees searched on the device (`--device-steps`,
+`Engine(device_steps=...)`); "host loop": one device call a step, the trees searched on the host.
+ 1. forced-Qwen3-8B-36L-b1-device: `bench e2e --force-tau 3.61,1 --device-steps 32` at the real
+    depth (36 layers, 16 GB of weights), batch 1: the end-to-end speedup at the paper's τ
+    (bench/forced.py), and at τ = 1 the bare step against a plain token (the issue's goal: within 1.2×).
+ 2. profile-Qwen3-8B-36L-device: `python -m dart_jax.bench.profile --device-steps 32` at τ 3.61: a
+    device trace of two calls of the device loop and the per-phase and per-op tables
+    (profile.{json,md}; the device's tree search is its own phase), run with XLA's command buffers
+    off (`--xla_gpu_enable_command_buffer=`) so that every kernel is traced under its own HLO
+    instruction and scope; stage 1 gives the step's wall time with them on.
+ 3. forced-Qwen3-8B-36L-b1: stage 1 in the host loop, the same machine: what the device loop gains.
+ 4. forced-Qwen3-8B-36L-b1-device8: stage 1 at τ 1 with 8 steps a call: against stage 1's 32, what a
+    device call costs besides its steps.
+ 5. forced-Qwen3-8B-36L-b1-cbwhile: stage 1 with XLA's command buffers holding whole while loops
+    and conditionals (WHOLE_LOOP_COMMAND_BUFFERS; the default records only the kernels inside
+    them, so each iteration is a host launch and a copy of the loop's predicate to the host);
+    plain decoding's loop runs under it too.
+ 6. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
     against a decode call and a token of the device loop, at the full depth, and what a host call
     costs besides its device work (an empty call; a call taking every weight array).
- 5. shapes-Qwen3-8B-xla: stage 4 at 32, 61 and 64 rows with XLA's GEMMs (the default: cuBLAS).
- 6. profile-Qwen3-8B-36L: `python -m dart_jax.bench.profile` at τ 3.61: a device trace of 8 steps
-    and the per-phase and per-op tables (profile.{json,md}), run with XLA's command buffers off
-    (`--xla_gpu_enable_command_buffer=`) so that every kernel is traced under its own HLO
-    instruction and scope; stage 1 gives the step's wall time with them on.
- 7. shapes-Qwen3-8B-cublas: stage 4 at 4 and 16 rows with cuBLAS (the default: XLA's GEMMs); with
-    stages 4 and 5, both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
- 8. layout-Qwen3-8B: benchmarks/layer_layout_probe.py: the host cost of passing ~300 weight arrays
-    against 6 stacked ones, and a stand-in of the target's weight traffic at 1 and 61 rows with
-    the layers' weights separate (today), stacked and unrolled, or stacked under lax.scan.
- 9. forced-Qwen3-8B-36L-b1-more: stage 1 at τ 5, 3 and 2.
-10. forced-Qwen3-8B-36L-pool: stage 1 at τ 1 and 3.61, batch 4 and 16, 16-node trees (POOL_KEEP),
-    through the pool, default and overlapped (`--overlap`: the host searches half the rows' trees
-    while the device verifies the other half, `Batcher(overlap=True)`): `overlap_gain` =
-    overlapped / default tok/s.
-11. forced-Qwen3-4B-36L-b1, forced-Qwen3-1.7B-28L-b1: stage 1 at those shapes' real depths.
-12. forced-Qwen3-8B-4L-b1: every τ at 4 layers (where the host's share of a step shows most).
+ 7. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
+ 8. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
+    depths.
+ 9. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
+    (POOL_KEEP), through the pool, default and overlapped (`--overlap`: the host searches half
+    the rows' trees while the device verifies the other half, `Batcher(overlap=True)`):
+    `overlap_gain` = overlapped / default tok/s.
+10. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
+11. forced-Qwen3-8B-36L-b1-xla: stage 3 with every verify compiled with XLA's own GEMMs
+    (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
+    with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
+12. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 6 at 32, 61 and 64 rows with XLA's GEMMs,
+    and at 4 and 16 rows with cuBLAS: both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
 13. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
 14. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
-A variant (a name after the stage: -xla, -cublas, -nocb; VARIANTS) is its stage again under
-other settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no
-longer run: fused projections (faster plain decoding, the same verify) and XLA's command buffers
-(on: faster plain decoding and step).
+A variant (a name after the stage: -device, -xla, ...; VARIANTS) is its stage again under other
+settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no longer
+run: fused projections (faster plain decoding, the same verify), XLA's command buffers (on: faster
+plain decoding and step), stacked layer weights (benchmarks/layer_layout_probe.py: slower
+one-row matmuls), the host loop's profile.
+Every stage but the tests shares one persistent XLA compilation cache (--compile-cache): a
+program compiled by an earlier stage, or an earlier call on the same machine, is loaded, not
+compiled again (a 36-layer device loop takes about a minute to compile).
 The real-depth stages are skipped, not failed, on a device with less memory than their weights
 need (the skip is noted in the report, and a later call on a bigger device runs them).
 
@@ -79,11 +86,12 @@ from typing import Callable
 
 # the stages' names and settings as of this version; a folder of results made by another version
 # measured other settings under the same names, so --resume (and --out) refuse it
-CAMPAIGN_VERSION = "2"
+CAMPAIGN_VERSION = "3"
 VERSION_FILE = "campaign-version.txt"
 PAPER_TAU_8B = 3.61
 TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
+PER_CALL_TAU = "1"  # stage 4: the step's cost is what it compares
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 # tree nodes besides the root (`bench shapes --budgets`): 60 is the engine's keep 60 (61 rows), the
 # others give 2, 4, 16, 32 and 64 rows
@@ -91,19 +99,29 @@ BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
 SHALLOW_LAYERS = 4  # stage 12
-LOOP_STEPS = 8  # steps per device call of the device loop's stage (Engine(device_steps=...))
+LOOP_STEPS = 32  # steps per device call of the device loop (Engine(device_steps=...))
+FEW_STEPS = 8  # stage 4's
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
 POOL_KEEP = ["--keep", "15"]
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # the profile's XLA flag: every kernel traced on its own
+# a while loop's and a conditional's bodies recorded into CUDA graphs (conditional nodes) as well, not
+# only the kernels inside them: a loop's steps are then not one host launch and predicate copy each
+WHOLE_LOOP_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+COMPILE_CACHE = Path("/tmp/dart_jax_campaign_xla_cache")  # the default --compile-cache: kept by a warm machine
 # a stage again under other settings: name → (what, environment (XLA_FLAGS are added to the
 # caller's), options added to the stage's command)
 VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
+    "device": (f"device loop, {LOOP_STEPS} steps a call", {}, ("--device-steps", str(LOOP_STEPS))),
+    # more τ values, the same settings (the same label: its rows continue the stage's)
+    "devicemore": (f"device loop, {LOOP_STEPS} steps a call", {}, ("--device-steps", str(LOOP_STEPS))),
+    "device8": (f"device loop, {FEW_STEPS} steps a call", {}, ("--device-steps", str(FEW_STEPS))),
+    "cbwhile": (f"device loop, {LOOP_STEPS} steps a call, loops and conditionals in XLA command buffers",
+                {"XLA_FLAGS": WHOLE_LOOP_COMMAND_BUFFERS}, ("--device-steps", str(LOOP_STEPS))),
     "xla": ("every verify with XLA's own GEMMs (Triton)", {}, ("--verify-gemms", "xla")),
     "cublas": ("every verify with cuBLAS", {}, ("--verify-gemms", "cublas")),
     "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}, ()),
-    "more": ("", {}, ()),  # more τ values, the same settings
 }
 # in the shapes table, in this order, with the tree sizes each measures (`--budgets`: nodes besides
 # the root, one sequence): with the default (cuBLAS from CUBLAS_MIN_ROWS = 32 rows up, XLA's GEMMs
@@ -239,43 +257,35 @@ class Campaign:
                 "--output", str(out / f"{name}.json")], 150,
                 env=variant_env(variant), min_device_gib=DEPTH[shape][1])
 
-        def loop_stage(shape: str, layers: int, steps: int) -> Stage:
-            # plain `bench e2e` (random weights: τ about 1), DART one host call a step or `steps` a call
-            name = f"loop-{shape}-{layers}L-{'device' if steps else 'host'}"
-            return Stage(name, f"{name}.json", lambda: bench + [
-                "e2e", *keep, *reps, *self.model(shape, layers), "--device-steps", str(steps), "--no-progress",
-                "--output", str(out / f"{name}.json")], 200, min_device_gib=DEPTH[shape][1])
-
         deep = DEPTH[first][0]
-        profile = f"profile-{first}-{deep}L"
+        profile = f"profile-{first}-{deep}L-device"
         b1 = f"forced-{first}-{deep}L-b1"
+        loop = ["--device-steps", "3" if smoke else str(LOOP_STEPS)]
+        shallow = 3 if smoke else SHALLOW_LAYERS
         stages = [
-            forced(b1, first, deep, taus, 200),
-            forced(b1, first, deep, taus, 200, variant="xla"),
-            loop_stage(first, deep, 0),
-            loop_stage(first, deep, LOOP_STEPS),
-            shapes_stage(first),
-            shapes_stage(first, "xla"),
+            forced(b1, first, deep, taus, 240, variant="device"),
             Stage(profile, f"{profile}/profile.json", lambda: [
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
-                *keep, "--steps", "2" if smoke else "8", *self.model(first, deep)], 180,
+                *keep, *loop, "--steps", "4" if smoke else str(2 * LOOP_STEPS), *self.model(first, deep)], 200,
                 env=variant_env("nocb"), min_device_gib=DEPTH[first][1]),
-            shapes_stage(first, "cublas"),
-            Stage(f"layout-{first}", f"layout-{first}.json", lambda: [
-                sys.executable, str(Path(__file__).resolve().parent / "layer_layout_probe.py"),
-                *(["--tiny", "--reps", "2", "--warmup", "1"] if smoke else ["--shape", first]),
-                "--output", str(out / f"layout-{first}.json")], 180,
-                min_device_gib=0.0 if smoke else 2.2 * DEPTH[first][1]),
+            forced(b1, first, deep, taus, 200),
+            forced(b1, first, deep, PER_CALL_TAU, 200, variant="device8"),
+            forced(b1, first, deep, taus, 240, variant="cbwhile"),
+            shapes_stage(first),
         ]
         if not smoke:  # the same code as stage 1
-            stages.append(forced(b1, first, deep, TAUS_MORE, 200, variant="more"))
-        stages.append(forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
-                             "--force-batches", "2" if smoke else "4,16", "--overlap",
-                             nodes=keep if smoke else POOL_KEEP))
-        stages += [forced(f"forced-{s}-{DEPTH[s][0]}L-b1", s, DEPTH[s][0], taus, 200) for s in shapes[1:]]
-        shallow = 3 if smoke else SHALLOW_LAYERS
-        stages.append(forced(f"forced-{first}-{shallow}L-b1", first, shallow,
-                             taus if smoke else f"{TAUS_FIRST},{TAUS_MORE}", 150, deep=False))
+            stages.append(forced(b1, first, deep, TAUS_MORE, 240, variant="devicemore"))
+        stages += [forced(f"forced-{s}-{DEPTH[s][0]}L-b1", s, DEPTH[s][0], taus, 200, variant="device")
+                   for s in shapes[1:]]
+        stages += [
+            forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
+                   "--force-batches", "2" if smoke else "4,16", "--overlap", nodes=keep if smoke else POOL_KEEP),
+            forced(f"forced-{first}-{shallow}L-b1", first, shallow, taus if smoke else f"{TAUS_FIRST},{TAUS_MORE}",
+                   150, deep=False, variant="device"),
+            forced(b1, first, deep, taus, 200, variant="xla"),
+            shapes_stage(first, "xla"),
+            shapes_stage(first, "cublas"),
+        ]
         if not (smoke or a.skip_tests):
             stages.append(Stage("tests", "tests.json", lambda: [
                 sys.executable, "-m", "pytest", "-q", *test_workers(), "-p", "no:cacheprovider",
@@ -302,8 +312,11 @@ class Campaign:
                 print(f"[skip] {stage.name}: {why}", flush=True)
                 (self.out / f"{stage.name}.skipped").write_text(why + "\n")  # for the report; no JSON: a
                 continue  # later call on a bigger device runs it
+            env = stage.env
+            if self.args.compile_cache and stage.name != "tests":  # the tests count their own compilations
+                env = {**(env or {}), "JAX_COMPILATION_CACHE_DIR": self.args.compile_cache}
             code, seconds = run(stage.command(), self.out / f"{stage.name}.log",
-                                min(stage.limit_s, self.left() - 15), env=stage.env)
+                                min(stage.limit_s, self.left() - 15), env=env)
             if stage.name == "tests":  # its "JSON": the outcome, so that a later call skips it
                 tail = [ln for ln in (self.out / "tests.log").read_text().splitlines() if ln.strip()][-1:]
                 if code != 124:
@@ -356,6 +369,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=450.0,
                     help="wall-clock budget of the whole campaign (default 450: an 8-minute device call with margin)")
     ap.add_argument("--skip-tests", action="store_true", help="leave out the fp32 test stage")
+    ap.add_argument("--compile-cache", default=str(COMPILE_CACHE), metavar="DIR",
+                    help=f"JAX's persistent compilation cache, shared by the stages (default {COMPILE_CACHE}: "
+                         "a warm machine keeps it between calls); '' turns it off")
     ap.add_argument("--smoke", action="store_true",
                     help="a check of the campaign itself on a CPU: the tiny shape (stages named 'tiny'), no tests "
                          "(figures meaningless)")
@@ -398,7 +414,9 @@ def _speedup_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-_FORCED_NAME = re.compile(r"forced-(?P<shape>.+)-(?P<layers>\d+)L-(?P<batch>[a-z0-9]+)(?:-(?P<variant>[a-z]+))?$")
+_FORCED_NAME = re.compile(r"forced-(?P<shape>.+)-(?P<layers>\d+)L-(?P<batch>[a-z0-9]+)(?:-(?P<variant>[a-z0-9]+))?$")
+# the report's order of a stage's variants ("": the stage itself, the host loop)
+REPORT_ORDER = ("device", "devicemore", "", "device8", *(v for v in VARIANTS if not v.startswith("device")))
 
 
 def _forced_name(path: Path) -> dict[str, str]:
@@ -408,12 +426,12 @@ def _forced_name(path: Path) -> dict[str, str]:
 
 
 def _stage_order(path: Path) -> tuple:
-    """Report order: shape as in SHAPES, deeper first, batch 1 before the pool, a stage before its variants."""
+    """Report order: shape as in SHAPES, deeper first, batch 1 before the pool, the variants of a
+    stage in REPORT_ORDER (the device loop's first)."""
     name = _forced_name(path)
     rank = (SHAPES + ("tiny",)).index(name["shape"]) if name["shape"] in SHAPES + ("tiny",) else 99
-    # a variant with no label of its own (more τ values) continues its stage's rows
-    variant = list(VARIANTS).index(name["variant"]) + 1 if VARIANTS.get(name["variant"], ("",))[0] else 0
-    return rank, -int(name["layers"]), name["batch"] != "b1", variant, bool(name["variant"]), path.name
+    variant = REPORT_ORDER.index(name["variant"]) if name["variant"] in REPORT_ORDER else len(REPORT_ORDER)
+    return rank, -int(name["layers"]), name["batch"] != "b1", variant, path.name
 
 
 def report(out: Path) -> str:
@@ -440,6 +458,8 @@ def report(out: Path) -> str:
         keep = d.get("config", {}).get("keep")
         nodes = f", {int(keep) + 1}-node trees" if isinstance(keep, int) else ""
         what = VARIANTS.get(_forced_name(path)["variant"], ("",))[0]
+        if not d.get("config", {}).get("device_steps"):  # one device call a step
+            what = "host loop" + (f", {what}" if what else "")
         label = f"{model.get('shape', '?')} ({model.get('layers', '?')} layers{nodes}){f' [{what}]' if what else ''}{cut}"
         labelled = [{**r, "_label": label} for r in d["rows"]]
         rows += labelled
@@ -455,22 +475,6 @@ def report(out: Path) -> str:
         lines += [f"| {r['_label']} | {r['batch']} | {r['tau']:.2f} | {r['dart_tok_s']:.0f} | {r['overlap_tok_s']:.0f} | "
                   f"**{r['overlap_gain']:.2f}×** | {r['overlap_search_ms_per_half_step']:.2f} | "
                   f"{r['overlap_wait_ms_per_half_step']:.2f} | {r['overlap_same_output']} |" for r in overlap]
-    loops = [(p, load(p)) for p in sorted(out.glob("loop-*.json"))]
-    if any(d for _, d in loops):
-        lines += ["", "### The step in a host loop and in a device loop (random weights, τ about 1; `bench e2e "
-                  "--device-steps`)", "",
-                  "Host: one device call a step, the tree searched on the host. Device: that many steps per call, "
-                  "the trees searched on the device. Step ms = τ ÷ DART tok/s.", "",
-                  "| stage | steps per call | τ | plain tok/s | DART tok/s | step ms | plain token ms | "
-                  "step ÷ plain token | same output |", "|---|---|---|---|---|---|---|---|---|"]
-        for path, d in loops:
-            if not d:
-                continue
-            s = d["summary"]
-            step, token = 1e3 * s["tau"] / s["dart_tok_s"], 1e3 / s["ar_tok_s"]
-            lines.append(f"| {path.stem} | {d['config'].get('device_steps') or 1} | {s['tau']:.2f} | "
-                         f"{s['ar_tok_s']:.0f} | {s['dart_tok_s']:.0f} | {step:.2f} | {token:.2f} | {step / token:.2f} | "
-                         f"{s['all_same_output']} |")
     profiles = sorted(out.glob("profile-*/profile.md"))
     lines += [""] + ([p.read_text().strip() for p in profiles] or ["### Profile\n\n(not measured: see the logs)"])
     shape_files = {(shape, variant): load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))
@@ -501,21 +505,6 @@ def report(out: Path) -> str:
             lines.append(f"| {label} | " + " | ".join(f"{calls[c]:.3f}" if c in calls else "-"
                                                        for c in ("empty", "weights"))
                          + f" | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
-    for layout in sorted(out.glob("layout-*.json")):
-        d = load(layout)
-        if not d:
-            continue
-        c = d["config"]
-        lines += ["", f"### Weights separate or stacked ({c.get('shape')}, {c['layers']} layers, {c['dtype']}; "
-                  "benchmarks/layer_layout_probe.py)", "",
-                  "A pass: a call that only takes the arrays. A forward: norms and the q/k/v, o, gate/up and down "
-                  "matmuls of every layer (no attention).", "",
-                  "| layout | call | rows | arrays | ms (median) | weights TB/s | max abs diff to separate |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['layout']} | {r['kind']} | {r['rows']} | {r['arrays']} | {r['median_ms']:.3f} | "
-                  + (f"{r['weights_tb_s']:.2f}" if r.get("weights_tb_s") else "-") + " | "
-                  + (f"{r['max_abs_diff']:.3g}" if r.get("max_abs_diff") is not None else "-") + " |"
-                  for r in d["rows"]]
     tests = load(out / "tests.json")
     if tests:
         lines += ["", "### Test suite on the GPU (fp32, matmul precision highest)", "", f"`{tests['summary']}`"]

@@ -18,12 +18,11 @@ SCRIPT = ROOT / "benchmarks" / "gpu_campaign.py"
 _SPEC = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)  # a script, not a package
 gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from_spec(_SPEC))  # dataclasses need it
 _SPEC.loader.exec_module(gpu_campaign)
-STAGES = {"forced-tiny-6L-b1": "forced-tiny-6L-b1.json", "forced-tiny-6L-b1-xla": "forced-tiny-6L-b1-xla.json",
-          "loop-tiny-6L-host": "loop-tiny-6L-host.json", "loop-tiny-6L-device": "loop-tiny-6L-device.json",
-          "shapes-tiny": "shapes-tiny.json", "shapes-tiny-xla": "shapes-tiny-xla.json",
-          "profile-tiny-6L": "profile-tiny-6L/profile.json", "shapes-tiny-cublas": "shapes-tiny-cublas.json",
-          "layout-tiny": "layout-tiny.json", "forced-tiny-6L-pool": "forced-tiny-6L-pool.json",
-          "forced-tiny-3L-b1": "forced-tiny-3L-b1.json"}
+STAGES = {name: f"{name}.json" for name in (
+    "forced-tiny-6L-b1-device", "forced-tiny-6L-b1", "forced-tiny-6L-b1-device8", "forced-tiny-6L-b1-cbwhile",
+    "shapes-tiny", "forced-tiny-6L-pool", "forced-tiny-3L-b1-device", "forced-tiny-6L-b1-xla", "shapes-tiny-xla",
+    "shapes-tiny-cublas")}
+STAGES["profile-tiny-6L-device"] = "profile-tiny-6L-device/profile.json"
 
 
 def campaign(*args: str, env: dict | None = None) -> str:
@@ -33,20 +32,26 @@ def campaign(*args: str, env: dict | None = None) -> str:
     return done.stdout
 
 
-@pytest.mark.slow  # about 2.5 minutes (14 stages, each a process that compiles): .ci/run runs it after the default run
+@pytest.mark.slow  # about 2 minutes (11 stages, each a process): .ci/run runs it after the default run
 def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     out, archive = tmp_path / "camp", tmp_path / "back" / "campaign.tar.gz"
-    first = campaign("--out", str(out), "--archive", str(archive))
+    cache = tmp_path / "xla-cache"
+    first = campaign("--out", str(out), "--archive", str(archive), "--compile-cache", str(cache))
     for name, result in STAGES.items():
         data = json.loads((out / result).read_text())
         assert data.get("rows") or data.get("phases"), name
         assert f"[skip] {name}" not in first
-    # drawn in memory, at two depths, and a variant (every verify with XLA's GEMMs) of the first
-    for name, layers in (("forced-tiny-6L-b1", 6), ("forced-tiny-3L-b1", 3), ("forced-tiny-6L-b1-xla", 6)):
+    # drawn in memory, at two depths, in the device loop and the host loop, and variants of the first
+    for name, layers, steps in (("forced-tiny-6L-b1-device", 6, 32), ("forced-tiny-3L-b1-device", 3, 32),
+                                ("forced-tiny-6L-b1", 6, 0), ("forced-tiny-6L-b1-xla", 6, 0),
+                                ("forced-tiny-6L-b1-cbwhile", 6, 32)):
         forced = json.loads((out / f"{name}.json").read_text())
         assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0] and all(r["same_output"] for r in forced["rows"])
         assert forced["config"]["model"]["layers"] == layers
         assert forced["config"]["model"]["weights"] == "drawn on the device"
+        assert forced["config"].get("device_steps", 0) == steps, name
+    few = json.loads((out / "forced-tiny-6L-b1-device8.json").read_text())
+    assert [r["tau_asked"] for r in few["rows"]] == [1.0] and few["config"]["device_steps"] == 8
     (row,) = json.loads((out / "forced-tiny-6L-pool.json").read_text())["rows"]  # the pool, default and overlapped
     assert row["batch"] == 2 and row["same_output"] and row["overlap_same_output"] and row["overlap_half_steps"] > 0
     report = (out / "RESULTS-gpu.md").read_text()
@@ -55,17 +60,21 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "tree search overlapped" in report
     assert "| tiny [every verify with cuBLAS] |" in report  # the shapes under other settings
     assert "| tiny [every verify with XLA's own GEMMs (Triton)] |" in report
-    assert "| tiny (6 layers, 9-node trees) [every verify with XLA's own GEMMs (Triton)] | 1 | 1 |" in report
+    assert "| tiny (6 layers, 9-node trees) [host loop, every verify with XLA's own GEMMs (Triton)] | 1 | 1 |" in report
+    assert "| tiny (6 layers, 9-node trees) [device loop, 32 steps a call] | 1 | 3 |" in report
+    assert "| tiny (6 layers, 9-node trees) [device loop, 8 steps a call] | 1 | 1 |" in report
     assert "call with the weights ms" in report
-    # the host loop and the device loop (8 steps a call), the same tokens as plain decoding
-    assert "| loop-tiny-6L-host | 1 |" in report and "| loop-tiny-6L-device | 8 |" in report
-    assert json.loads((out / "loop-tiny-6L-device.json").read_text())["summary"]["all_same_output"]
-    assert "| separate | pass | 0 | 36 |" in report and "| scanned | forward | 61 | 6 |" in report
+    # the device loop's profile: its search is a phase of the device
+    assert "device loop, 3 steps a call" in report and "| device_tree_search |" in report
     # a variant's log opens with its command and the settings it ran under
     assert "--verify-gemms xla" in (out / "forced-tiny-6L-b1-xla.log").read_text().splitlines()[0]
     assert "--verify-gemms cublas" in (out / "shapes-tiny-cublas.log").read_text().splitlines()[0]
     assert json.loads((out / "shapes-tiny-cublas.json").read_text())["config"]["verify_gemms"] == "cublas"
-    assert "--xla_gpu_enable_command_buffer=" in (out / "profile-tiny-6L.log").read_text().splitlines()[0]
+    assert "--xla_gpu_enable_command_buffer=" in (out / "profile-tiny-6L-device.log").read_text().splitlines()[0]
+    assert "+WHILE,+CONDITIONAL" in (out / "forced-tiny-6L-b1-cbwhile.log").read_text().splitlines()[0]
+    # every stage but the tests compiled into one cache, which later stages read
+    assert f"JAX_COMPILATION_CACHE_DIR='{cache}'" in (out / "shapes-tiny.log").read_text().splitlines()[0]
+    assert any(cache.iterdir())
     with tarfile.open(archive) as tar:  # everything the device tool must bring back, in one file
         names = set(tar.getnames())
     assert set(STAGES.values()) | {"RESULTS-gpu.md", "env.txt", "forced-tiny-6L-b1.log"} <= names
@@ -83,14 +92,14 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     third = campaign("--out", str(moved), "--resume", str(out))  # a later call fed the earlier results
     for name, result in STAGES.items():
         assert f"[skip] {name}" in third and (moved / result).exists()
-    assert (moved / "profile-tiny-6L" / "profile.md").exists()
+    assert (moved / "profile-tiny-6L-device" / "profile.md").exists()
 
     # a device with too little memory skips the real-depth stage (no JSON: a later call may run it)
-    (moved / "forced-tiny-6L-b1.json").unlink()
+    (moved / "forced-tiny-6L-b1-device.json").unlink()
     fourth = campaign("--out", str(moved), env={"DART_JAX_CAMPAIGN_DEVICE_GIB": "0.001"})
-    assert "[skip] forced-tiny-6L-b1: needs about" in fourth and "[0]" not in fourth
-    assert not (moved / "forced-tiny-6L-b1.json").exists()
-    assert "forced-tiny-6L-b1: skipped, needs about" in (moved / "RESULTS-gpu.md").read_text()
+    assert "[skip] forced-tiny-6L-b1-device: needs about" in fourth and "[0]" not in fourth
+    assert not (moved / "forced-tiny-6L-b1-device.json").exists()
+    assert "forced-tiny-6L-b1-device: skipped, needs about" in (moved / "RESULTS-gpu.md").read_text()
 
 
 def test_resume_from_a_missing_folder_is_refused(tmp_path):
@@ -132,30 +141,34 @@ def test_report_shows_the_rows_of_a_stage_cut_short(tmp_path):
     (tmp_path / "forced-Qwen3-8B-4L-b1.json").write_text(json.dumps(
         {"config": {**config, "model": {"shape": "Qwen3-8B", "layers": 4}}, "rows": [row, {**row, "tau_asked": 1.0}]}))
     text = gpu_campaign.report(tmp_path)
-    assert "| Qwen3-8B (36 layers, 61-node trees) (cut short) | 1 | 3.61 | 3.50 |" in text
+    assert "| Qwen3-8B (36 layers, 61-node trees) [host loop] (cut short) | 1 | 3.61 | 3.50 |" in text
     assert "| 1.75 |" in text  # step ÷ plain token = τ × plain ÷ DART = 3.5 × 100 / 200
-    assert text.count("Qwen3-8B (4 layers, 61-node trees) |") == 2  # the finished JSON's two rows, not the partial
+    assert text.count("Qwen3-8B (4 layers, 61-node trees) [host loop] |") == 2  # the finished JSON's two rows, not the partial
 
 
 def test_report_puts_variants_beside_their_stage(tmp_path):
-    """A variant's rows follow its stage's, labelled with its settings; more τ values of the same
-    settings continue the stage's rows under its label."""
+    """The device loop's rows first, then the host loop's, then the other variants, each labelled
+    with its settings; more τ values of the same settings continue the stage's rows under its label."""
     config = {"model": {"shape": "Qwen3-8B", "layers": 36}, "keep": 60}
 
     def rows(*taus):
         return [{"tau_asked": t, "batch": 1, "tau": t, "ar_tok_s": 100.0, "dart_tok_s": 150.0, "speedup": 1.5,
                  "same_output": True} for t in taus]
 
-    for name, taus in (("forced-Qwen3-8B-36L-b1-xla", (3.61,)), ("forced-Qwen3-8B-36L-b1-more", (5.0,)),
-                       ("forced-Qwen3-8B-36L-b1", (3.61, 1.0)), ("forced-Qwen3-8B-4L-b1", (2.0,))):
-        (tmp_path / f"{name}.json").write_text(json.dumps({"config": config if "36L" in name else
-                                                           {**config, "model": {"shape": "Qwen3-8B", "layers": 4}},
+    for name, taus in (("forced-Qwen3-8B-36L-b1-xla", (3.61,)), ("forced-Qwen3-8B-36L-b1-devicemore", (5.0,)),
+                       ("forced-Qwen3-8B-36L-b1", (3.61, 1.0)), ("forced-Qwen3-8B-4L-b1-device", (2.0,)),
+                       ("forced-Qwen3-8B-36L-b1-device8", (1.0,)), ("forced-Qwen3-8B-36L-b1-device", (3.61, 1.0))):
+        steps = 8 if name.endswith("device8") else gpu_campaign.LOOP_STEPS if "device" in name else 0
+        (tmp_path / f"{name}.json").write_text(json.dumps({"config": {**config, "device_steps": steps} if "36L" in name
+                                                           else {**config, "device_steps": steps,
+                                                                 "model": {"shape": "Qwen3-8B", "layers": 4}},
                                                            "rows": rows(*taus)}))
-    table = [line for line in gpu_campaign.report(tmp_path).splitlines() if line.startswith("| Qwen3-8B (")]
-    plain = "| Qwen3-8B (36 layers, 61-node trees) | 1 |"
-    assert [line.split(" | ")[0:3] for line in table] == [
-        ["| Qwen3-8B (36 layers, 61-node trees)", "1", "3.61"], ["| Qwen3-8B (36 layers, 61-node trees)", "1", "1"],
-        ["| Qwen3-8B (36 layers, 61-node trees)", "1", "5"],
-        ["| Qwen3-8B (36 layers, 61-node trees) [every verify with XLA's own GEMMs (Triton)]", "1", "3.61"],
-        ["| Qwen3-8B (4 layers, 61-node trees)", "1", "2"]]
-    assert sum(line.startswith(plain) for line in table) == 3
+    table = [line.split(" | ")[0:3] for line in gpu_campaign.report(tmp_path).splitlines()
+             if line.startswith("| Qwen3-8B (")]
+    deep, loop = "| Qwen3-8B (36 layers, 61-node trees)", f"device loop, {gpu_campaign.LOOP_STEPS} steps a call"
+    assert table == [
+        [f"{deep} [{loop}]", "1", "3.61"], [f"{deep} [{loop}]", "1", "1"], [f"{deep} [{loop}]", "1", "5"],
+        [f"{deep} [host loop]", "1", "3.61"], [f"{deep} [host loop]", "1", "1"],
+        [f"{deep} [device loop, {gpu_campaign.FEW_STEPS} steps a call]", "1", "1"],
+        [f"{deep} [host loop, every verify with XLA's own GEMMs (Triton)]", "1", "3.61"],
+        [f"| Qwen3-8B (4 layers, 61-node trees) [{loop}]", "1", "2"]]

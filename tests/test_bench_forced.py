@@ -1,8 +1,9 @@
 """Forced acceptance (`bench e2e --force-tau`, dart_jax/bench/forced.py).
 
 Oracles: the truncated geometric mean in closed form; the n-gram search's own (Numba) tree
-encoder for the NumPy re-encoder; a NumPy walk of greedy acceptance over edited trees; plain greedy
-decoding by full forwards of the target without a cache (no engine, no KV cache) for the outputs.
+encoder for the NumPy re-encoder; a NumPy walk of greedy acceptance over edited trees; a
+plain-Python restatement of the device loop's edit (`engine.force_trees`); plain greedy decoding
+by full forwards of the target without a cache (no engine, no KV cache) for the outputs.
 """
 from __future__ import annotations
 
@@ -243,8 +244,14 @@ def test_forced_tau_on_the_command_line(capsys, tmp_path):
     assert out["config"]["force_tau"] == [1.0, 3.0]
     assert bench.main([*base, "--force-tau", "40"]) == 2
     assert "out of reach" in capsys.readouterr().err
-    assert bench.main([*base, "--force-tau", "3", "--device-steps", "2"]) == 2  # trees searched on the device
-    assert "--device-steps" in capsys.readouterr().err
+    # forced in the device loop: the search and the edit are in the device call
+    assert bench.main([*base, "--force-tau", "3", "--device-steps", "4", "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rows"]
+    assert r["same_output"] is True and r["tau"] == pytest.approx(r["tau_drawn"]) and r["unforced_steps"] == 0
+    assert r["search_ms"] == 0 and r["force_ms_per_step"] == 0 and r["device_call_ms"] > 0
+    assert r["step_ms"] == pytest.approx(r["device_call_ms"] + r["host_other_ms"])
+    assert bench.main([*base, "--force-tau", "3", "--device-steps", "2", "--force-batches", "2", "--overlap"]) == 2
+    assert "--device-steps" in capsys.readouterr().err  # no host search to overlap
     assert bench.main([*base, "--force-tau", "3", "--overlap"]) == 2  # no pool of 2 rows to split
     assert "--overlap splits a pool of 2 or more rows" in capsys.readouterr().err
 
@@ -270,3 +277,217 @@ def test_a_forced_run_keeps_its_rows_as_it_goes(tmp_path, monkeypatch):
     assert [[r["tau_asked"] for r in d["rows"]] for _, d in writes] == [[1.0], [1.0, 3.0], [1.0, 3.0]]
     assert writes[0][1]["partial"] is True and "meta" in writes[0][1] and "partial" not in writes[-1][1]
     assert out.exists() and not (tmp_path / "r.json.partial").exists()
+
+
+# ---------------------------------------------------------------------------------- in the device loop
+def restated_device_edit(tree: dict, reference: list[int], done: int, want: int) -> tuple[dict, int]:
+    """engine.force_trees for one tree, in plain Python: the first longest leaf row is the chain;
+    where it is shorter than D, the highest-index nodes off it hang below its end in index order;
+    then chain tokens, siblings with a chain token and children of the end with the block token."""
+    tok, par, pos = (list(map(int, tree[k])) for k in ("tokens", "parents", "positions"))
+    mask, retrieve = tree["mask"].copy(), tree["retrieve"].copy()
+    leaf_rows = [[int(j) for j in r if j >= 0] for r in retrieve]
+    best = max(range(len(leaf_rows)), key=lambda r: (len(leaf_rows[r]), -r))
+    chain = leaf_rows[best]
+    free = [j for j in range(1, len(tok)) if par[j] >= 0 and j not in chain]
+    d = min(want, len(chain) - 1 + len(free), max(len(reference) - done, 0))
+    moved = free[len(free) - max(d - (len(chain) - 1), 0):] if d > len(chain) - 1 else []
+    for j in moved:
+        par[j], pos[j] = chain[-1], pos[chain[-1]] + 1
+        chain.append(j)
+        mask[j] = False
+        mask[j, chain] = True
+    for r, row in enumerate(leaf_rows):
+        if set(row) & set(moved):
+            retrieve[r] = -1
+    retrieve[best] = -1
+    retrieve[best, :len(chain)] = chain
+    other = lambda t: t - 1 if t > 0 else 1  # noqa: E731
+    new = list(tok)
+    for p in range(1, d + 1):
+        g = reference[done + p - 1]
+        new[chain[p]] = g
+        for j in range(1, len(tok)):
+            if par[j] == chain[p - 1] and j != chain[p] and tok[j] == g:
+                new[j] = other(tok[j])
+    if done + d < len(reference):
+        for j in range(1, len(tok)):
+            if par[j] == chain[d] and tok[j] == reference[done + d]:
+                new[j] = other(tok[j])
+    return {"tokens": np.array(new), "positions": np.array(pos), "parents": np.array(par), "mask": mask,
+            "retrieve": retrieve}, d
+
+
+def device_edit(trees: list[dict], references: list[list[int]], done: list[int], want: list[int], width: int = 24):
+    from dart_jax.decoding.engine import force_trees
+
+    names = ("tokens", "positions", "parents", "mask", "retrieve")
+    reference = np.full((len(trees), width), -1, np.int32)
+    for i, r in enumerate(references):
+        reference[i, :len(r)] = r
+    out, placed, capped = jax.jit(force_trees)({k: jnp.asarray(np.stack([t[k] for t in trees])) for k in names},
+                                                jnp.asarray(reference), jnp.asarray(done, jnp.int32),
+                                                jnp.asarray(want, jnp.int32))
+    edited = [{k: np.asarray(out[k][i]) for k in names} for i in range(len(trees))]
+    return edited, np.asarray(placed), np.asarray(capped)
+
+
+def check_tree_shape(tree: dict, n: int) -> None:
+    """A tree in any node order: each node one deeper than its parent, mask = ancestors and self,
+    each retrieve row a path from the root."""
+    parents, positions = tree["parents"], tree["positions"]
+    for i in range(n):
+        anc, j = {i}, i
+        while parents[j] >= 0:
+            assert positions[j] == positions[parents[j]] + 1
+            j = parents[j]
+            anc.add(j)
+        assert j == 0 and set(np.flatnonzero(tree["mask"][i])) == anc
+    for row in tree["retrieve"]:
+        nodes = [int(j) for j in row if j >= 0]
+        assert all(parents[b] == a for a, b in zip(nodes, nodes[1:])) and (not nodes or nodes[0] == 0)
+
+
+def test_device_edit_equals_a_plain_python_restatement():
+    depth, slots = 4, 9
+    # hand-made trees (tokens, parents; node 0 the root): a deep path with a sibling and a child that
+    # carry the chain's and the block's tokens; two equally deep paths (the first is the chain); a
+    # shallow wide tree that needs nodes moved; the root alone
+    made = [([9, 5, 3, 6, 3, 7, 4], [-1, 0, 0, 1, 1, 3, 5]),
+            ([9, 1, 2, 3, 4], [-1, 0, 0, 1, 2]),
+            ([9, 1, 2, 3, 4, 5, 6, 7, 8], [-1, 0, 0, 0, 1, 1, 2, 2, 3]),
+            ([9], [-1])]
+    trees = [encode_tree(np.array(t), np.array(p), slots, depth) for t, p in made]
+    cases = [  # (tree, reference, done, want)
+        (0, [9, 9, 5, 6, 7, 4, 1], 2, 2),  # the tree holds the chain 5 6; the child 7 of its end is blocked
+        (0, [9, 3, 6, 7, 0], 1, 3),  # 5 → 3 on the chain, so its sibling 3 changes
+        (0, [9, 5, 6, 7, 4], 1, 4),  # the tree holds the whole reference: nothing changes
+        (0, [9, 5, 6], 1, 4),  # capped by the reference's end (nothing to block)
+        (1, [9, 2, 4, 8], 1, 2),  # two rows as deep: the first (1 → 3) takes 2 4, the sibling 2 changes
+        (2, [9, 1, 2, 3, 4, 0], 1, 4),  # 2 levels deep: nodes 7 and 8 move below the chain 1 → 4
+        (2, [9, 2, 7, 3, 5], 1, 3),  # one node moves, and the sibling 2 of the chain's first node changes
+        (3, [9, 4, 4], 1, 2),  # the root alone: D = 0 (capped)
+        (0, [9, 5], 1, 0),  # D = 0: only the block (5, below the root) changes
+    ]
+    got, placed, capped = device_edit([trees[t] for t, *_ in cases], [r for _, r, _, _ in cases],
+                                      [d for *_, d, _ in cases], [w for *_, w in cases])
+    for (t, reference, done, want), edited, d, cap in zip(cases, got, placed, capped):
+        expected, d_expected = restated_device_edit(trees[t], reference, done, want)
+        assert d == d_expected and cap == (d < want), (t, reference)
+        for name in expected:
+            np.testing.assert_array_equal(edited[name], expected[name], err_msg=f"{name} {t} {reference}")
+        n = len(made[t][0])
+        check_tree_shape(edited, n)
+        assert greedy_walk(edited, reference[done:]) == d  # exactly D accepted where the target follows it
+    assert list(placed) == [2, 3, 4, 2, 2, 4, 3, 0, 0]
+
+
+def test_device_edit_on_searched_trees():
+    tree, rows = searched_trees(40, seed=4)
+    rng = np.random.default_rng(4)
+    trees = [{k: np.asarray(getattr(tree, k)[b]) for k in ("tokens", "positions", "parents", "mask", "retrieve")}
+             for b in range(40)]
+    references = [rng.integers(0, 12, rows + 3).tolist() for _ in range(40)]
+    done = rng.integers(0, 4, 40).tolist()
+    want = rng.integers(0, rows + 1, 40).tolist()
+    got, placed, _ = device_edit(trees, references, done, want)
+    for b in range(40):
+        expected, d = restated_device_edit(trees[b], references[b], done[b], want[b])
+        assert placed[b] == d == min(want[b], len(references[b]) - done[b])  # 20 nodes: never too few
+        for name in expected:
+            np.testing.assert_array_equal(got[b][name], expected[name], err_msg=name)
+        check_tree_shape(got[b], int(tree.num_nodes[b]))
+        assert greedy_walk(got[b], references[b][done[b]:]) == d
+
+
+@pytest.fixture(scope="module")
+def device(tiny):
+    """The forced tests' engine with 4 steps per device call, the trees searched on the device."""
+    from dart_jax.decoding.engine import Engine
+
+    _, e = tiny
+    return Engine(e.target, e.drafter, e.trie, eos_ids=[], tree_eos_id=None, tree=e.tree, shapes=e.shapes,
+                  device_steps=4)
+
+
+def forced_pool(engine, prompts, settings, references, tau, seed=3):
+    pool = ForcedBatcher(engine, len(prompts), settings.max_length, tau=tau, seed=seed)
+    handles = [pool.submit_forced(p, settings, r) for p, r in zip(prompts, references)]
+    pool.run()
+    pool.close()
+    return pool, handles
+
+
+def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
+    model, _ = tiny
+    new = 40
+    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
+    prompts = [np.asarray(model.encode(p, False)) for p in ("def f(x):", "Hi there")]
+    references = [plain_greedy(device.target, p, new + device.rows + 1) for p in prompts]
+    compiles = []
+
+    def compiled(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    def loaded(event, **kwargs):  # from the persistent compilation cache (tests/conftest.py)
+        if event == "/jax/compilation_cache/cache_hits":
+            compiles.append(event)
+
+    for run, (tau, batch) in enumerate(((3.0, 2), (5.0, 1), (3.0, 2))):
+        compiles.clear()
+        if run == 2:
+            jax.monitoring.register_event_duration_secs_listener(compiled)
+            jax.monitoring.register_event_listener(loaded)
+        try:
+            pool, handles = forced_pool(device, prompts[:batch], settings, references[:batch], tau)
+        finally:
+            if run == 2:
+                jax.monitoring.unregister_event_duration_listener(compiled)
+                jax.monitoring.unregister_event_listener(loaded)
+        # the output is plain greedy decoding's, token for token
+        assert [list(h.token_ids) for h in handles] == [r[:new] for r in references[:batch]]
+        # every step accepted exactly what was drawn, the trees edited on the device ...
+        assert pool.unforced_steps == 0 and pool.capped_steps == 0 and pool.force_s == 0
+        assert all(h.stats.tree_s == 0 for h in handles)  # no host search, no host edit
+        lengths = [n for h in handles for n in h.stats.accept_lengths]
+        assert (lengths if batch == 1 else sorted(lengths)) == (pool.drawn if batch == 1 else sorted(pool.drawn))
+        # ... and over the run the mean is the asked τ
+        assert abs(np.mean(lengths) - tau) < 0.15 * tau, (tau, lengths)
+    assert compiles == []  # the same pool shapes again: nothing compiled (the forced loop takes arrays)
+
+
+def test_forced_device_loop_draws_the_law_over_a_long_run(tiny, device):
+    from dart_jax.bench.forced import reference_outputs
+
+    model, _ = tiny
+    new = 110
+    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
+    prompts = [np.asarray(model.encode("x = 1", False))]
+    references = reference_outputs(device, prompts, settings)  # engine.baseline's greedy decoding
+    for tau in (3.61, 6.0):
+        pool, (handle,) = forced_pool(device, prompts, settings, references, tau, seed=0)
+        assert list(handle.token_ids) == references[0][:new]
+        assert handle.stats.accept_lengths == pool.drawn and pool.unforced_steps == pool.capped_steps == 0
+        n = len(pool.drawn)  # 18-30 steps: the drawn mean within O(1/n) of τ (low-discrepancy draws)
+        assert np.mean(pool.drawn) == pytest.approx(tau, abs=6.0 / n)
+
+
+def test_a_row_that_leaves_its_reference_on_the_device_is_no_longer_forced(tiny, device):
+    """A wrong reference token (a near-tie that DART's verify breaks otherwise): the step that
+    commits that position ends the row's forcing; its later steps are counted unforced, and the
+    calibration repairs the reference as on the host."""
+    model, _ = tiny
+    new = 24
+    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
+    prompt = np.asarray(model.encode("x = 1", False))
+    truth = plain_greedy(device.target, prompt, new + device.rows + 1)
+    wrong = truth[:10] + [(truth[10] + 1) % 200] + truth[11:]
+    pool, (handle,) = forced_pool(device, [prompt], settings, [wrong], 4.0)
+    lengths = handle.stats.accept_lengths
+    assert list(handle.token_ids) == truth[:new]  # greedy acceptance: the target's tokens whatever the tree
+    k = len(pool.drawn)
+    assert pool.unforced_steps == len(lengths) - k > 0 and lengths[:k - 1] == pool.drawn[:k - 1]
+    assert 1 + sum(lengths[:k - 1]) <= 10 < 1 + sum(lengths[:k])  # the k-th step committed position 10
+    refs, runs, resyncs = calibrate(device, [prompt], settings, [wrong], tau=4.0, seed=0)
+    assert (runs, resyncs) == (2, 1) and refs[0][:new] == truth[:new]

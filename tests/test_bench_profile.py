@@ -136,3 +136,32 @@ def test_profile_of_a_tiny_model_on_this_device(tmp_path, capsys):
     assert "The same steps without the profiler" in (out / "profile.md").read_text()
     assert not [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("$")]
     assert {r["phase"] for r in result["ops"]} & {"verify_attention", "verify_mlp", "verify_lm_head"}
+
+
+def test_profile_of_the_device_loop(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "code", "prompt": "def f(x):"}) + "\n")
+    out = tmp_path / "prof"
+    assert main(["--out", str(out), "--random", "--random-layers", "3", "--random-hidden", "32", "--keep", "4",
+                 "--max-new-tokens", "24", "--max-length", "128", "--no-chat", "--prompts", str(prompts),
+                 "--steps", "5", "--device-steps", "3"]) == 0
+    result = json.loads((out / "profile.json").read_text())
+    c, s = result["config"], result["summary"]
+    # whole calls of 3 steps, enough of them to cover 5 steps: 2 calls, 6 steps (random weights
+    # accept nothing, so no call ends early)
+    assert (c["device_steps"], c["calls"], c["steps"], s["steps"]) == (3, 2, 6, 6)
+    trace = next((out / "trace").rglob("*.trace.json.gz"))
+    events = json.load(gzip.open(trace, "rt"))["traceEvents"]
+    calls = [e["dur"] / 1e3 for e in events if e.get("name") == "dart_profile_step" and e.get("ph") == "X"]
+    assert len(calls) == 2
+    # per step: the calls' annotated time over the steps they took
+    assert s["step_ms"] == pytest.approx(sum(calls) / 6, rel=0.2)
+    phases = {r["phase"]: r["ms_per_step"] for r in result["phases"]}
+    assert phases["tree_search"] == 0 and s["untraced"]["steps"] == 6
+    # the search runs on the device, under its own scope in the loop's HLO
+    assert phases["device_tree_search"] > 0 and phases["verify_attention"] > 0
+
+
+def test_a_device_loop_search_scope_is_its_own_phase():
+    assert phase_of("jit(_device_steps)/while/body/tree_search/sort", "f") == "device_tree_search"
+    assert phase_of("jit(_device_steps)/while/body/verify/layer_0/mlp/dot", "f") == "verify_mlp"

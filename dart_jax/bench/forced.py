@@ -25,6 +25,20 @@ deepest node that is not on the path (a leaf) moves there; other nodes only chan
 verify sees the same shapes and the same number of real nodes as a DART step. The host edit is
 timed and taken out of DART's wall time (`force_ms` reports it); what remains is DART's own step.
 
+With `--device-steps N` (the trees searched on the device, N steps per device call) the edit runs
+on the device too, inside the loop between each step's search and its verify
+(`engine.force_trees`): the host hands each call the rows' references, their tokens so far and N
+depths per row drawn from the same `DepthSequence` (a row that stops early leaves its last draws
+unused). It differs from the host's edit in the chain it takes: the tree's deepest leaf path (its
+first, on ties) rather than a walk down matching or best-ranked children, made D nodes long where
+it is shorter by moving the last nodes off it (the highest indices, their subtrees with them)
+below its end. No node moves where that path is deep enough (the tiny random set's keep-60 trees
+are mostly 3 levels deep, so most draws past D = 3 move some), and a tree with too few real nodes
+caps D (`capped_steps`). The edit is part of the device call's time (`force_ms` and `search_ms`
+are 0: the search is in the device call too); the host's share, the draws and the reference
+rows, stays in DART's time. A row whose committed tokens leave its reference is unforced from the
+loop's next step on.
+
 Greedy only (the acceptance is forced through the target's argmax). In bfloat16 DART's tree
 verify (many query rows) may break a near-tie of the argmax otherwise than plain decoding (one
 row): then DART's output leaves the reference, and a sequence that left it is no longer forced.
@@ -50,11 +64,13 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.bench.e2e import open_model, tree_label
 from dart_jax.bench.util import check_reps, median, progress
 from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.layout import device_steps_layout
 
 __all__ = ["DepthSequence", "ForcedBatcher", "acceptance_rate", "force_tree", "encode_tree", "parse_taus", "run_forced"]
 
@@ -219,14 +235,12 @@ def force_tree(tokens: np.ndarray, parents: np.ndarray, num_nodes: int, path: Se
 class ForcedBatcher(Batcher):
     """The DART pool with acceptance forced to a mean length `tau` (module docstring): submit each
     request with `submit_forced(ids, settings, reference)`, where `reference` is its greedy
-    continuation (plain decoding's tokens, the prefill's first token first)."""
+    continuation (plain decoding's tokens, the prefill's first token first). On an engine with
+    `device_steps` the trees are edited in the device loop (`_device_force`), and `force_s` stays 0."""
 
     def __init__(self, engine, slots: int, max_length: int, *, tau: float, seed: int = 0, overlap: bool = False):
         if engine.adaptive:
             raise ValueError("--force-tau needs a fixed tree size (keep=auto may skip the tree): pass --keep N")
-        if engine.device_steps:
-            raise ValueError("--force-tau edits the trees that the host searches; with --device-steps they are "
-                             "searched on the device: leave one out")
         super().__init__(engine, slots, max_length, overlap=overlap)
         self.max_depth = self.depth
         self.alpha = acceptance_rate(tau, self.max_depth)
@@ -236,6 +250,12 @@ class ForcedBatcher(Batcher):
         self.drawn: list[int] = []  # D + 1 of every forced step (what the accepted length must be)
         self.unforced_steps = 0
         self.capped_steps = 0  # steps whose chain the tree or the reference's end cut short
+        if engine.device_steps:
+            self.device_outputs = device_steps_layout(engine.device_steps, self.depth, self.context, self.fields,
+                                                      forced=True)
+            # a fixed reference width (no new compilation per request): a row reads its reference up to
+            # the token after its last chain, at most max_length + depth
+            self.reference_width = self.max_length + self.depth + 1
 
     def submit_forced(self, prompt_ids, settings, reference: Sequence[int], stats=None):
         if settings.temperature > 0:
@@ -243,6 +263,14 @@ class ForcedBatcher(Batcher):
         request = self.submit(prompt_ids, settings, stats)
         self.references[request.index] = np.asarray(reference, np.int64)
         return request
+
+    def _reference(self, request) -> np.ndarray | None:
+        """The request's reference while its output so far follows it, else None (no longer forced)."""
+        ref = self.references.get(request.index)
+        done = len(request.token_ids)  # the root is token done - 1 of the reference
+        if ref is None or done > ref.size or np.any(ref[:done] != np.asarray(request.token_ids)):
+            return None
+        return ref
 
     def _search(self, size: int, rows: list[int], m: int, start: int = 0) -> np.ndarray:
         """DART's own search and packing (`Batcher._search`), then each busy row's tree edited."""
@@ -252,11 +280,11 @@ class ForcedBatcher(Batcher):
         trees = layout.unpack(packed)
         for slot in rows:
             request = self.busy[slot]
-            ref = self.references.get(request.index)
-            done = len(request.token_ids)  # the root is token done - 1 of the reference
-            if ref is None or done > ref.size or np.any(ref[:done] != np.asarray(request.token_ids)):
+            ref = self._reference(request)
+            if ref is None:
                 self.unforced_steps += 1
                 continue
+            done = len(request.token_ids)
             want = self.depths()
             path = ref[done:done + want]
             block = int(ref[done + len(path)]) if done + len(path) < ref.size else None
@@ -272,6 +300,28 @@ class ForcedBatcher(Batcher):
         packed = layout.pack(trees)
         self.force_s += time.perf_counter() - t0
         return packed
+
+    def _device_force(self, rows: list[int], m: int, steps: int) -> dict:
+        """The device loop's forcing input (`engine._device_steps`): each forced row's reference,
+        tokens so far and `steps` depths drawn now (those of steps a row does not take go unused)."""
+        reference = np.full((m, self.reference_width), -1, np.int32)
+        done, depths, forced = np.zeros(m, np.int32), np.zeros((m, steps), np.int32), np.zeros(m, bool)
+        for slot in rows:
+            request = self.busy[slot]
+            done[slot] = len(request.token_ids)
+            ref = self._reference(request)
+            if ref is not None:
+                ref = ref[:self.reference_width]
+                reference[slot, :ref.size], forced[slot] = ref, True
+                depths[slot] = [self.depths() for _ in range(steps)]
+        return {"reference": jnp.asarray(reference), "done": jnp.asarray(done), "depths": jnp.asarray(depths),
+                "forced": jnp.asarray(forced)}
+
+    def _device_forced(self, rows: list[int], out: dict) -> None:
+        for slot in rows:
+            self.drawn.extend(int(d) for d in out["drawn"][slot] if d > 0)
+        self.unforced_steps += int(out["unforced"][rows].sum())
+        self.capped_steps += int(out["capped"][rows].sum())
 
 
 # ------------------------------------------------------------------------------ the bench
@@ -367,6 +417,9 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
     check_reps(reps, warmup)
     if work.temperature > 0:
         raise ValueError("--force-tau forces greedy acceptance: use --temperature 0")
+    if overlap and models.device_steps:
+        raise ValueError("--overlap searches half the rows' trees on the host while the device verifies the other "
+                         "half; with --device-steps the trees are searched on the device: use one or the other")
     items, settings = work.items(), work.settings(seed)
     if min(batches) < 1:
         raise ValueError(f"--batches must be >= 1, got {list(batches)}")
@@ -379,7 +432,8 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
             acceptance_rate(tau, engine.rows)  # refuse an unreachable τ before anything runs
         config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": tree_label(engine),
                   "tree_depth": engine.rows, "force_tau": list(taus), "batches": list(batches), "overlap": overlap,
-                  "reps": reps, "warmup": warmup, "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau"}
+                  "reps": reps, "warmup": warmup, "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau",
+                  "device_steps": engine.device_steps, "verify_gemms": engine.verify_gemms}
         ids = [model.encode(item["prompt"], work.chat) for item in items]
         runs_per_tau = sum(1 + (overlap and b > 1) for b in batches)
         bar = progress((len(batches) + len(taus) * runs_per_tau) * (reps + warmup), "forced", show_progress)

@@ -2,6 +2,10 @@
 
     python -m dart_jax.bench.profile --out DIR [model options of `bench e2e`] [--steps 8] [--force-tau 3.61]
 
+With `--device-steps N` the steps run in the device loop (N a call, the trees searched on the
+device): whole calls are traced and timed, enough to cover --steps steps, and every figure is per
+step; tree_search (host) is then 0 and device_tree_search holds the search.
+
 One prompt is decoded once untimed (everything compiles); then `--steps` of its decoding steps
 run twice, once timed on the host alone (`summary.untraced`: the step's own wall time and tree
 search, which a profiler slows) and once under `jax.profiler`, Python calls not traced (the trace
@@ -14,6 +18,8 @@ per phase, mean ms per step (the rows add up to the step's wall time):
   accept                      greedy/sampled acceptance on the device
   cache_write                 the accepted path's keys/values into the cache
   draft_head                  the drafter's call for the next step (draft_lm_head: its LM head)
+  device_tree_search          the tree search on the device (`--device-steps`: the device loop)
+  forcing                     --force-tau's edit of the trees in the device loop (bench work, not DART's)
   device_other                device work outside those scopes (copies, cache views)
   transfers                   host↔device copies the trace shows (GPU memcpy events; none on a CPU)
   dispatch_and_sync           the device call's wall time not covered by device work: launch,
@@ -53,8 +59,9 @@ from dart_jax.bench.options import _model_options
 from dart_jax.decoding.batcher import Batcher
 from dart_jax.errors import cli_boundary
 
-PHASES = ("verify_attention", "verify_mlp", "verify_lm_head", "verify_other", "accept", "cache_write", "draft_head",
-          "draft_lm_head", "device_other", "transfers", "dispatch_and_sync", "tree_search", "host_other")
+DEVICE_PHASES = ("verify_attention", "verify_mlp", "verify_lm_head", "verify_other", "accept", "cache_write",
+                 "draft_head", "draft_lm_head", "device_tree_search", "forcing", "device_other", "transfers")
+PHASES = DEVICE_PHASES + ("dispatch_and_sync", "tree_search", "host_other")
 _STEP = "dart_profile_step"
 # host-side bookkeeping events of the XLA CPU runtime and profiler, not device work
 _NOT_OPS = re.compile(r"^(end: |ThreadpoolListener|ThunkExecutor|SlinkyThreadPool|PjRt|CommonPjRt|\$|Handle |Wait for|Allocate|"
@@ -77,6 +84,10 @@ def phase_of(scope: str | None, name: str) -> str:
         return "cache_write"
     if "draft" in parts:
         return "draft_lm_head" if "lm_head" in parts else "draft_head"
+    if "tree_search" in parts:
+        return "device_tree_search"
+    if "force" in parts:
+        return "forcing"
     return "device_other"
 
 
@@ -206,9 +217,10 @@ def device_ops(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
 def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list[dict[str, float]],
            top: int = 30) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """(per-phase rows, per-op rows, summary) from trace events, the HLO scopes and the host's
-    per-step timing (`wall_s`, `tree_s`, `device_call_s` per step)."""
+    timing of each device call (`wall_s`, `tree_s`, `device_call_s`, and the `steps` it took:
+    1 a call, or up to `device_steps` in the device loop); every figure is per step."""
     ops, windows = device_ops(events)
-    steps = len(step_host)
+    steps = sum(s.get("steps", 1) for s in step_host)
     if windows:
         lo, hi = min(a for a, _ in windows), max(b for _, b in windows)
         ops = [e for e in ops if float(e["ts"]) < hi and float(e["ts"]) + float(e["dur"]) > lo]
@@ -229,9 +241,8 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
     summed_us = sum(phase_us.values())
     # concurrent ops (CPU threads, several streams) are scaled to the busy time they cover together
     scale = busy_us / summed_us if summed_us > 0 else 0.0
-    mean = lambda key: float(np.mean([s[key] for s in step_host])) * 1e3 if step_host else float("nan")  # noqa: E731
-    wall_ms, tree_ms, call_ms = mean("wall_s"), mean("tree_s"), mean("device_call_s")
-    ms = {p: phase_us[p] * scale / 1e3 / max(steps, 1) for p in PHASES[:10]}
+    wall_ms, tree_ms, call_ms = (per_step(step_host, key) for key in ("wall_s", "tree_s", "device_call_s"))
+    ms = {p: phase_us[p] * scale / 1e3 / max(steps, 1) for p in DEVICE_PHASES}
     device_ms = sum(ms.values())
     ms["dispatch_and_sync"] = max(call_ms - device_ms, 0.0)
     ms["tree_search"] = tree_ms
@@ -250,8 +261,14 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
                "tree_search_ms": tree_ms, "phases_sum_ms": sum(r["ms_per_step"] for r in phase_rows),
                "ops_traced": len(ops), "ops_with_scope": sum(1 for e in ops if op_scope(
                    e.get("args") or {}, str((e.get("args") or {}).get("hlo_op") or e["name"]), e["name"], scopes)),
-               "accepted_per_step": float(np.mean([s["accepted"] for s in step_host])) if step_host else float("nan")}
+               "accepted_per_step": per_step(step_host, "accepted") / 1e3}
     return phase_rows, op_rows, summary
+
+
+def per_step(calls: list[dict[str, float]], key: str) -> float:
+    """`key` summed over the timed calls, per step taken, in ms (seconds × 1e3)."""
+    steps = sum(c.get("steps", 1) for c in calls)
+    return 1e3 * sum(c[key] for c in calls) / steps if steps else float("nan")
 
 
 def _abstract(tree):
@@ -265,7 +282,9 @@ def _abstract(tree):
 def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 0, force_tau: float | None = None,
                   scopes: bool = True, top: int = 30) -> dict[str, Any]:
     """Trace `steps` DART steps of the first prompt of `work` on `models` (a `bench.e2e.ModelSet`)
-    and write DIR/profile.json, DIR/profile.md and the trace under DIR/trace/. Returns the JSON."""
+    and write DIR/profile.json, DIR/profile.md and the trace under DIR/trace/. Returns the JSON.
+    With `models.device_steps` the steps run in the device loop (trees searched on the device):
+    whole calls are traced, as many as cover `steps` steps, and every figure is per step."""
 
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
@@ -280,7 +299,9 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
         ids = model.encode(item["prompt"], work.chat)
         ref = reference_outputs(engine, [ids], settings)[0] if force_tau else None
         captured = {}
-        step_fn = engine._step
+        # the jitted function whose scopes name the trace's ops: the step, or the device loop
+        step_attr = "_device_loop" if engine.device_steps else "_step"
+        step_fn = getattr(engine, step_attr)
 
         def spy(*args, **kwargs):
             if "call" not in captured:  # shapes only: the caches are donated to the call
@@ -296,7 +317,7 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
                 pool.submit(ids, settings)
             return pool
 
-        engine._step = spy
+        setattr(engine, step_attr, spy)
         try:
             pool = new_pool()  # untimed: compiles the prefill and every step shape of this prompt
             try:
@@ -304,8 +325,9 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
             finally:
                 pool.close()
             def timed_steps(trace: Path | None) -> list[dict[str, float]]:
-                """The first `steps` steps after the prefill of a new pool, timed on the host, under
-                the profiler with `trace` (Python calls not traced: that tracer slows every call)."""
+                """The device calls of the first `steps` steps after the prefill of a new pool (one
+                call a step, or whole calls of the device loop), timed on the host, under the
+                profiler with `trace` (Python calls not traced: that tracer slows every call)."""
                 pool, host = new_pool(), []
                 try:
                     pool.step()  # the prefill
@@ -314,7 +336,7 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
                         options.python_tracer_level = 0
                         jax.profiler.start_trace(str(trace), profiler_options=options)
                     try:
-                        for _ in range(steps):
+                        while sum(h["steps"] for h in host) < steps:
                             if not pool.active:
                                 break
                             request = next(r for r in pool.busy if r is not None)
@@ -323,9 +345,10 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
                             with jax.profiler.TraceAnnotation(_STEP):
                                 events = pool.step()
                             wall = time.perf_counter() - t0
+                            mine = [a for r, _, a in events if r is request]
                             host.append({"wall_s": wall, "tree_s": request.stats.tree_s - tree0,
                                          "device_call_s": request.stats.device_s - dev0,
-                                         "accepted": float(np.mean([a for _, _, a in events])) if events else 0.0})
+                                         "steps": max(len(mine), 1), "accepted": float(sum(mine))})
                     finally:
                         if trace is not None:
                             jax.profiler.stop_trace()
@@ -337,7 +360,7 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
             trace_dir = out / "trace"
             host = timed_steps(trace_dir)
         finally:
-            engine._step = step_fn
+            setattr(engine, step_attr, step_fn)
         if not host:
             raise ValueError("no decoding step ran (the generation stopped at its first token); raise --max-new-tokens")
         hlo, scope_note = {}, "skipped (--no-scopes)"
@@ -354,11 +377,12 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
         keep = tree_label(engine)
     phase_rows, op_rows, summary = tables(read_trace(trace_dir), hlo, host, top=top)
     summary["scopes"] = scope_note
-    mean_ms = lambda key: float(np.mean([h[key] for h in untraced])) * 1e3 if untraced else float("nan")  # noqa: E731
-    summary["untraced"] = {"step_ms": mean_ms("wall_s"), "tree_search_ms": mean_ms("tree_s"),
-                           "device_call_ms": mean_ms("device_call_s"), "steps": len(untraced)}
+    summary["untraced"] = {"step_ms": per_step(untraced, "wall_s"), "tree_search_ms": per_step(untraced, "tree_s"),
+                           "device_call_ms": per_step(untraced, "device_call_s"),
+                           "steps": sum(h["steps"] for h in untraced)}
     result = {"mode": "profile",
-              "config": {"model": source, "prompt_id": item["id"], "steps": len(host), "keep": keep,
+              "config": {"model": source, "prompt_id": item["id"], "steps": sum(h["steps"] for h in host), "keep": keep,
+                         "device_steps": engine.device_steps, "calls": len(host),
                          "tree_depth": engine.rows, "force_tau": force_tau, **work.config(seed),
                          "backend": jax.default_backend(), "device": jax.devices()[0].device_kind},
               "phases": phase_rows, "ops": op_rows, "summary": summary, "trace_dir": str(trace_dir)}
@@ -370,8 +394,10 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
 
 def markdown(result: dict[str, Any]) -> str:
     c, s = result["config"], result["summary"]
+    loop = (f"; device loop, {c['device_steps']} steps a call, {c['calls']} calls" if c.get("device_steps")
+            else "")
     lines = [f"### Profile of {c['steps']} DART steps ({c['backend']}, {c['device']}; keep {c['keep']}, "
-             f"forced τ {c['force_tau'] or 'none'})", "",
+             f"forced τ {c['force_tau'] or 'none'}{loop})", "",
              f"Step {s['step_ms']:.3f} ms (phases add up to {s['phases_sum_ms']:.3f} ms); device busy "
              f"{s['device_busy_ms']:.3f} ms; accepted per step {s['accepted_per_step']:.2f}; scopes: {s['scopes']}.", "",
              *([f"The same steps without the profiler: step {u['step_ms']:.3f} ms, of which the device call "
@@ -409,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> None:
         models = ModelSet(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram,
                           random=args.random, random_layers=args.random_layers, random_hidden=args.random_hidden,
-                          random_shape=args.random_shape, keep=args.keep, mesh=args.mesh, demo=args.demo)
+                          random_shape=args.random_shape, keep=args.keep, mesh=args.mesh, demo=args.demo,
+                          device_steps=args.device_steps, verify_gemms=args.verify_gemms)
         work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
                         max_new_tokens=args.max_new_tokens, max_length=args.max_length,
                         temperature=args.temperature, chat=not args.no_chat)

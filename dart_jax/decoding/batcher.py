@@ -406,14 +406,17 @@ class Batcher(SlotPool):
         # every slot the last step may read or write: its tree past the previous steps' tokens, its draft
         reach = committed + (steps - 1) * (self.depth + 1) + engine.drafter.reach(self.depth + 1)
         window = attention_window(reach, self.length)
+        force = self._device_force(rows, m, steps)
         t0 = time.perf_counter()
         proposal = {name: jnp.asarray(a[:m]) for name, a in self.proposal.items()}
         packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.steps_on_device(
             proposal, jnp.asarray(self.preceding[:m], jnp.int32), jnp.asarray(self.preceding_len[:m], jnp.int32),
             self.cache, self.draft_cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
-            jnp.asarray(stops), depth=self.depth, k=self.k, window=window)
+            jnp.asarray(stops), depth=self.depth, k=self.k, window=window, force=force)
         out = self.device_outputs.unpack(np.asarray(packed))
         elapsed = time.perf_counter() - t0
+        if force is not None:
+            self._device_forced(rows, out)
         events = []
         for slot in rows:
             request = self.busy[slot]
@@ -434,6 +437,15 @@ class Batcher(SlotPool):
                 s.tree_sizes.append(engine.tree.keep)
                 events.append(self._take(request, step_ids, count))
         return events
+
+    def _device_force(self, rows: list[int], m: int, steps: int) -> dict | None:
+        """The forcing input of a device call over the first m rows (`bench.forced.ForcedBatcher`;
+        `engine._device_steps`' `force`); None: DART's own trees."""
+        return None
+
+    def _device_forced(self, rows: list[int], out: dict) -> None:
+        """A forced device call's answer (`device_steps_layout(..., forced=True)`, unpacked), for the
+        pool that asked for it (`_device_force`)."""
 
     def _advance_plain(self, rows: list[int], m: int) -> list[tuple[Request, list[int], int]]:
         """Tree size 0: a chunk of plain decoding for every busy slot (dart_jax.decoding.adaptive)."""

@@ -188,28 +188,99 @@ def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draf
     return out, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
 
 
+def force_trees(tree: dict, reference, done, want) -> tuple[dict, jax.Array, jax.Array]:
+    """Searched trees (the `tree_layout` fields, [m, ...]) edited so that greedy acceptance takes
+    exactly D nodes and the bonus where the target follows `reference` (`bench.forced` in the
+    device loop). The chain is the row's deepest leaf path (its first retrieve row with the most
+    nodes), made D nodes long: where it is shorter, the last nodes off it (the highest indices: a
+    set that holds every child of its nodes, as nodes come by depth) move below its end, one after
+    the other; then its nodes at depths 1..D take reference[done .. done + D - 1], and a sibling of
+    a chain node with that node's token, or a child of the chain's end with reference[done + D]
+    (the block), another token. D = `want` capped by the tree's real nodes and by what is left of
+    the reference (int32[m, R], -1 padded). The tree keeps its node count and real nodes (no node
+    moves where the path is deep enough); the retrieve rows of the moved nodes' old paths go (the
+    chain's row holds those nodes now). → (the trees, D [m], capped [m]: D < want)."""
+    tokens, positions, parents, mask, retrieve = (tree[name] for name in ("tokens", "positions", "parents", "mask",
+                                                                          "retrieve"))
+    m, n = tokens.shape
+    width = retrieve.shape[2]
+    index, rows, at = jnp.arange(n), jnp.arange(m)[:, None], jnp.arange(width)
+    lengths = (retrieve >= 0).sum(axis=2)  # [m, leaves]: nodes on each leaf's path, root included
+    best = jnp.argmax(lengths, axis=1)
+    chain = retrieve[jnp.arange(m), best]  # [m, depth + 1]: node at each depth of the deepest path, -1 past it
+    deep = jnp.maximum(lengths.max(axis=1) - 1, 0)
+    free = (parents >= 0) & ~jnp.any(index[None, :, None] == chain[:, None, :], axis=2)  # real, off the path
+    left = jnp.maximum((reference >= 0).sum(axis=1) - done, 0)
+    placed = jnp.minimum(jnp.minimum(want, deep + free.sum(axis=1)), left)
+    moves = jnp.maximum(placed - deep, 0)
+    later = jnp.cumsum(free[:, ::-1], axis=1)[:, ::-1] - free  # free nodes of higher index
+    moved = free & (later < moves[:, None])
+    positions = jnp.where(moved, (deep + moves)[:, None] - later, positions)
+    placing = moved[:, None, :] & (positions[:, None, :] == at[None, :, None])  # [m, depth + 1, n]
+    chain = jnp.where(placing.any(axis=2), jnp.argmax(placing, axis=2), chain)
+    parents = jnp.where(moved, chain[rows, jnp.maximum(positions - 1, 0)], parents)
+    is_chain = index[None, None, :] == chain[:, :, None]  # [m, depth + 1, n]
+    chain_depth = jnp.where(is_chain.any(axis=1), jnp.argmax(is_chain, axis=1), width)  # [m, n]
+    mask = jnp.where(moved[:, :, None], chain_depth[:, None, :] <= positions[:, :, None], mask)
+    through = jnp.any(moved[rows[:, :, None], jnp.maximum(retrieve, 0)] & (retrieve >= 0), axis=2)  # [m, leaves]
+    retrieve = jnp.where(through[:, :, None], -1, retrieve).at[jnp.arange(m), best].set(chain)
+
+    def ref(i):  # reference[i], -1 past its end
+        return jnp.where(i < reference.shape[1],
+                         jnp.take_along_axis(reference, jnp.clip(i, 0, reference.shape[1] - 1), axis=1), -1)
+
+    depth = jnp.clip(positions, 1, width - 1)  # (the root and padding: masked by `within`)
+    within = (positions >= 1) & (positions <= placed[:, None])
+    chain_token = ref(done[:, None] + depth - 1)  # [m, n]: the chain's token at each node's depth
+    on_chain = within & (chain[rows, depth] == index[None, :])
+    sibling = within & ~on_chain & (parents == chain[rows, depth - 1]) & (tokens == chain_token)
+    end = jnp.take_along_axis(chain, placed[:, None], axis=1)  # [m, 1]: the chain's last node
+    blocked = (parents >= 0) & (parents == end) & (tokens == ref(done[:, None] + placed[:, None]))
+    other = jnp.where(tokens > 0, tokens - 1, 1)  # any token but this one
+    tokens = jnp.where(on_chain, chain_token, jnp.where(sibling | blocked, other, tokens))
+    return ({"tokens": tokens, "positions": positions, "parents": parents, "mask": mask, "retrieve": retrieve},
+            placed, placed < want)
+
+
 def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal, preceding_len, cache: KVCache,
-                  draft_cache, cache_len, keys, params, remaining, stops, eos, *, n: int, depth: int, k: int,
-                  window: int, steps: int, search: DeviceSearch):
+                  draft_cache, cache_len, keys, params, remaining, stops, eos, force=None, *, n: int, depth: int,
+                  k: int, window: int, steps: int, search: DeviceSearch):
     """Up to `steps` speculative steps of the first m = preceding.shape[0] rows in one device loop,
     the draft trees searched on the device (`device_tree.search_trees`: the host search's trees):
     `proposal` the drafter's last proposal, `preceding` [m,P] the ids fed to it (the first
     `preceding_len`; the last is the root). A row stops on an id of `eos` (kept) where `stops` [m]
     says so, and after `remaining` [m] tokens; the loop ends when every row has stopped. → packed
     `device_steps_layout` [m] (the tokens each row committed, its accepted length per step, and
-    what the next call starts from), caches, lengths, keys."""
+    what the next call starts from), caches, lengths, keys.
+
+    `force` (`bench.forced` in the device loop; None: none, and no op of it in the program): a dict
+    of `reference` int32[m,R] (each row's greedy continuation from its first token, -1 padded),
+    `done` int32[m] (its tokens committed before this call), `depths` int32[m,steps] (the chain
+    length asked at each step) and `forced` bool[m] (rows that still follow their reference). Each
+    forced row's tree is edited by `force_trees` before its verify; a row whose committed tokens
+    leave its reference is no longer forced. The layout then adds, per row, `drawn` (D + 1 of each
+    forced step, 0 for another), `unforced` (steps taken unforced) and `capped` (steps whose D was
+    cut short)."""
     pair = model.merge(state)
     m, width = preceding.shape[0], depth + 1
     rows = jnp.arange(m)[:, None]
     j = jnp.arange(width)[None, :]
 
     def body(carry):
-        i, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out, out, counts = carry
+        (i, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out, out, counts,
+         forcing) = carry
         active = remaining > 0
         with jax.named_scope("tree_search"):
             found = search_trees(proposal["cand_ids"], proposal["cand_probs"], preceding, plen, trie, search)
         tree = {"tokens": found.tokens, "positions": found.positions, "parents": found.parents, "mask": found.mask,
                 "retrieve": found.retrieve}
+        if force is not None:
+            with jax.named_scope("force"):
+                on = forcing["forced"] & active
+                edited, placed, capped = force_trees(tree, force["reference"], force["done"] + n_out,
+                                                     force["depths"][:, i])
+                tree = jax.tree.map(lambda new, old: jnp.where(on.reshape((m,) + (1,) * (new.ndim - 1)), new, old),
+                                    edited, tree)
         res, cache, draft_cache, new_len, keys = _step_core(pair, drafter_cls, tree, None, cache, draft_cache, cache_len,
                                                             keys, params, n=n, depth=depth, k=k, window=window)
         count, follow = res["count"], res["follow"]  # follow[:, :count]: the step's committed tokens
@@ -229,16 +300,31 @@ def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal
             plen = jnp.where(active, count + 1, plen)
             proposal = jax.tree.map(lambda new, old: jnp.where(active.reshape((m,) + (1,) * (new.ndim - 1)), new, old),
                                     res["proposal"], proposal)
+        if force is not None:
+            with jax.named_scope("force"):
+                at = force["done"][:, None] + n_out[:, None] + j  # the committed tokens' places in the reference
+                ref = jnp.take_along_axis(force["reference"], jnp.minimum(at, force["reference"].shape[1] - 1), axis=1)
+                follows = jnp.all((j >= emitted[:, None]) | ((at < force["reference"].shape[1]) & (follow == ref)),
+                                  axis=1)
+                forcing = {"forced": forcing["forced"] & follows,
+                           "drawn": forcing["drawn"].at[:, i].set(jnp.where(on, placed + 1, 0)),
+                           "unforced": forcing["unforced"] + (active & ~forcing["forced"]),
+                           "capped": forcing["capped"] + (on & capped)}
         return (i + 1, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out + emitted, out,
-                counts)
+                counts, forcing)
 
+    forcing = None if force is None else {"forced": force["forced"], "drawn": jnp.zeros((m, steps), jnp.int32),
+                                          "unforced": jnp.zeros((m,), jnp.int32), "capped": jnp.zeros((m,), jnp.int32)}
     start = (jnp.int32(0), proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, remaining,
-             jnp.zeros((m,), jnp.int32), jnp.full((m, steps * width), -1, jnp.int32), jnp.zeros((m, steps), jnp.int32))
+             jnp.zeros((m,), jnp.int32), jnp.full((m, steps * width), -1, jnp.int32), jnp.zeros((m, steps), jnp.int32),
+             forcing)
     (_, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out, out,
-     counts) = jax.lax.while_loop(lambda c: (c[0] < steps) & jnp.any(c[8] > 0), body, start)
-    layout = device_steps_layout(steps, depth, preceding.shape[1], drafter_cls.proposal_fields(depth, k, n))
+     counts, forcing) = jax.lax.while_loop(lambda c: (c[0] < steps) & jnp.any(c[8] > 0), body, start)
+    layout = device_steps_layout(steps, depth, preceding.shape[1], drafter_cls.proposal_fields(depth, k, n),
+                                 forced=force is not None)
     packed = layout.pack({"n_out": n_out, "out": out, "counts": counts, "preceding": preceding, "preceding_len": plen,
-                          **proposal})
+                          **proposal, **({} if forcing is None else
+                                         {name: forcing[name] for name in ("drawn", "unforced", "capped")})})
     return packed, cache, draft_cache, cache_len, keys
 
 
@@ -447,13 +533,14 @@ class Engine:
         return self._device_trie[0] if self._device_trie else None
 
     def steps_on_device(self, proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, params,
-                        remaining, stops, *, depth: int, k: int, window: int):
+                        remaining, stops, *, depth: int, k: int, window: int, force: dict | None = None):
         """`device_steps` speculative steps of the first m = preceding.shape[0] rows in one device
-        call (see `_device_steps`; `stops` [m]: whether a row stops at EOS) → (packed
-        `device_steps_layout` [m], caches, lengths, keys)."""
+        call (see `_device_steps`; `stops` [m]: whether a row stops at EOS; `force`: forced
+        acceptance, another compiled loop) → (packed `device_steps_layout` [m], caches, lengths, keys)."""
         return self._device_loop(self._state, preceding, self.device_trie(), proposal, preceding_len, cache,
-                                 draft_cache, cache_len, keys, params, remaining, stops, self.eos_row, n=self.n_nodes,
-                                 depth=depth, k=k, window=window, steps=self.device_steps, search=self._device_search)
+                                 draft_cache, cache_len, keys, params, remaining, stops, self.eos_row, force,
+                                 n=self.n_nodes, depth=depth, k=k, window=window, steps=self.device_steps,
+                                 search=self._device_search)
 
     def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
               window: int, chunk: int | None = None):

@@ -97,10 +97,13 @@ def plain_layout(chunk: int, proposal: tuple[Field, ...]) -> Layout:
     return Layout((Field("count", ()), Field("tokens", (chunk,))) + proposal)
 
 
-def device_steps_layout(steps: int, depth: int, preceding: int, proposal: tuple[Field, ...]) -> Layout:
+def device_steps_layout(steps: int, depth: int, preceding: int, proposal: tuple[Field, ...], *,
+                        forced: bool = False) -> Layout:
     """What a device loop of up to `steps` speculative steps returns per sequence: `n_out` tokens
     committed (`out`, -1 after), the accepted length of each step (`counts`, 0 for a step it did not
     take), and the next call's start: the preceding ids (the first `preceding_len`) and the
-    drafter's proposal."""
+    drafter's proposal. `forced` (forced acceptance, `engine._device_steps`): also the chain length
+    + 1 placed at each step (`drawn`, 0 for a step not forced) and the `unforced` and `capped` steps."""
+    extra = (Field("drawn", (steps,)), Field("unforced", ()), Field("capped", ())) if forced else ()
     return Layout((Field("n_out", ()), Field("out", (steps * (depth + 1),)), Field("counts", (steps,)),
-                   Field("preceding", (preceding,)), Field("preceding_len", ())) + proposal)
+                   Field("preceding", (preceding,)), Field("preceding_len", ())) + proposal + extra)
