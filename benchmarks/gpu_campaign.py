@@ -21,7 +21,7 @@ speculative steps a device call, the trees searched on the device (`--device-ste
     depth (36 layers, 16 GB of weights), batch 1: the end-to-end speedup at the paper's τ
     (bench/forced.py), and at τ = 1 the bare step against a plain token (the issue's goal: within 1.2×).
  2. profile-Qwen3-8B-36L-device: `python -m dart_jax.bench.profile --device-steps 32` at τ 3.61: a
-    device trace of two calls of the device loop and the per-phase and per-op tables
+    device trace of one call of the device loop (32 steps) and the per-phase and per-op tables
     (profile.{json,md}; the device's tree search is its own phase), run with XLA's command buffers
     off (`--xla_gpu_enable_command_buffer=`) so that every kernel is traced under its own HLO
     instruction and scope; stage 1 gives the step's wall time with them on.
@@ -65,7 +65,7 @@ need (the skip is noted in the report, and a later call on a bigger device runs 
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 12), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 10), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 12
+SHALLOW_LAYERS = 4  # stage 10
 LOOP_STEPS = 32  # steps per device call of the device loop (Engine(device_steps=...))
 FEW_STEPS = 8  # stage 4's
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
@@ -266,7 +266,7 @@ class Campaign:
             forced(b1, first, deep, taus, 240, variant="device"),
             Stage(profile, f"{profile}/profile.json", lambda: [
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
-                *keep, *loop, "--steps", "4" if smoke else str(2 * LOOP_STEPS), *self.model(first, deep)], 200,
+                *keep, *loop, "--steps", "4" if smoke else str(LOOP_STEPS), *self.model(first, deep)], 200,
                 env=variant_env("nocb"), min_device_gib=DEPTH[first][1]),
             forced(b1, first, deep, taus, 200),
             forced(b1, first, deep, PER_CALL_TAU, 200, variant="device8"),

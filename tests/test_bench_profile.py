@@ -144,11 +144,11 @@ def test_profile_of_the_device_loop(tmp_path):
     out = tmp_path / "prof"
     assert main(["--out", str(out), "--random", "--random-layers", "3", "--random-hidden", "32", "--keep", "4",
                  "--max-new-tokens", "24", "--max-length", "128", "--no-chat", "--prompts", str(prompts),
-                 "--steps", "5", "--device-steps", "3"]) == 0
+                 "--steps", "5", "--device-steps", "3", "--force-tau", "2"]) == 0
     result = json.loads((out / "profile.json").read_text())
     c, s = result["config"], result["summary"]
-    # whole calls of 3 steps, enough of them to cover 5 steps: 2 calls, 6 steps (random weights
-    # accept nothing, so no call ends early)
+    # whole calls of 3 steps, enough of them to cover 5 steps: 2 calls, 6 steps (24 new tokens at
+    # τ 2: no call ends early)
     assert (c["device_steps"], c["calls"], c["steps"], s["steps"]) == (3, 2, 6, 6)
     trace = next((out / "trace").rglob("*.trace.json.gz"))
     events = json.load(gzip.open(trace, "rt"))["traceEvents"]
@@ -160,6 +160,8 @@ def test_profile_of_the_device_loop(tmp_path):
     assert phases["tree_search"] == 0 and s["untraced"]["steps"] == 6
     # the search runs on the device, under its own scope in the loop's HLO
     assert phases["device_tree_search"] > 0 and phases["verify_attention"] > 0
+    assert phases["forcing"] > 0  # --force-tau's edit, under its own scope in the loop
+    assert s["accepted_per_step"] > 1
 
 
 def test_a_device_loop_search_scope_is_its_own_phase():

@@ -31,8 +31,8 @@ on the device too, inside the loop between each step's search and its verify
 depths per row drawn from the same `DepthSequence` (a row that stops early leaves its last draws
 unused). It differs from the host's edit in the chain it takes: the tree's deepest leaf path (its
 first, on ties) rather than a walk down matching or best-ranked children, made D nodes long where
-it is shorter by moving the last nodes off it (the highest indices, their subtrees with them)
-below its end. No node moves where that path is deep enough (the tiny random set's keep-60 trees
+it is shorter by moving the last nodes off it (the highest indices: with each node they hold its
+children) below its end, one under the other. No node moves where that path is deep enough (the tiny random set's keep-60 trees
 are mostly 3 levels deep, so most draws past D = 3 move some), and a tree with too few real nodes
 caps D (`capped_steps`). The edit is part of the device call's time (`force_ms` and `search_ms`
 are 0: the search is in the device call too); the host's share, the draws and the reference

@@ -261,7 +261,7 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
                "tree_search_ms": tree_ms, "phases_sum_ms": sum(r["ms_per_step"] for r in phase_rows),
                "ops_traced": len(ops), "ops_with_scope": sum(1 for e in ops if op_scope(
                    e.get("args") or {}, str((e.get("args") or {}).get("hlo_op") or e["name"]), e["name"], scopes)),
-               "accepted_per_step": per_step(step_host, "accepted") / 1e3}
+               "accepted_per_step": sum(s["accepted"] for s in step_host) / max(steps, 1)}
     return phase_rows, op_rows, summary
 
 

@@ -199,7 +199,11 @@ def force_trees(tree: dict, reference, done, want) -> tuple[dict, jax.Array, jax
     (the block), another token. D = `want` capped by the tree's real nodes and by what is left of
     the reference (int32[m, R], -1 padded). The tree keeps its node count and real nodes (no node
     moves where the path is deep enough); the retrieve rows of the moved nodes' old paths go (the
-    chain's row holds those nodes now). → (the trees, D [m], capped [m]: D < want)."""
+    chain's row holds those nodes now). Moved nodes leave the search's order (a parent may then come
+    after its child) and ancestors of moved leaves may lie on no retrieve row: the verify, greedy
+    acceptance and the commit do not depend on either, sampled acceptance would (its sibling ranks),
+    so these trees are for greedy acceptance only, as forcing is. → (the trees, D [m], capped [m]:
+    D < want)."""
     tokens, positions, parents, mask, retrieve = (tree[name] for name in ("tokens", "positions", "parents", "mask",
                                                                           "retrieve"))
     m, n = tokens.shape
