@@ -35,23 +35,24 @@ speculative steps a device call, the trees searched on the device (`--device-ste
  6. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
     against a decode call and a token of the device loop, at the full depth, and what a host call
     costs besides its device work (an empty call; a call taking every weight array).
- 7. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
- 8. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
+ 7. shapes-Qwen3-8B-ctx2048: stage 6 with 2048 tokens in the cache (the default 512), at 2 and 61 rows.
+ 8. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
+ 9. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
     depths.
- 9. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
+10. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
     (POOL_KEEP), through the pool, default and overlapped (`--overlap`: the host searches half
     the rows' trees while the device verifies the other half, `Batcher(overlap=True)`):
     `overlap_gain` = overlapped / default tok/s.
-10. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
-11. forced-Qwen3-8B-36L-b1-xla: stage 3 with every verify compiled with XLA's own GEMMs
+11. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
+12. forced-Qwen3-8B-36L-b1-xla: stage 3 with every verify compiled with XLA's own GEMMs
     (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
     with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
-12. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 6 at 32, 61 and 64 rows with XLA's GEMMs,
+13. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 6 at 32, 61 and 64 rows with XLA's GEMMs,
     and at 4 and 16 rows with cuBLAS: both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
-13. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+14. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
-14. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+15. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 A variant (a name after the stage: -device, -xla, ...; VARIANTS) is its stage again under other
 settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no longer
 run: fused projections (faster plain decoding, the same verify), XLA's command buffers (on: faster
@@ -65,7 +66,7 @@ need (the skip is noted in the report, and a later call on a bigger device runs 
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 10), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 11), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 10
+SHALLOW_LAYERS = 4  # stage 11
 LOOP_STEPS = 32  # steps per device call of the device loop (Engine(device_steps=...))
 FEW_STEPS = 8  # stage 4's
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
@@ -122,11 +123,12 @@ VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
     "xla": ("every verify with XLA's own GEMMs (Triton)", {}, ("--verify-gemms", "xla")),
     "cublas": ("every verify with cuBLAS", {}, ("--verify-gemms", "cublas")),
     "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}, ()),
+    "ctx2048": ("2048 tokens in the cache", {}, ("--context", "2048")),  # bench shapes only
 }
 # in the shapes table, in this order, with the tree sizes each measures (`--budgets`: nodes besides
 # the root, one sequence): with the default (cuBLAS from CUBLAS_MIN_ROWS = 32 rows up, XLA's GEMMs
 # below) they give both kinds at 4 to 64 rows
-SHAPE_VARIANTS = {"xla": "31,60,63", "cublas": "3,15"}
+SHAPE_VARIANTS = {"xla": "31,60,63", "cublas": "3,15", "ctx2048": "1,60"}
 
 
 def variant_env(variant: str) -> dict[str, str] | None:
@@ -272,6 +274,7 @@ class Campaign:
             forced(b1, first, deep, PER_CALL_TAU, 200, variant="device8"),
             forced(b1, first, deep, taus, 240, variant="cbwhile"),
             shapes_stage(first),
+            shapes_stage(first, "ctx2048"),
         ]
         if not smoke:  # the same code as stage 1
             stages.append(forced(b1, first, deep, TAUS_MORE, 240, variant="devicemore"))

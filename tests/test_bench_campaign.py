@@ -21,7 +21,7 @@ _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {name: f"{name}.json" for name in (
     "forced-tiny-6L-b1-device", "forced-tiny-6L-b1", "forced-tiny-6L-b1-device8", "forced-tiny-6L-b1-cbwhile",
     "shapes-tiny", "forced-tiny-6L-pool", "forced-tiny-3L-b1-device", "forced-tiny-6L-b1-xla", "shapes-tiny-xla",
-    "shapes-tiny-cublas")}
+    "shapes-tiny-cublas", "shapes-tiny-ctx2048")}
 STAGES["profile-tiny-6L-device"] = "profile-tiny-6L-device/profile.json"
 
 
@@ -60,6 +60,8 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "tree search overlapped" in report
     assert "| tiny [every verify with cuBLAS] |" in report  # the shapes under other settings
     assert "| tiny [every verify with XLA's own GEMMs (Triton)] |" in report
+    assert "| tiny [2048 tokens in the cache] |" in report
+    assert json.loads((out / "shapes-tiny-ctx2048.json").read_text())["config"]["context"] == 2048
     assert "| tiny (6 layers, 9-node trees) [host loop, every verify with XLA's own GEMMs (Triton)] | 1 | 1 |" in report
     assert "| tiny (6 layers, 9-node trees) [device loop, 32 steps a call] | 1 | 3 |" in report
     assert "| tiny (6 layers, 9-node trees) [device loop, 8 steps a call] | 1 | 1 |" in report
