@@ -42,7 +42,8 @@ speculative steps a device call, the trees searched on the device (`--device-ste
 10. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
     (POOL_KEEP), through the pool, default and overlapped (`--overlap`: the host searches half
     the rows' trees while the device verifies the other half, `Batcher(overlap=True)`):
-    `overlap_gain` = overlapped / default tok/s.
+    `overlap_gain` = overlapped / default tok/s; then the same pools in the device loop
+    (forced-Qwen3-8B-36L-pool-device).
 11. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
 12. forced-Qwen3-8B-36L-b1-xla: stage 3 with every verify compiled with XLA's own GEMMs
     (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
@@ -283,6 +284,8 @@ class Campaign:
         stages += [
             forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
                    "--force-batches", "2" if smoke else "4,16", "--overlap", nodes=keep if smoke else POOL_KEEP),
+            forced(f"forced-{first}-{deep}L-pool", first, deep, tau if smoke else f"1,{PAPER_TAU_8B}", 240,
+                   "--force-batches", "2" if smoke else "4,16", nodes=keep if smoke else POOL_KEEP, variant="device"),
             forced(f"forced-{first}-{shallow}L-b1", first, shallow, taus if smoke else f"{TAUS_FIRST},{TAUS_MORE}",
                    150, deep=False, variant="device"),
             forced(b1, first, deep, taus, 200, variant="xla"),

@@ -20,7 +20,7 @@ gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from
 _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {name: f"{name}.json" for name in (
     "forced-tiny-6L-b1-device", "forced-tiny-6L-b1", "forced-tiny-6L-b1-device8", "forced-tiny-6L-b1-cbwhile",
-    "shapes-tiny", "forced-tiny-6L-pool", "forced-tiny-3L-b1-device", "forced-tiny-6L-b1-xla", "shapes-tiny-xla",
+    "shapes-tiny", "forced-tiny-6L-pool", "forced-tiny-6L-pool-device", "forced-tiny-3L-b1-device", "forced-tiny-6L-b1-xla", "shapes-tiny-xla",
     "shapes-tiny-cublas", "shapes-tiny-ctx2048")}
 STAGES["profile-tiny-6L-device"] = "profile-tiny-6L-device/profile.json"
 
@@ -54,6 +54,8 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert [r["tau_asked"] for r in few["rows"]] == [1.0] and few["config"]["device_steps"] == 8
     (row,) = json.loads((out / "forced-tiny-6L-pool.json").read_text())["rows"]  # the pool, default and overlapped
     assert row["batch"] == 2 and row["same_output"] and row["overlap_same_output"] and row["overlap_half_steps"] > 0
+    (row,) = json.loads((out / "forced-tiny-6L-pool-device.json").read_text())["rows"]  # the pool in the device loop
+    assert row["batch"] == 2 and row["same_output"] and row["unforced_steps"] == 0
     report = (out / "RESULTS-gpu.md").read_text()
     assert "forced acceptance" in report and "| phase | ms per step |" in report
     assert "tiny (6 layers, 9-node trees)" in report and "tiny (3 layers, 9-node trees)" in report

@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="force DART's mean accepted length to T (e.g. 2,3,3.61,5) on any weights, random ones "
                         "included: each tree is made to hold plain greedy decoding's next D tokens, D drawn per step "
                         "(geometric, capped at the tree depth, mean T - 1); same tree size, verify and step. Rows per "
-                        "(T, batch); needs a fixed --keep and greedy decoding (see dart_jax/bench/forced.py)")
+                        "(T, batch); needs a fixed --keep and greedy decoding; with --device-steps N the trees are "
+                        "edited on the device, inside the loop (see dart_jax/bench/forced.py)")
     p.add_argument("--force-batches", default="1", metavar="B[,B…]",
                    help="with --force-tau: batch sizes, DART through a pool of B slots against batched plain "
                         "decoding (default 1)")
