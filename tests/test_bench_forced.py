@@ -170,12 +170,18 @@ def record_steps(engine, monkeypatch):
     return seen
 
 
+def two_prompts(model, engine, new: int = 40):
+    """(settings of `new` greedy tokens, two prompts, their references: plain greedy decoding a tree
+    depth and one past `new`)."""
+    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
+    prompts = [np.asarray(model.encode(p, False)) for p in ("def f(x):", "Hi there")]
+    return settings, prompts, [plain_greedy(engine.target, p, new + engine.rows + 1) for p in prompts]
+
+
 def test_forced_run_outputs_plain_greedy_at_the_asked_tau(tiny, monkeypatch):
     model, engine = tiny
     new = 40
-    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
-    prompts = [np.asarray(model.encode(p, False)) for p in ("def f(x):", "Hi there")]
-    references = [plain_greedy(engine.target, p, new + engine.rows + 1) for p in prompts]
+    settings, prompts, references = two_prompts(model, engine, new)
 
     normal = record_steps(engine, monkeypatch)
     pool = Batcher(engine, 2, 128)
@@ -421,9 +427,7 @@ def forced_pool(engine, prompts, settings, references, tau, seed=3):
 def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
     model, _ = tiny
     new = 40
-    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
-    prompts = [np.asarray(model.encode(p, False)) for p in ("def f(x):", "Hi there")]
-    references = [plain_greedy(device.target, p, new + device.rows + 1) for p in prompts]
+    settings, prompts, references = two_prompts(model, device, new)
     compiles = []
 
     def compiled(event, duration, **kwargs):
