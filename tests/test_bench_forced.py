@@ -213,15 +213,20 @@ def test_forced_run_outputs_plain_greedy_at_the_asked_tau(tiny, monkeypatch):
                        for _, nodes in steps)
 
 
+def a_wrong_reference(model, engine, new: int):
+    """(settings of `new` greedy tokens, a prompt, its true reference, the same with token 10 wrong)."""
+    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
+    prompt = np.asarray(model.encode("x = 1", False))
+    truth = plain_greedy(engine.target, prompt, new + engine.rows + 1)
+    return settings, prompt, truth, truth[:10] + [(truth[10] + 1) % 200] + truth[11:]
+
+
 def test_calibration_repairs_a_reference_that_dart_leaves(tiny):
     """A wrong token in the reference stands for a near-tie that DART's verify breaks otherwise
     (bf16 on a GPU): calibration must end with the reference DART follows, here the true one."""
     model, engine = tiny
     new = 24
-    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
-    prompt = np.asarray(model.encode("x = 1", False))
-    truth = plain_greedy(engine.target, prompt, new + engine.rows + 1)
-    wrong = truth[:10] + [(truth[10] + 1) % 200] + truth[11:]
+    settings, prompt, truth, wrong = a_wrong_reference(model, engine, new)
     refs, runs, resyncs = calibrate(engine, [prompt], settings, [wrong], tau=4.0, seed=0)
     assert (runs, resyncs) == (2, 1)
     assert refs[0][:new] == truth[:new]
@@ -483,10 +488,7 @@ def test_a_row_that_leaves_its_reference_on_the_device_is_no_longer_forced(tiny,
     calibration repairs the reference as on the host."""
     model, _ = tiny
     new = 24
-    settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
-    prompt = np.asarray(model.encode("x = 1", False))
-    truth = plain_greedy(device.target, prompt, new + device.rows + 1)
-    wrong = truth[:10] + [(truth[10] + 1) % 200] + truth[11:]
+    settings, prompt, truth, wrong = a_wrong_reference(model, device, new)
     pool, (handle,) = forced_pool(device, [prompt], settings, [wrong], 4.0)
     lengths = handle.stats.accept_lengths
     assert list(handle.token_ids) == truth[:new]  # greedy acceptance: the target's tokens whatever the tree
