@@ -22,9 +22,11 @@ speculative steps a device call, the trees searched on the device (`--device-ste
     (bench/forced.py), and at τ = 1 the bare step against a plain token (the issue's goal: within 1.2×).
  2. profile-Qwen3-8B-36L-device: `python -m dart_jax.bench.profile --device-steps 32` at τ 3.61: a
     device trace of one call of the device loop (32 steps) and the per-phase and per-op tables
-    (profile.{json,md}; the device's tree search is its own phase), run with XLA's command buffers
-    off (`--xla_gpu_enable_command_buffer=`) so that every kernel is traced under its own HLO
-    instruction and scope; stage 1 gives the step's wall time with them on.
+    (profile.{json,md}; the device's tree search and the forcing are phases of their own). While
+    the profiler traces, XLA runs a command buffer's kernels one by one (its default,
+    `--xla_enable_command_buffers_during_profiling=false`), so every kernel is traced under its own
+    HLO instruction and scope, with stage 1's settings: its programs come from the compilation
+    cache, not compiled again.
  3. forced-Qwen3-8B-36L-b1: stage 1 in the host loop, the same machine: what the device loop gains.
  4. forced-Qwen3-8B-36L-b1-device8: stage 1 at τ 1 with 8 steps a call: against stage 1's 32, what a
     device call costs besides its steps.
@@ -107,7 +109,6 @@ FEW_STEPS = 8  # stage 4's
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
 POOL_KEEP = ["--keep", "15"]
-NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # the profile's XLA flag: every kernel traced on its own
 # a while loop's and a conditional's bodies recorded into CUDA graphs (conditional nodes) as well, not
 # only the kernels inside them: a loop's steps are then not one host launch and predicate copy each
 WHOLE_LOOP_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
@@ -123,7 +124,6 @@ VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
                 {"XLA_FLAGS": WHOLE_LOOP_COMMAND_BUFFERS}, ("--device-steps", str(LOOP_STEPS))),
     "xla": ("every verify with XLA's own GEMMs (Triton)", {}, ("--verify-gemms", "xla")),
     "cublas": ("every verify with cuBLAS", {}, ("--verify-gemms", "cublas")),
-    "nocb": ("XLA command buffers off", {"XLA_FLAGS": NO_COMMAND_BUFFERS}, ()),
     "ctx2048": ("2048 tokens in the cache", {}, ("--context", "2048")),  # bench shapes only
 }
 # in the shapes table, in this order, with the tree sizes each measures (`--budgets`: nodes besides
@@ -270,7 +270,7 @@ class Campaign:
             Stage(profile, f"{profile}/profile.json", lambda: [
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
                 *keep, *loop, "--steps", "4" if smoke else str(LOOP_STEPS), *self.model(first, deep)], 200,
-                env=variant_env("nocb"), min_device_gib=DEPTH[first][1]),
+                min_device_gib=DEPTH[first][1]),
             forced(b1, first, deep, taus, 200),
             forced(b1, first, deep, PER_CALL_TAU, 200, variant="device8"),
             forced(b1, first, deep, taus, 240, variant="cbwhile"),

@@ -32,6 +32,10 @@ transpose, reduce_max, …); per op: the top device ops by total time (XLA instr
 kernel names), with the named scope they come from and their phase. DIR/scopes.json (instruction
 → scope) and DIR/step.hlo.txt.gz (the step's optimized HLO) are kept to read the trace again.
 
+On a GPU, XLA runs the kernels of its command buffers (CUDA graphs) one by one while a profiler
+traces (its default, --xla_enable_command_buffers_during_profiling=false): the trace has every
+kernel, and the untraced timing is the program as it runs otherwise.
+
 A device op is given its phase by the `jax.named_scope` path of its HLO instruction, read from
 the optimized HLO of the step (compiled once more for that; `--no-scopes` skips it, and every
 op is then device_other). Device time is the union of the ops' intervals per step on a GPU's
