@@ -38,24 +38,26 @@ speculative steps a device call, the trees searched on the device (`--device-ste
     against a decode call and a token of the device loop, at the full depth, and what a host call
     costs besides its device work (an empty call; a call taking every weight array).
  7. shapes-Qwen3-8B-ctx2048: stage 6 with 2048 tokens in the cache (the default 512), at 2 and 61 rows.
- 8. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
- 9. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
+ 8. forced-Qwen3-8B-36L-b1-device128: stage 4 with 128 steps a call (the whole generation in one;
+    its attention window is larger: every slot the last step may reach).
+ 9. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
+10. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
     depths.
-10. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
+11. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
     (POOL_KEEP), through the pool, default and overlapped (`--overlap`: the host searches half
     the rows' trees while the device verifies the other half, `Batcher(overlap=True)`):
     `overlap_gain` = overlapped / default tok/s; then the same pools in the device loop
     (forced-Qwen3-8B-36L-pool-device).
-11. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
-12. forced-Qwen3-8B-36L-b1-xla: stage 3 with every verify compiled with XLA's own GEMMs
+12. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
+13. forced-Qwen3-8B-36L-b1-xla: stage 3 with every verify compiled with XLA's own GEMMs
     (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
     with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
-13. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 6 at 32, 61 and 64 rows with XLA's GEMMs,
+14. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 6 at 32, 61 and 64 rows with XLA's GEMMs,
     and at 4 and 16 rows with cuBLAS: both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
-14. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+15. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
-15. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+16. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 A variant (a name after the stage: -device, -xla, ...; VARIANTS) is its stage again under other
 settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no longer
 run: fused projections (faster plain decoding, the same verify), XLA's command buffers (on: faster
@@ -69,7 +71,7 @@ need (the skip is noted in the report, and a later call on a bigger device runs 
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 11), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 12), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -95,16 +97,17 @@ VERSION_FILE = "campaign-version.txt"
 PAPER_TAU_8B = 3.61
 TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
-PER_CALL_TAU = "1"  # stage 4: the step's cost is what it compares
+PER_CALL_TAU = "1"  # stages 4 and 8: the step's cost is what they compare
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 # tree nodes besides the root (`bench shapes --budgets`): 60 is the engine's keep 60 (61 rows), the
 # others give 2, 4, 16, 32 and 64 rows
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 11
+SHALLOW_LAYERS = 4  # stage 12
 LOOP_STEPS = 32  # steps per device call of the device loop (Engine(device_steps=...))
 FEW_STEPS = 8  # stage 4's
+MANY_STEPS = 128  # stage 8's: a whole generation of 128 tokens at τ 1 in one call
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
@@ -120,6 +123,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
     # more τ values, the same settings (the same label: its rows continue the stage's)
     "devicemore": (f"device loop, {LOOP_STEPS} steps a call", {}, ("--device-steps", str(LOOP_STEPS))),
     "device8": (f"device loop, {FEW_STEPS} steps a call", {}, ("--device-steps", str(FEW_STEPS))),
+    "device128": (f"device loop, {MANY_STEPS} steps a call", {}, ("--device-steps", str(MANY_STEPS))),
     "cbwhile": (f"device loop, {LOOP_STEPS} steps a call, loops and conditionals in XLA command buffers",
                 {"XLA_FLAGS": WHOLE_LOOP_COMMAND_BUFFERS}, ("--device-steps", str(LOOP_STEPS))),
     "xla": ("every verify with XLA's own GEMMs (Triton)", {}, ("--verify-gemms", "xla")),
@@ -276,6 +280,7 @@ class Campaign:
             forced(b1, first, deep, taus, 240, variant="cbwhile"),
             shapes_stage(first),
             shapes_stage(first, "ctx2048"),
+            forced(b1, first, deep, PER_CALL_TAU, 200, variant="device128"),
         ]
         if not smoke:  # the same code as stage 1
             stages.append(forced(b1, first, deep, TAUS_MORE, 240, variant="devicemore"))
@@ -422,7 +427,8 @@ def _speedup_table(rows: list[dict]) -> list[str]:
 
 _FORCED_NAME = re.compile(r"forced-(?P<shape>.+)-(?P<layers>\d+)L-(?P<batch>[a-z0-9]+)(?:-(?P<variant>[a-z0-9]+))?$")
 # the report's order of a stage's variants ("": the stage itself, the host loop)
-REPORT_ORDER = ("device", "devicemore", "", "device8", *(v for v in VARIANTS if not v.startswith("device")))
+REPORT_ORDER = ("device", "devicemore", "", "device8", "device128",
+                *(v for v in VARIANTS if not v.startswith("device")))
 
 
 def _forced_name(path: Path) -> dict[str, str]:

@@ -21,7 +21,7 @@ _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {name: f"{name}.json" for name in (
     "forced-tiny-6L-b1-device", "forced-tiny-6L-b1", "forced-tiny-6L-b1-device8", "forced-tiny-6L-b1-cbwhile",
     "shapes-tiny", "forced-tiny-6L-pool", "forced-tiny-6L-pool-device", "forced-tiny-3L-b1-device", "forced-tiny-6L-b1-xla", "shapes-tiny-xla",
-    "shapes-tiny-cublas", "shapes-tiny-ctx2048")}
+    "shapes-tiny-cublas", "shapes-tiny-ctx2048", "forced-tiny-6L-b1-device128")}
 STAGES["profile-tiny-6L-device"] = "profile-tiny-6L-device/profile.json"
 
 
@@ -52,6 +52,8 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
         assert forced["config"].get("device_steps", 0) == steps, name
     few = json.loads((out / "forced-tiny-6L-b1-device8.json").read_text())
     assert [r["tau_asked"] for r in few["rows"]] == [1.0] and few["config"]["device_steps"] == 8
+    many = json.loads((out / "forced-tiny-6L-b1-device128.json").read_text())
+    assert [r["tau_asked"] for r in many["rows"]] == [1.0] and many["config"]["device_steps"] == 128
     (row,) = json.loads((out / "forced-tiny-6L-pool.json").read_text())["rows"]  # the pool, default and overlapped
     assert row["batch"] == 2 and row["same_output"] and row["overlap_same_output"] and row["overlap_half_steps"] > 0
     (row,) = json.loads((out / "forced-tiny-6L-pool-device.json").read_text())["rows"]  # the pool in the device loop
