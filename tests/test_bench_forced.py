@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from flax import nnx
 from dart_jax import bench
 from dart_jax.bench import cli
 from dart_jax.bench.forced import (DepthSequence, ForcedBatcher, acceptance_rate, calibrate, draw_depth, encode_tree,
-                                   force_tree, parse_taus)
+                                   force_tree, parse_taus, reference_outputs, step_split)
 from dart_jax.decoding.batcher import Batcher
 from dart_jax.ngram import TreeSettings
 from dart_jax.decoding.settings import GenerationSettings
@@ -267,6 +268,19 @@ def test_forced_tau_on_the_command_line(capsys, tmp_path):
     assert "--overlap splits a pool of 2 or more rows" in capsys.readouterr().err
 
 
+def test_the_step_split_of_a_pool_counts_each_call_once():
+    """Two requests moved by the same device calls, one done in 6 steps and one in 10: each call's
+    time is in both requests' device time, and the pool took 10 steps (a device loop's call runs
+    its longest request's steps)."""
+    def handle(steps):
+        return SimpleNamespace(stats=SimpleNamespace(steps=steps, device_s=1.0, tree_s=0.0, prefill_s=0.1))
+
+    split = step_split(SimpleNamespace(force_s=0.0), [handle(6), handle(10)], wall=1.3)
+    assert split["step_ms"] == pytest.approx(120.0)  # (1.3 - 0.1) s over 10 steps
+    assert split["device_call_ms"] == pytest.approx(100.0)  # 1.0 s of calls over 10 steps
+    assert split["search_ms"] == 0 and split["host_other_ms"] == pytest.approx(20.0)
+
+
 def test_a_forced_run_keeps_its_rows_as_it_goes(tmp_path, monkeypatch):
     """--output FILE: after each row the rows so far go to FILE.partial (what a run killed by a time
     limit leaves), and the finished run writes FILE and removes FILE.partial."""
@@ -467,8 +481,6 @@ def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
 
 
 def test_forced_device_loop_draws_the_law_over_a_long_run(tiny, device):
-    from dart_jax.bench.forced import reference_outputs
-
     model, _ = tiny
     new = 110
     settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)

@@ -487,11 +487,14 @@ def step_split(pool: "ForcedBatcher", handles, wall: float) -> dict[str, float]:
     `step_ms` (the run's wall time less the prefill and the forcing, over the pool's steps),
     `device_call_ms` (the step's device call until its packed answer is on the host: dispatch,
     device work, sync), `search_ms` (DART's tree search and packing, the forcing left out) and
-    `host_other_ms` (the rest: bookkeeping between steps)."""
+    `host_other_ms` (the rest: bookkeeping between steps). Every request joins at the start, and a
+    device call's time (and a step's search) counts in each request that it moves: the longest
+    request's totals are the pool's, over its steps, the pool's steps (a call of the device loop
+    runs as many steps as its longest request takes: a shorter one's share would count them all)."""
     steps = max((h.stats.steps for h in handles), default=0)
     if not steps:
         return {}
-    per_step = lambda key: float(np.mean([getattr(h.stats, key) / h.stats.steps for h in handles if h.stats.steps]))  # noqa: E731
+    per_step = lambda key: max(getattr(h.stats, key) for h in handles) / steps  # noqa: E731
     prefill = max(h.stats.prefill_s for h in handles)
     step = (wall - prefill - pool.force_s) / steps
     call, search = per_step("device_s"), per_step("tree_s") - pool.force_s / steps
