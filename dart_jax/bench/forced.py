@@ -27,7 +27,7 @@ timed and taken out of DART's wall time (`force_ms` reports it); what remains is
 
 With `--device-steps N` (the trees searched on the device, N steps per device call) the edit runs
 on the device too, inside the loop between each step's search and its verify
-(`engine.force_trees`): the host hands each call the rows' references, their tokens so far and N
+(`device_tree.force_trees`): the host hands each call the rows' references, their tokens so far and N
 depths per row drawn from the same `DepthSequence` (a row that stops early leaves its last draws
 unused). It differs from the host's edit in the chain it takes: the tree's deepest leaf path (its
 first, on ties) rather than a walk down matching or best-ranked children, made D nodes long where

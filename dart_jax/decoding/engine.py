@@ -50,7 +50,7 @@ from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, jitted,
                              put_window, split_flat, window_view)
 from .batcher import Batcher, PlainBatcher
 from .drafter import DartDrafter, Drafter
-from .device_tree import DeviceSearch, DeviceTrie, search_trees
+from .device_tree import DeviceSearch, DeviceTrie, force_trees, search_trees
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Stats, check_prompt
 from .sampling import accept_trees, sample_tokens, split_rows
@@ -188,64 +188,6 @@ def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draf
     return out, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
 
 
-def force_trees(tree: dict, reference, done, want) -> tuple[dict, jax.Array, jax.Array]:
-    """Searched trees (the `tree_layout` fields, [m, ...]) edited so that greedy acceptance takes
-    exactly D nodes and the bonus where the target follows `reference` (`bench.forced` in the
-    device loop). The chain is the row's deepest leaf path (its first retrieve row with the most
-    nodes), made D nodes long: where it is shorter, the last nodes off it (the highest indices: a
-    set that holds every child of its nodes, as nodes come by depth) move below its end, one after
-    the other; then its nodes at depths 1..D take reference[done .. done + D - 1], and a sibling of
-    a chain node with that node's token, or a child of the chain's end with reference[done + D]
-    (the block), another token. D = `want` capped by the tree's real nodes and by what is left of
-    the reference (int32[m, R], -1 padded). The tree keeps its node count and real nodes (no node
-    moves where the path is deep enough); the retrieve rows of the moved nodes' old paths go (the
-    chain's row holds those nodes now). Moved nodes leave the search's order (a parent may then come
-    after its child) and ancestors of moved leaves may lie on no retrieve row: the verify, greedy
-    acceptance and the commit do not depend on either, sampled acceptance would (its sibling ranks),
-    so these trees are for greedy acceptance only, as forcing is. → (the trees, D [m], capped [m]:
-    D < want)."""
-    tokens, positions, parents, mask, retrieve = (tree[name] for name in ("tokens", "positions", "parents", "mask",
-                                                                          "retrieve"))
-    m, n = tokens.shape
-    width = retrieve.shape[2]
-    index, rows, at = jnp.arange(n), jnp.arange(m)[:, None], jnp.arange(width)
-    lengths = (retrieve >= 0).sum(axis=2)  # [m, leaves]: nodes on each leaf's path, root included
-    best = jnp.argmax(lengths, axis=1)
-    chain = retrieve[jnp.arange(m), best]  # [m, depth + 1]: node at each depth of the deepest path, -1 past it
-    deep = jnp.maximum(lengths.max(axis=1) - 1, 0)
-    free = (parents >= 0) & ~jnp.any(index[None, :, None] == chain[:, None, :], axis=2)  # real, off the path
-    left = jnp.maximum((reference >= 0).sum(axis=1) - done, 0)
-    placed = jnp.minimum(jnp.minimum(want, deep + free.sum(axis=1)), left)
-    moves = jnp.maximum(placed - deep, 0)
-    later = jnp.cumsum(free[:, ::-1], axis=1)[:, ::-1] - free  # free nodes of higher index
-    moved = free & (later < moves[:, None])
-    positions = jnp.where(moved, (deep + moves)[:, None] - later, positions)
-    placing = moved[:, None, :] & (positions[:, None, :] == at[None, :, None])  # [m, depth + 1, n]
-    chain = jnp.where(placing.any(axis=2), jnp.argmax(placing, axis=2), chain)
-    parents = jnp.where(moved, chain[rows, jnp.maximum(positions - 1, 0)], parents)
-    is_chain = index[None, None, :] == chain[:, :, None]  # [m, depth + 1, n]
-    chain_depth = jnp.where(is_chain.any(axis=1), jnp.argmax(is_chain, axis=1), width)  # [m, n]
-    mask = jnp.where(moved[:, :, None], chain_depth[:, None, :] <= positions[:, :, None], mask)
-    through = jnp.any(moved[rows[:, :, None], jnp.maximum(retrieve, 0)] & (retrieve >= 0), axis=2)  # [m, leaves]
-    retrieve = jnp.where(through[:, :, None], -1, retrieve).at[jnp.arange(m), best].set(chain)
-
-    def ref(i):  # reference[i], -1 past its end
-        return jnp.where(i < reference.shape[1],
-                         jnp.take_along_axis(reference, jnp.clip(i, 0, reference.shape[1] - 1), axis=1), -1)
-
-    depth = jnp.clip(positions, 1, width - 1)  # (the root and padding: masked by `within`)
-    within = (positions >= 1) & (positions <= placed[:, None])
-    chain_token = ref(done[:, None] + depth - 1)  # [m, n]: the chain's token at each node's depth
-    on_chain = within & (chain[rows, depth] == index[None, :])
-    sibling = within & ~on_chain & (parents == chain[rows, depth - 1]) & (tokens == chain_token)
-    end = jnp.take_along_axis(chain, placed[:, None], axis=1)  # [m, 1]: the chain's last node
-    blocked = (parents >= 0) & (parents == end) & (tokens == ref(done[:, None] + placed[:, None]))
-    other = jnp.where(tokens > 0, tokens - 1, 1)  # any token but this one
-    tokens = jnp.where(on_chain, chain_token, jnp.where(sibling | blocked, other, tokens))
-    return ({"tokens": tokens, "positions": positions, "parents": parents, "mask": mask, "retrieve": retrieve},
-            placed, placed < want)
-
-
 def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal, preceding_len, cache: KVCache,
                   draft_cache, cache_len, keys, params, remaining, stops, eos, force=None, *, n: int, depth: int,
                   k: int, window: int, steps: int, search: DeviceSearch):
@@ -261,7 +203,7 @@ def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal
     of `reference` int32[m,R] (each row's greedy continuation from its first token, -1 padded),
     `done` int32[m] (its tokens committed before this call), `depths` int32[m,steps] (the chain
     length asked at each step) and `forced` bool[m] (rows that still follow their reference). Each
-    forced row's tree is edited by `force_trees` before its verify; a row whose committed tokens
+    forced row's tree is edited by `device_tree.force_trees` before its verify; a row whose committed tokens
     leave its reference is no longer forced. The layout then adds, per row, `drawn` (D + 1 of each
     forced step, 0 for another), `unforced` (steps taken unforced) and `capped` (steps whose D was
     cut short)."""
