@@ -27,37 +27,41 @@ speculative steps a device call, the trees searched on the device (`--device-ste
     `--xla_enable_command_buffers_during_profiling=false`), so every kernel is traced under its own
     HLO instruction and scope, with stage 1's settings: its programs come from the compilation
     cache, not compiled again.
- 3. forced-Qwen3-8B-36L-b1: stage 1 in the host loop, the same machine: what the device loop gains.
- 4. forced-Qwen3-8B-36L-b1-device8: stage 1 at τ 1 with 8 steps a call: against stage 1's 32, what a
+ 3. forced-Qwen3-8B-36L-b1-cudnn: stage 1 with the target attending by cuDNN's fused attention kernel
+    (`--attention cudnn`, `Qwen3.use_attention`), DART's verify and plain decoding alike: the
+    A/B of the attention's non-matmul work (0.8 ms of a 7 ms step in the 2026-11-26 profile, about
+    seven kernels a layer). GPU only: skipped on another backend.
+ 4. forced-Qwen3-8B-36L-b1: stage 1 in the host loop, the same machine: what the device loop gains.
+ 5. forced-Qwen3-8B-36L-b1-device8: stage 1 at τ 1 with 8 steps a call: against stage 1's 32, what a
     device call costs besides its steps.
- 5. forced-Qwen3-8B-36L-b1-cbwhile: stage 1 with XLA's command buffers holding whole while loops
+ 6. forced-Qwen3-8B-36L-b1-cbwhile: stage 1 with XLA's command buffers holding whole while loops
     and conditionals (WHOLE_LOOP_COMMAND_BUFFERS; the default records only the kernels inside
     them, so each iteration is a host launch and a copy of the loop's predicate to the host);
     plain decoding's loop runs under it too.
- 6. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
+ 7. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
     against a decode call and a token of the device loop, at the full depth, and what a host call
     costs besides its device work (an empty call; a call taking every weight array).
- 7. shapes-Qwen3-8B-ctx2048: stage 6 with 2048 tokens in the cache (the default 512), at 2 and 61 rows.
- 8. forced-Qwen3-8B-36L-b1-device128: stage 4 with 128 steps a call (the whole generation in one;
+ 8. shapes-Qwen3-8B-ctx2048: stage 7 with 2048 tokens in the cache (the default 512), at 2 and 61 rows.
+ 9. forced-Qwen3-8B-36L-b1-device128: stage 5 with 128 steps a call (the whole generation in one;
     its attention window is larger: every slot the last step may reach).
- 9. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
-10. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
+10. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
+11. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
     depths.
-11. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
+12. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
     (POOL_KEEP), through the pool, default and overlapped (`--overlap`: the host searches half
     the rows' trees while the device verifies the other half, `Batcher(overlap=True)`):
     `overlap_gain` = overlapped / default tok/s; then the same pools in the device loop
     (forced-Qwen3-8B-36L-pool-device).
-12. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
-13. forced-Qwen3-8B-36L-b1-xla: stage 3 with every verify compiled with XLA's own GEMMs
+13. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
+14. forced-Qwen3-8B-36L-b1-xla: stage 4 with every verify compiled with XLA's own GEMMs
     (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
     with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
-14. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 6 at 32, 61 and 64 rows with XLA's GEMMs,
+15. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 7 at 32, 61 and 64 rows with XLA's GEMMs,
     and at 4 and 16 rows with cuBLAS: both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
-15. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+16. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
-16. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+17. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 A variant (a name after the stage: -device, -xla, ...; VARIANTS) is its stage again under other
 settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no longer
 run: fused projections (faster plain decoding, the same verify), XLA's command buffers (on: faster
@@ -67,11 +71,12 @@ Every stage but the tests shares one persistent XLA compilation cache (--compile
 program compiled by an earlier stage, or an earlier call on the same machine, is loaded, not
 compiled again (a 36-layer device loop takes about a minute to compile).
 The real-depth stages are skipped, not failed, on a device with less memory than their weights
-need (the skip is noted in the report, and a later call on a bigger device runs them).
+need (the skip is noted in the report, and a later call on a bigger device runs them); a GPU-only stage
+(cuDNN) likewise on another backend.
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 12), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 13), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -92,22 +97,22 @@ from typing import Callable
 
 # the stages' names and settings as of this version; a folder of results made by another version
 # measured other settings under the same names, so --resume (and --out) refuse it
-CAMPAIGN_VERSION = "3"
+CAMPAIGN_VERSION = "4"
 VERSION_FILE = "campaign-version.txt"
 PAPER_TAU_8B = 3.61
 TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
-PER_CALL_TAU = "1"  # stages 4 and 8: the step's cost is what they compare
+PER_CALL_TAU = "1"  # stages 5 and 9: the step's cost is what they compare
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 # tree nodes besides the root (`bench shapes --budgets`): 60 is the engine's keep 60 (61 rows), the
 # others give 2, 4, 16, 32 and 64 rows
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 12
+SHALLOW_LAYERS = 4  # stage 13
 LOOP_STEPS = 32  # steps per device call of the device loop (Engine(device_steps=...))
-FEW_STEPS = 8  # stage 4's
-MANY_STEPS = 128  # stage 8's: a whole generation of 128 tokens at τ 1 in one call
+FEW_STEPS = 8  # stage 5's
+MANY_STEPS = 128  # stage 9's: a whole generation of 128 tokens at τ 1 in one call
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
@@ -126,6 +131,8 @@ VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
     "device128": (f"device loop, {MANY_STEPS} steps a call", {}, ("--device-steps", str(MANY_STEPS))),
     "cbwhile": (f"device loop, {LOOP_STEPS} steps a call, loops and conditionals in XLA command buffers",
                 {"XLA_FLAGS": WHOLE_LOOP_COMMAND_BUFFERS}, ("--device-steps", str(LOOP_STEPS))),
+    "cudnn": (f"device loop, {LOOP_STEPS} steps a call, attention by cuDNN's fused kernel", {},
+              ("--device-steps", str(LOOP_STEPS), "--attention", "cudnn")),
     "xla": ("every verify with XLA's own GEMMs (Triton)", {}, ("--verify-gemms", "xla")),
     "cublas": ("every verify with cuBLAS", {}, ("--verify-gemms", "cublas")),
     "ctx2048": ("2048 tokens in the cache", {}, ("--context", "2048")),  # bench shapes only
@@ -184,6 +191,7 @@ class Stage:
     env: dict | None = None
     min_left_s: float = 45.0
     min_device_gib: float = 0.0  # skipped (not failed) on a device with less memory
+    gpu_only: bool = False  # skipped (not failed) on another backend (e.g. the smoke run on a CPU)
 
 
 class Campaign:
@@ -191,6 +199,7 @@ class Campaign:
         self.args, self.out = args, args.out
         self.deadline = time.perf_counter() + args.budget_s
         self.memory: float | None = None
+        self.platform: str | None = None
 
     def left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -212,6 +221,16 @@ class Campaign:
                     gib = float("inf")  # unknown: let the stage try
             self.memory = gib
         return self.memory
+
+    def backend(self) -> str:
+        """JAX's default backend where the stages run ("gpu", "cpu", ...), read once in a subprocess."""
+        if self.platform is None:
+            done = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                                  capture_output=True, text=True,
+                                  env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+            lines = done.stdout.strip().splitlines()
+            self.platform = lines[-1] if lines else "unknown"
+        return self.platform
 
     def done(self, stage: Stage) -> bool:
         """Whether `stage` has its JSON in --out, or in a --resume folder (then copied here)."""
@@ -246,13 +265,13 @@ class Campaign:
         first = shapes[0]
 
         def forced(name: str, shape: str, layers: int, taus: str, limit: float, *extra: str,
-                   deep: bool = True, nodes: list[str] = keep, variant: str = "") -> Stage:
+                   deep: bool = True, nodes: list[str] = keep, variant: str = "", gpu_only: bool = False) -> Stage:
             name += f"-{variant}" if variant else ""
             return Stage(name, f"{name}.json", lambda: bench + [
                 "e2e", "--force-tau", taus, *nodes, *reps, *self.model(shape, layers), *extra,
                 *VARIANTS.get(variant, ("", {}, ()))[2], "--no-progress", "--output", str(out / f"{name}.json")], limit,
                 env=variant_env(variant),
-                min_device_gib=DEPTH[shape][1] if deep else 0.0)
+                min_device_gib=DEPTH[shape][1] if deep else 0.0, gpu_only=gpu_only)
 
         def shapes_stage(shape: str, variant: str = "") -> Stage:
             model = (["--tiny", "--reps", "2", "--warmup", "1", "--budgets", "1,4"] if smoke else
@@ -275,6 +294,7 @@ class Campaign:
                 sys.executable, "-m", "dart_jax.bench.profile", "--out", str(out / profile), "--force-tau", tau,
                 *keep, *loop, "--steps", "4" if smoke else str(LOOP_STEPS), *self.model(first, deep)], 200,
                 min_device_gib=DEPTH[first][1]),
+            forced(b1, first, deep, taus, 240, variant="cudnn", gpu_only=True),
             forced(b1, first, deep, taus, 200),
             forced(b1, first, deep, PER_CALL_TAU, 200, variant="device8"),
             forced(b1, first, deep, taus, 240, variant="cbwhile"),
@@ -316,6 +336,11 @@ class Campaign:
                 continue
             if self.left() < stage.min_left_s:
                 print(f"[stop] {stage.name}: {self.left():.0f} s left", flush=True)
+                continue
+            if stage.gpu_only and self.backend() != "gpu":
+                why = f"needs a GPU, the stages run on {self.backend()}"
+                print(f"[skip] {stage.name}: {why}", flush=True)
+                (self.out / f"{stage.name}.skipped").write_text(why + "\n")
                 continue
             if stage.min_device_gib and self.device_gib() < stage.min_device_gib:
                 why = (f"needs about {stage.min_device_gib:g} GiB of device memory, the device has "

@@ -3,6 +3,7 @@ writes its JSON, the archive holds them, a second call skips them all, and --res
 results into a new folder."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -41,6 +42,9 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
         data = json.loads((out / result).read_text())
         assert data.get("rows") or data.get("phases"), name
         assert f"[skip] {name}" not in first
+    # the cuDNN stage needs a GPU: skipped on this CPU, noted in the report, no JSON (a GPU call runs it)
+    assert "[skip] forced-tiny-6L-b1-cudnn: needs a GPU, the stages run on cpu" in first
+    assert not (out / "forced-tiny-6L-b1-cudnn.json").exists()
     # drawn in memory, at two depths, in the device loop and the host loop, and variants of the first
     for name, layers, steps in (("forced-tiny-6L-b1-device", 6, 32), ("forced-tiny-3L-b1-device", 3, 32),
                                 ("forced-tiny-6L-b1", 6, 0), ("forced-tiny-6L-b1-xla", 6, 0),
@@ -106,6 +110,21 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "[skip] forced-tiny-6L-b1-device: needs about" in fourth and "[0]" not in fourth
     assert not (moved / "forced-tiny-6L-b1-device.json").exists()
     assert "forced-tiny-6L-b1-device: skipped, needs about" in (moved / "RESULTS-gpu.md").read_text()
+    assert "forced-tiny-6L-b1-cudnn: skipped, needs a GPU" in (moved / "RESULTS-gpu.md").read_text()
+
+
+def test_the_cudnn_stage_is_the_device_loop_with_cudnn_attention_on_a_gpu_only(tmp_path):
+    """Stage 3: stage 1's command (the device loop, forced τ) with --attention cudnn, marked GPU-only."""
+    args = argparse.Namespace(out=tmp_path, smoke=False, skip_tests=True, resume=[], archive=None, budget_s=450.0,
+                              compile_cache="")
+    stages = gpu_campaign.Campaign(args).stages()
+    first, cudnn = stages[0], stages[2]
+    assert cudnn.name == "forced-Qwen3-8B-36L-b1-cudnn" and cudnn.gpu_only and not first.gpu_only
+    command, base = cudnn.command(), first.command()
+    at = command.index("--attention")
+    assert command[at + 1] == "cudnn" and "--attention" not in base
+    assert command[:at] == [a.replace("-cudnn", "-device") for a in base[:at]]  # stage 1's options, then the kernel
+    assert command[command.index("--device-steps") + 1] == str(gpu_campaign.LOOP_STEPS)
 
 
 def test_resume_from_a_missing_folder_is_refused(tmp_path):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dart_jax.bench.profile import PHASES, hlo_scopes, main, phase_of, tables
+from dart_jax.bench.profile import PHASES, hlo_scopes, main, phase_of, search_part, tables
 
 
 def meta(pid, tid, process, thread):
@@ -52,6 +52,8 @@ def test_tables_on_a_cpu_style_trace():
     assert list(got) == list(PHASES)
     for p in PHASES:
         assert got[p] == pytest.approx(want[p]), p
+    counts = {r["phase"]: r["ops_per_step"] for r in phases}  # 2 steps, each op once a step
+    assert counts["verify_attention"] == counts["cache_write"] == 1 and counts["accept"] == 0
     assert summary["phases_sum_ms"] == pytest.approx(summary["step_ms"]) == pytest.approx(11.0)
     assert summary["device_busy_ms"] == pytest.approx(2.0)
     assert [r["op"] for r in ops] == ["fusion.1", "fusion.2", "fusion.3", "cc.4"]
@@ -162,6 +164,24 @@ def test_profile_of_the_device_loop(tmp_path):
     assert phases["device_tree_search"] > 0 and phases["verify_attention"] > 0
     assert phases["forcing"] > 0  # --force-tau's edit, under its own scope in the loop
     assert s["accepted_per_step"] > 1
+    # the search split by part: each of its scopes has device ops, and the parts hold all of the phase's
+    parts = {r["part"]: r for r in s["search_parts"]}
+    assert {"context", "level_0", "levels_1+", "select", "links"} <= set(parts)
+    assert all(parts[p]["ops_per_step"] > 0 and parts[p]["ms_per_step"] > 0 for p in ("level_0", "select", "links"))
+    search_ops = next(r["ops_per_step"] for r in result["phases"] if r["phase"] == "device_tree_search")
+    assert sum(r["ops_per_step"] for r in parts.values()) == pytest.approx(search_ops)
+    assert "| device search part |" in (out / "profile.md").read_text()
+
+
+def test_a_search_op_is_given_its_part():
+    loop = "jit(_device_steps)/while/body/tree_search/vmap()/"
+    assert search_part(loop + "vmap(level_0)/sort") == "level_0"
+    assert search_part(loop + "vmap(level_12)/jit(lexsort)/sort") == "levels_1+"
+    assert search_part(loop + "vmap(links)/gather") == "links"
+    assert search_part(loop + "select/reduce_sum") == "select"
+    assert search_part(loop + "vmap(context)/gather") == "context"
+    assert search_part(loop + "select_n") == search_part(loop + "vmap(selection)/x") == "other"  # not a part's name
+    assert search_part("") == "other"
 
 
 def test_a_device_loop_search_scope_is_its_own_phase():

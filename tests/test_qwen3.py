@@ -13,13 +13,15 @@ import torch
 from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from dart_jax.bench.tiny import make_tiny_qwen3
+from dart_jax.api.model import DartModel
+from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
 from dart_jax.convert.qwen3 import load_qwen3_config
 from dart_jax.models.checkpoints import load_qwen3
 from dart_jax.convert.safetensors_io import read_tensors, write_tensors
 from dart_jax.convert.qwen3 import Qwen3Config
 from dart_jax.errors import InputError
-from dart_jax.models.qwen3 import (KVCache, default_dtype, fused_projections_wanted, init_cache, verify_compiler_options,
+from dart_jax.models.qwen3 import (KVCache, check_attention, default_dtype, fused_projections_wanted, init_cache,
+                                   verify_compiler_options,
                                    write_cache)
 from dart_jax.models.sharding import DEFAULT_RULES, logical_to_spec, shard_cache, shard_module
 
@@ -161,6 +163,89 @@ def test_fused_projections_match_transformers(ckpts, name, monkeypatch):
     logits, _, _ = cached_forward(model, ids[:, PREFILL:PREFILL + chain], cache, np.full(2, PREFILL, np.int32),
                                   mask, positions)
     np.testing.assert_allclose(np.asarray(logits), ref_logits[:, PREFILL:PREFILL + chain], atol=1e-4, rtol=0)
+
+
+def library_attention_on_xla(monkeypatch) -> list:
+    """`jax.nn.dot_product_attention` with XLA standing in for cuDNN (which needs a GPU): the
+    attention "cudnn" path then runs on this CPU, its calls counted (the list)."""
+    calls, real = [], jax.nn.dot_product_attention
+
+    def stand_in(*args, implementation=None, **kwargs):
+        calls.append(implementation)
+        return real(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["h64_gqa4_tied", "h32_mqa_hd12"])
+def test_fused_attention_matches_transformers(ckpts, name, monkeypatch):
+    """attention "cudnn" (`Qwen3.use_attention`): the cached forwards attend through
+    `jax.nn.dot_product_attention` (the cache's window and, in a verify, the tree's nodes side by
+    side, under one mask); its XLA implementation standing in for cuDNN, a cached prefill, decoding
+    and a chain verified against the cache give transformers' logits."""
+    calls = library_attention_on_xla(monkeypatch)
+    model = load_qwen3(ckpts[name], dtype=jnp.float32)
+    model.attention_kernel = "cudnn"  # use_attention refuses it on a CPU (see below)
+    cfg = model.config
+    ids = random_ids(cfg.vocab_size, (2, 40), seed=9)
+    ref_logits, _ = hf_run(ckpts[name], ids)
+    cache = init_cache(cfg, 2, CACHE_SLOTS, jnp.float32)
+    logits, _, cache = cached_forward(model, ids[:, :PREFILL], cache, np.zeros(2, np.int32))
+    np.testing.assert_allclose(np.asarray(logits), ref_logits[:, :PREFILL], atol=1e-4, rtol=0)
+    assert calls and set(calls) == {"cudnn"}  # every layer through the library, asking for cuDNN
+    one, _, _ = cached_forward(model, ids[:, PREFILL:PREFILL + 1], cache, np.full(2, PREFILL, np.int32))
+    np.testing.assert_allclose(np.asarray(one[:, 0]), ref_logits[:, PREFILL], atol=1e-4, rtol=0)
+    chain = 8
+    mask = jnp.asarray(np.broadcast_to(np.tril(np.ones((chain, chain), bool)), (2, chain, chain)))
+    positions = jnp.asarray(np.broadcast_to(np.arange(PREFILL, PREFILL + chain), (2, chain)), jnp.int32)
+    calls.clear()
+    logits, _, _ = cached_forward(model, ids[:, PREFILL:PREFILL + chain], cache, np.full(2, PREFILL, np.int32),
+                                  mask, positions)
+    np.testing.assert_allclose(np.asarray(logits), ref_logits[:, PREFILL:PREFILL + chain], atol=1e-4, rtol=0)
+    assert len(calls) == cfg.num_hidden_layers
+
+
+def test_dart_and_its_baseline_attend_with_the_chosen_kernel(tmp_path, monkeypatch):
+    """A DartModel over a target set to attention "cudnn" (XLA standing in for cuDNN): DART's steps
+    and plain decoding, the baseline, both go through the library function, and greedy DART gives
+    plain decoding's tokens, with the host's search and in the device loop."""
+    calls = library_attention_on_xla(monkeypatch)
+    base, head, trie = make_tiny_setup(tmp_path, vocab_size=200, draft_length=3, num_hidden_layers=4, seed=4)
+    plain_model = DartModel.from_pretrained(base, head, trie, min_bucket=64, keep=8)
+    target = plain_model.target
+    target.attention_kernel = "cudnn"  # (use_attention refuses it on a CPU)
+    for device_steps in (0, 3):
+        model = DartModel.from_modules(target, plain_model.head, plain_model.tokenizer, plain_model.engine.trie,
+                                       eos_ids=sorted(plain_model.engine.eos_ids), min_bucket=64, keep=8,
+                                       device_steps=device_steps)
+        for first, prompt in zip((True, False), ([5, 6, 7, 8, 9], [30, 31, 32])):
+            calls.clear()  # (the stand-in runs when a program is traced: a program's first call)
+            plain = model.generate_ar(prompt, max_new_tokens=20, chat=False).token_ids
+            assert bool(calls) == (first and not device_steps), "plain decoding: not through the library"
+            calls.clear()
+            dart = model.generate(prompt, max_new_tokens=20, chat=False).token_ids
+            assert bool(calls) == first, "DART: not through the library"
+            assert dart == plain and len(plain) == 20
+    with pytest.raises(InputError, match="runs on one device, not over a mesh"):  # refused before any use
+        DartModel.from_modules(target, plain_model.head, plain_model.tokenizer, None, eos_ids=[1], keep=8,
+                               mesh="model=1", attention="cudnn")
+
+
+def test_attention_kernel_is_checked(ckpts, monkeypatch):
+    """A kernel that does not exist, cuDNN off a GPU and cuDNN for a float32 model are refused with
+    the option's name and the fix; "xla" is the default."""
+    model = load_qwen3(next(iter(ckpts.values())), dtype=jnp.float32)
+    assert model.attention_kernel == "xla"
+    with pytest.raises(InputError, match=r"attention \(--attention\) must be one of xla, cudnn, got 'flash'"):
+        model.use_attention("flash")
+    with pytest.raises(InputError, match=r"needs an NVIDIA GPU; this process runs on cpu: use attention \"xla\""):
+        model.use_attention("cudnn")
+    assert model.attention_kernel == "xla"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert check_attention("cudnn") == "cudnn"
+    with pytest.raises(InputError, match=r"takes a bfloat16 or float16 model, this one computes in float32"):
+        model.use_attention("cudnn")
 
 
 def test_verify_gemms_switch():

@@ -52,6 +52,8 @@ def load_model(args) -> DartModel:
         opts["device_steps"] = args.device_steps
     if getattr(args, "verify_gemms", "auto") != "auto":
         opts["verify_gemms"] = args.verify_gemms
+    if getattr(args, "attention", "xla") != "xla":
+        opts["attention"] = args.attention
     if args.ckpt is None:
         base, head, trie = _demo_paths(getattr(args, "demo", "smollm2"))
         opts = demo_options(getattr(args, "demo", "smollm2"), opts)

@@ -32,7 +32,7 @@ from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import InputError, MissingFileError, check_text
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
-from dart_jax.models.qwen3 import check_verify_gemms
+from dart_jax.models.qwen3 import check_attention, check_verify_gemms
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
 from dart_jax.ngram import TreeSettings
 
@@ -117,7 +117,13 @@ class DartModel:
                  tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
                  chat: ChatSettings = ChatSettings(), mesh=None, eagle3=None,
                  eagle3_tree: TreeSettings = TreeSettings(keep=59, topk=10), eagle3_depth: int = EAGLE3_DEPTH,
-                 adaptive: bool = False, device_steps: int = 0, verify_gemms: str = "auto"):
+                 adaptive: bool = False, device_steps: int = 0, verify_gemms: str = "auto",
+                 attention: str | None = None):
+        if attention is not None:  # before the engines: they compile the module as it is then
+            if attention == "cudnn" and mesh is not None:
+                raise InputError("attention \"cudnn\" (--attention) runs on one device, not over a mesh: drop "
+                                 "the mesh or use attention \"xla\".")
+            target.use_attention(attention)
         self.tokenizer = tokenizer
         self.chat_settings = chat
         tree_eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(eos_ids, default=None)
@@ -146,7 +152,7 @@ class DartModel:
                         chat: ChatSettings | None = None, trie_cache_dir: str | os.PathLike | None = None,
                         eagle3=None, eagle3_total_token: int = 60, eagle3_depth: int = EAGLE3_DEPTH,
                         eagle3_top_k: int = 10, device_steps: int = 0, verify_gemms: str = "auto",
-                        **opts) -> "DartModel":
+                        attention: str = "xla", **opts) -> "DartModel":
         """Load base (Qwen3), DART head and n-gram trie (hub ids or local paths), and with
         `eagle3` (hub id or folder of an EAGLE-3 head in the published layout) EAGLE-3 beside
         DART over the same target; its tree: `eagle3_total_token` nodes (root included),
@@ -156,6 +162,8 @@ class DartModel:
         (the same trees as the host's search; needs a fixed `keep`, no mesh; see the README).
         `verify_gemms` ("auto", "xla", "cublas"): which GEMMs a GPU compiles the verification with
         (`qwen3.verify_compiler_options`; "auto": cuBLAS for trees of 32 rows or more).
+        `attention` ("xla", "cudnn"): how the target attends over its cache, plain decoding included
+        (`Qwen3.use_attention`; "cudnn": cuDNN's fused kernel, a bfloat16 model on an NVIDIA GPU).
 
         base=None resolves the base of a published head. ngram=None takes DEFAULT_NGRAM;
         ngram=False (or "none") searches with the head's logits only. `small_ngram` picks
@@ -170,6 +178,7 @@ class DartModel:
         """
         base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
         check_verify_gemms(verify_gemms)  # before any file is read
+        check_attention(attention)
         opts, adaptive = adaptive_keep(opts, tree)
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         if dart is None:
@@ -217,14 +226,14 @@ class DartModel:
             eagle3_opts["eagle3"] = load_eagle3_head(eagle3_dir, target, dtype=dtype, mesh=mesh)
         return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids,
                                                                  target_config.vocab_size),
-                   mesh=mesh, adaptive=adaptive, device_steps=device_steps, verify_gemms=verify_gemms, **groups,
-                   **eagle3_opts)
+                   mesh=mesh, adaptive=adaptive, device_steps=device_steps, verify_gemms=verify_gemms,
+                   attention=attention, **groups, **eagle3_opts)
 
     @classmethod
     def from_modules(cls, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int], mesh=None,
                      tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
                      chat: ChatSettings | None = None, device_steps: int = 0, verify_gemms: str = "auto",
-                     **opts) -> "DartModel":
+                     attention: str | None = None, **opts) -> "DartModel":
         """A model over modules already made (a `Qwen3` target and its `DartHead`, e.g. random
         weights drawn on the device for a benchmark at a real shape), with `from_pretrained`'s
         settings: `tree`, `shapes`, `chat` or their fields by name in `opts` (keep, "auto" by
@@ -233,7 +242,8 @@ class DartModel:
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         groups["tree"] = fit_tree(groups["tree"], head.config.num_rows, head.config.draft_vocab_size, adaptive)
         return cls(target, head, tokenizer, trie, eos_ids=eos_ids, mesh=make_mesh(mesh, option="mesh (--mesh)"),
-                   adaptive=adaptive, device_steps=device_steps, verify_gemms=verify_gemms, **groups)
+                   adaptive=adaptive, device_steps=device_steps, verify_gemms=verify_gemms, attention=attention,
+                   **groups)
 
     @classmethod
     def demo(cls, name: str | None = None, **opts) -> "DartModel":

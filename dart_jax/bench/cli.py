@@ -71,14 +71,14 @@ def run(args: argparse.Namespace, on_rows: Callable[[dict[str, Any]], None] | No
         return run_shapes(model=args.model, config_path=args.config_path, tiny=args.tiny, layers=args.layers,
                           vocab=args.vocab, budgets=parse_int_list(args.budgets, name="--budgets"),
                           context=args.context, batch=args.batch, dtype=args.dtype, mesh=args.mesh,
-                          verify_gemms=args.verify_gemms, **common)
+                          verify_gemms=args.verify_gemms, attention=args.attention, **common)
     models = ModelSet(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram,
                       random=args.random, random_layers=args.random_layers, random_hidden=args.random_hidden,
                       random_shape=args.random_shape, keep=args.keep, eagle3=getattr(args, "eagle3", None),
                       mesh=args.mesh, demo=args.demo, eagle3_total_token=getattr(args, "eagle3_total_token", None),
                       eagle3_depth=getattr(args, "eagle3_depth", None), eagle3_top_k=getattr(args, "eagle3_top_k", None),
                       device_steps=getattr(args, "device_steps", 0),
-                      verify_gemms=getattr(args, "verify_gemms", "auto"))
+                      verify_gemms=getattr(args, "verify_gemms", "auto"), attention=getattr(args, "attention", "xla"))
     work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
                     max_new_tokens=args.max_new_tokens, max_length=args.max_length, temperature=args.temperature,
                     chat=not args.no_chat)

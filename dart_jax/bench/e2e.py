@@ -111,6 +111,7 @@ class ModelSet:
     eagle3_top_k: int | None = None
     device_steps: int = 0  # DART's steps per device call, trees searched on the device (0: one call a step)
     verify_gemms: str = "auto"  # the GEMMs a GPU compiles a verification with (qwen3.verify_compiler_options)
+    attention: str = "xla"  # how the target attends over its cache (qwen3.Qwen3.use_attention)
 
     def eagle3_sizes(self) -> dict[str, int]:
         return {k: v for k, v in (("eagle3_total_token", self.eagle3_total_token), ("eagle3_depth", self.eagle3_depth),
@@ -238,6 +239,8 @@ def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[st
         opts["device_steps"] = m.device_steps
     if m.verify_gemms != "auto":
         opts["verify_gemms"] = m.verify_gemms
+    if m.attention != "xla":
+        opts["attention"] = m.attention
     if m.mesh:
         opts["mesh"] = m.mesh
     if m.eagle3 == "random" and m.dart:
@@ -360,7 +363,7 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
         summary["probe"] = probed
     config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": keep, "reps": reps,
               "warmup": warmup, "methods": ",".join(methods), "device_steps": models.device_steps,
-              "verify_gemms": models.verify_gemms}
+              "verify_gemms": models.verify_gemms, "attention": models.attention}
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
 
 

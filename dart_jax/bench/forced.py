@@ -433,7 +433,8 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
         config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": tree_label(engine),
                   "tree_depth": engine.rows, "force_tau": list(taus), "batches": list(batches), "overlap": overlap,
                   "reps": reps, "warmup": warmup, "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau",
-                  "device_steps": engine.device_steps, "verify_gemms": engine.verify_gemms}
+                  "device_steps": engine.device_steps, "verify_gemms": engine.verify_gemms,
+                  "attention": engine.target.attention_kernel}
         ids = [model.encode(item["prompt"], work.chat) for item in items]
         runs_per_tau = sum(1 + (overlap and b > 1) for b in batches)
         bar = progress((len(batches) + len(taus) * runs_per_tau) * (reps + warmup), "forced", show_progress)

@@ -27,6 +27,12 @@ per phase, mean ms per step (the rows add up to the step's wall time):
   tree_search                 the host's tree search (Numba)
   host_other                  the rest of the step on the host (unpacking, bookkeeping, Python)
 
+Each phase row also gives its device ops per step (`ops_per_step`: on a GPU, kernels launched; a
+phase of many small ops is bound by their launches rather than by its work). The device search is
+split by part (`search_parts`, the named scopes of `device_tree.search_tree`): context (the trie
+nodes of the preceding ids), level_0 and levels_1+ (the beam's levels), select (the pool's best
+`keep`) and links (parents, mask, retrieve rows), in unscaled device ms and ops per step.
+
 per op kind: device time by phase and kind of op (the scope's last component: dot_general,
 transpose, reduce_max, …); per op: the top device ops by total time (XLA instruction or GPU
 kernel names), with the named scope they come from and their phase. DIR/scopes.json (instruction
@@ -63,6 +69,7 @@ from dart_jax.bench.options import _model_options
 from dart_jax.decoding.batcher import Batcher
 from dart_jax.errors import cli_boundary
 
+SEARCH_PARTS = ("context", "level_0", "levels_1+", "select", "links", "other")
 DEVICE_PHASES = ("verify_attention", "verify_mlp", "verify_lm_head", "verify_other", "accept", "cache_write",
                  "draft_head", "draft_lm_head", "device_tree_search", "forcing", "device_other", "transfers")
 PHASES = DEVICE_PHASES + ("dispatch_and_sync", "tree_search", "host_other")
@@ -93,6 +100,15 @@ def phase_of(scope: str | None, name: str) -> str:
     if "force" in parts:
         return "forcing"
     return "device_other"
+
+
+def search_part(scope: str) -> str:
+    """The part of the device search (SEARCH_PARTS) an op of phase device_tree_search belongs to."""
+    found = re.search(r"(?:^|[/(])(context|level_\d+|select|links)(?:$|[/)])", scope or "")
+    if not found:
+        return "other"
+    part = found.group(1)
+    return part if not part.startswith("level_") or part == "level_0" else "levels_1+"
 
 
 def op_kind(scope: str, name: str) -> str:
@@ -229,7 +245,8 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
         lo, hi = min(a for a, _ in windows), max(b for _, b in windows)
         ops = [e for e in ops if float(e["ts"]) < hi and float(e["ts"]) + float(e["dur"]) > lo]
     per_op = collections.defaultdict(lambda: {"total_us": 0.0, "count": 0, "scope": "", "phase": ""})
-    phase_us, kind_us = collections.Counter(), collections.Counter()
+    phase_us, kind_us, phase_n = collections.Counter(), collections.Counter(), collections.Counter()
+    part_us, part_n = collections.Counter(), collections.Counter()
     for e in ops:
         args = e.get("args") or {}
         key = str(args.get("hlo_op") or e["name"])
@@ -240,7 +257,11 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
         row["count"] += 1
         row["scope"], row["phase"] = scope, phase
         phase_us[phase] += float(e["dur"])
+        phase_n[phase] += 1
         kind_us[(phase, op_kind(scope, key))] += float(e["dur"])
+        if phase == "device_tree_search":
+            part_us[search_part(scope)] += float(e["dur"])
+            part_n[search_part(scope)] += 1
     busy_us = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ops])
     summed_us = sum(phase_us.values())
     # concurrent ops (CPU threads, several streams) are scaled to the busy time they cover together
@@ -251,8 +272,8 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
     ms["dispatch_and_sync"] = max(call_ms - device_ms, 0.0)
     ms["tree_search"] = tree_ms
     ms["host_other"] = max(wall_ms - tree_ms - call_ms, 0.0)
-    phase_rows = [{"phase": p, "ms_per_step": ms[p], "share": ms[p] / wall_ms if wall_ms > 0 else float("nan")}
-                  for p in PHASES]
+    phase_rows = [{"phase": p, "ms_per_step": ms[p], "share": ms[p] / wall_ms if wall_ms > 0 else float("nan"),
+                   "ops_per_step": phase_n[p] / max(steps, 1)} for p in PHASES]
     op_rows = sorted(({"op": k, **v, "ms_per_step": v["total_us"] / 1e3 / max(steps, 1)} for k, v in per_op.items()),
                      key=lambda r: -r["total_us"])[:top]
     for r in op_rows:
@@ -260,7 +281,10 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
     kind_rows = [{"phase": phase, "kind": kind, "ms_per_step": us / 1e3 / max(steps, 1),
                   "share_of_device": us / summed_us if summed_us else float("nan")}
                  for (phase, kind), us in kind_us.most_common(top)]
-    summary = {"op_kinds": kind_rows, "steps": steps, "step_ms": wall_ms, "device_busy_ms": busy_us / 1e3 / max(steps, 1),
+    search_rows = [{"part": part, "ms_per_step": part_us[part] / 1e3 / max(steps, 1),
+                    "ops_per_step": part_n[part] / max(steps, 1)} for part in SEARCH_PARTS if part_n[part]]
+    summary = {"op_kinds": kind_rows, "search_parts": search_rows, "steps": steps, "step_ms": wall_ms,
+               "device_busy_ms": busy_us / 1e3 / max(steps, 1),
                "device_ops_summed_ms": summed_us / 1e3 / max(steps, 1), "device_call_ms": call_ms,
                "tree_search_ms": tree_ms, "phases_sum_ms": sum(r["ms_per_step"] for r in phase_rows),
                "ops_traced": len(ops), "ops_with_scope": sum(1 for e in ops if op_scope(
@@ -407,8 +431,12 @@ def markdown(result: dict[str, Any]) -> str:
              *([f"The same steps without the profiler: step {u['step_ms']:.3f} ms, of which the device call "
                 f"{u['device_call_ms']:.3f} ms and the tree search {u['tree_search_ms']:.3f} ms.", ""]
                if (u := s.get("untraced")) else []),
-             "| phase | ms per step | share |", "|---|---|---|"]
-    lines += [f"| {r['phase']} | {r['ms_per_step']:.3f} | {r['share']:.1%} |" for r in result["phases"]]
+             "| phase | ms per step | share | device ops per step |", "|---|---|---|---|"]
+    lines += [f"| {r['phase']} | {r['ms_per_step']:.3f} | {r['share']:.1%} | {r.get('ops_per_step', 0):.1f} |"
+              for r in result["phases"]]
+    if s.get("search_parts"):
+        lines += ["", "| device search part | ms per step (unscaled) | device ops per step |", "|---|---|---|"]
+        lines += [f"| {r['part']} | {r['ms_per_step']:.3f} | {r['ops_per_step']:.1f} |" for r in s["search_parts"]]
     lines += ["", "| phase | op kind | ms per step | share of device |", "|---|---|---|---|"]
     lines += [f"| {r['phase']} | `{r['kind']}` | {r['ms_per_step']:.3f} | {r['share_of_device']:.1%} |"
               for r in s.get("op_kinds", [])]
@@ -440,7 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = ModelSet(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram,
                           random=args.random, random_layers=args.random_layers, random_hidden=args.random_hidden,
                           random_shape=args.random_shape, keep=args.keep, mesh=args.mesh, demo=args.demo,
-                          device_steps=args.device_steps, verify_gemms=args.verify_gemms)
+                          device_steps=args.device_steps, verify_gemms=args.verify_gemms,
+                          attention=args.attention)
         work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
                         max_new_tokens=args.max_new_tokens, max_length=args.max_length,
                         temperature=args.temperature, chat=not args.no_chat)

@@ -23,7 +23,8 @@ from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_wi
 from dart_jax.decoding.engine import verify_tree
 from dart_jax.decoding.sampling import vocab_argmax
 from dart_jax.decoding.settings import GenerationSettings
-from dart_jax.models.qwen3 import Qwen3, check_verify_gemms, init_cache, use_backend_layout, verify_compiler_options
+from dart_jax.models.qwen3 import (Qwen3, check_attention, check_verify_gemms, init_cache, use_backend_layout,
+                                   verify_compiler_options)
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes, shard_module, sharded_caches
 
 _QWEN3_COMMON = {"vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
@@ -112,13 +113,16 @@ def _check_memory(fields: dict[str, Any], itemsize: int, cache_bytes: int, devic
 def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny: bool = False,
                layers: int | None = None, vocab: int | None = None, budgets=(1, 8, 16, 32, 60), context: int = 512,
                batch: int = 1, dtype: str | None = None, reps: int = 10, warmup: int = 2, seed: int = 0,
-               show_progress: bool = True, mesh=None, verify_gemms: str = "auto") -> dict[str, Any]:
+               show_progress: bool = True, mesh=None, verify_gemms: str = "auto",
+               attention: str = "xla") -> dict[str, Any]:
     """Median time of a verify step (root + `budget` nodes) per budget, and of a 1-token decode step;
     with `mesh` (a spec such as "model=4" or a Mesh) the weights and the cache are sharded over it;
-    each verify is compiled as an engine with `verify_gemms` compiles its step."""
+    each verify is compiled as an engine with `verify_gemms` compiles its step; the target attends
+    as `attention` says (`Qwen3.use_attention`), decoding included."""
     if context < 1 or batch < 1:
         raise ValueError(f"--context and --batch must be >= 1, got {context} and {batch}")
     gemms = check_verify_gemms(verify_gemms)
+    check_attention(attention)
     label, fields = shape_fields(model=model, config_path=config_path, tiny=tiny, layers=layers, vocab=vocab)
     dtype = dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     if dtype not in ("float32", "bfloat16"):
@@ -138,6 +142,7 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         shard_module(target, mesh)
     else:
         use_backend_layout(target)  # as the loaders do, so the figures are the engine's
+    target.use_attention(attention)
     decoder = AutoregressiveDecoder(target)
     model, state = split_flat(target)  # called as the engine calls its step: the state as a flat tuple
     bar.update()
@@ -210,7 +215,7 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     bar.close()
     config_out = {"shape": label, "fields": fields, "params": param_count(fields), "dtype": dtype,
                   "context": context, "batch": batch, "reps": reps, "warmup": warmup, "seed": seed,
-                  "verify_gemms": gemms, "mesh": None if mesh is None else dict(mesh.shape), "backend": jax.default_backend()}
+                  "verify_gemms": gemms, "attention": attention, "mesh": None if mesh is None else dict(mesh.shape), "backend": jax.default_backend()}
     verify_rows = [r for r in rows if r["kind"] == "verify"]
     summary = {"decode_ms": base["median_ms"], "plain_token_ms": loop["median_ms"],
                "call_ms": {name: t["median_ms"] for name, t in calls.items()},

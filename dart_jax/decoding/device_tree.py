@@ -10,7 +10,13 @@ run inside the step's own program, which is what a decoding loop on the device n
 and order of operations, each product rounded before its sum as there rather than fused into an
 FMA), the same pool numbering and tie-breaking, the same node order, mask and retrieve rows — but
 without `build_tree`'s pruning: every extension of every beam entry is scored (d · beam_width · k
-entries), then sorted. One difference can remain: `build_tree` takes each logarithm in double
+entries), then sorted. On a GPU each array operation is a kernel or more, launched one after the
+other, so the search is written for few of them and no chains of dependent ones: a level makes
+one trie search (every suffix of every beam entry extended by every candidate: it scores the
+level and gives the next beam its suffixes), and each pool entry carries its ancestors' pool
+numbers, so that parents, mask, token paths and retrieve rows come out of a few elementwise
+comparisons rather than a walk up the tree. Its parts run under named scopes (context, level_i,
+select, links), which `dart_jax.bench.profile` reports one by one. One difference can remain: `build_tree` takes each logarithm in double
 precision and rounds it to float32, XLA computes it in float32, which may differ in the last bit
 (about one value in seven on XLA:CPU); two pool entries whose scores are that close may then rank
 the other way round, and the trees differ. Either tree is a valid draft: greedy DART's output does
@@ -97,9 +103,12 @@ class DeviceTrie:
             size = jnp.where(size > 1, jnp.minimum(step, size - part * step), size)
         found = (size > 0) & (self.token[jnp.clip(lo, 0, n - 1)] == tok)
         below = jnp.where(found, lo, -1)
-        at_root = jnp.where((tok >= 0) & (tok < self.root.shape[0]), self.root[jnp.clip(tok, 0, self.root.shape[0] - 1)],
-                            -1)
-        return jnp.where(jnp.broadcast_to(node, below.shape) == 0, at_root, below).astype(jnp.int32)
+        return jnp.where(jnp.broadcast_to(node, below.shape) == 0, self.root_child(tok), below).astype(jnp.int32)
+
+    def root_child(self, tok):
+        """The root's child whose token is `tok` (int32, any shape), or -1: one lookup in the table."""
+        size = self.root.shape[0]
+        return jnp.where((tok >= 0) & (tok < size), self.root[jnp.clip(tok, 0, size - 1)], -1).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,122 +156,111 @@ def search_tree(topk_ids, topk_probs, preceding, n_preceding, trie: DeviceTrie |
     ids = topk_ids.astype(jnp.int32)
     logit_term = _rounded(jnp.log(jnp.minimum(topk_probs.astype(jnp.float32), one) + _TINY) * jnp.asarray(logit_w)[:, None])
 
-    # the beam: pool index (-1: the empty sequence), score, validity, trie nodes of its last L ids
-    beam_idx = jnp.full((W,), -1, jnp.int32)
+    # the beam: score, validity, the pool numbers of its entries' ancestors by depth (each entry
+    # itself included; -1 past its depth; the empty sequence's: none), trie nodes of its last L ids
     beam_score = jnp.zeros((W,), jnp.float32)
     beam_ok = jnp.zeros((W,), bool).at[0].set(True)
+    beam_anc = jnp.full((W, d), -1, jnp.int32)
     nodes = [jnp.full((W,), -1, jnp.int32) for _ in range(m + 1)]  # nodes[L][b], L = 1 .. m
-    for length in range(1, m + 1):
-        ok = n_preceding >= length
-        node = trie.child(jnp.int32(0), preceding[jnp.maximum(n_preceding - length, 0)])
-        for t in range(1, length):
-            node = trie.child(node, preceding[jnp.clip(n_preceding - length + t, 0, preceding.shape[0] - 1)])
-        nodes[length] = nodes[length].at[0].set(jnp.where(ok, node, -1))
+    with jax.named_scope("context"):
+        for length in range(1, m + 1):
+            ok = n_preceding >= length
+            node = trie.root_child(preceding[jnp.maximum(n_preceding - length, 0)])
+            for t in range(1, length):
+                node = trie.child(node, preceding[jnp.clip(n_preceding - length + t, 0, preceding.shape[0] - 1)])
+            nodes[length] = nodes[length].at[0].set(jnp.where(ok, node, -1))
 
-    pool = {name: [] for name in ("score", "parent", "token", "depth", "eos", "ok")}
+    pool = {name: [] for name in ("score", "token", "depth", "ok", "ancestors")}
     for lvl in range(d):
-        lw = np.float32(level_w[lvl])
-        term = logit_term[lvl][None, :]  # [1, k]
-        tok = jnp.broadcast_to(ids[lvl][None, :], (W, k))
-        if m and lvl > 0:
-            ng = jnp.full((W, k), miss, jnp.float32)
-            done = jnp.zeros((W, k), bool)
-            # every suffix length's lookups in one search (one set of kernels a row, not one per length)
-            suffixes = jnp.stack([nodes[length] for length in range(m, 0, -1)])[:, :, None]  # [m, W, 1]
-            children = trie.child(suffixes, jnp.broadcast_to(tok, (m, W, k)))
-            for at, length in enumerate(range(m, 0, -1)):
-                s = suffixes[at]  # [W, 1]
-                s_freq = trie.freq[jnp.maximum(s, 0)]
-                usable = (s >= 0) & (s_freq > 0)  # a node of count 0 is no evidence: back off
-                child = children[at]
-                hit = usable & (child >= 0) & ~done
-                pn = _rounded(trie.freq[jnp.maximum(child, 0)].astype(jnp.float32) * (one / s_freq.astype(jnp.float32)))
-                pn = jnp.where(pn <= one, pn, one)  # a NaN too
-                ng = jnp.where(hit, _rounded(jnp.log(pn + _TINY) * ngw), ng)
-                done = done | hit
-            score = beam_score[:, None] + _rounded(lw * (term + ng))
-        else:
-            score = beam_score[:, None] + _rounded(lw * term)
-        score = jnp.broadcast_to(score, (W, k))
-        ok = jnp.broadcast_to(beam_ok[:, None], (W, k))
-        is_eos = tok == eos
-        base = lvl * W * k
-        number = base + jnp.arange(W * k, dtype=jnp.int32)  # creation order: beam rank, then column
-        pool["score"].append(score.reshape(-1))
-        pool["parent"].append(jnp.broadcast_to(beam_idx[:, None], (W, k)).reshape(-1))
-        pool["token"].append(tok.reshape(-1))
-        pool["depth"].append(jnp.full((W * k,), lvl + 1, jnp.int32))
-        pool["eos"].append(is_eos.reshape(-1))
-        pool["ok"].append(ok.reshape(-1))
-        if lvl + 1 < d:  # the next beam: (valid, non-EOS first, higher score, lower number)
-            flat_ok, flat_score = ok.reshape(-1), score.reshape(-1)
-            best = _lexsort_first((number, -flat_score, is_eos.reshape(-1), ~flat_ok), W)
-            parent_rank = best // k
-            new_tok = tok.reshape(-1)[best]
-            if m:  # the new entries' suffix nodes: the root's child, then a child of each parent suffix
-                parents = jnp.stack([jnp.zeros((W,), jnp.int32)] + [nodes[length - 1][parent_rank]
-                                                                    for length in range(2, m + 1)])
-                found = trie.child(parents, jnp.broadcast_to(new_tok, (m, W)))
-                nodes = [nodes[0]] + [found[length - 1] for length in range(1, m + 1)]
-            beam_idx, beam_score, beam_ok = number[best], flat_score[best], flat_ok[best]
+        with jax.named_scope(f"level_{lvl}"):
+            lw = np.float32(level_w[lvl])
+            term = logit_term[lvl][None, :]  # [1, k]
+            tok = jnp.broadcast_to(ids[lvl][None, :], (W, k))
+            if m and (lvl > 0 or lvl + 1 < d):
+                # each beam entry's suffixes (lengths m .. 1) extended by each candidate: every lookup of
+                # the level in one search; it scores this level and gives the next beam its suffixes
+                suffixes = jnp.stack([nodes[length] for length in range(m, 0, -1)])[:, :, None]  # [m, W, 1]
+                children = trie.child(suffixes, jnp.broadcast_to(tok, (m, W, k)))
+            if m and lvl > 0:
+                ng = jnp.full((W, k), miss, jnp.float32)
+                done = jnp.zeros((W, k), bool)
+                for at, length in enumerate(range(m, 0, -1)):
+                    s = suffixes[at]  # [W, 1]
+                    s_freq = trie.freq[jnp.maximum(s, 0)]
+                    usable = (s >= 0) & (s_freq > 0)  # a node of count 0 is no evidence: back off
+                    child = children[at]
+                    hit = usable & (child >= 0) & ~done
+                    pn = _rounded(trie.freq[jnp.maximum(child, 0)].astype(jnp.float32)
+                                  * (one / s_freq.astype(jnp.float32)))
+                    pn = jnp.where(pn <= one, pn, one)  # a NaN too
+                    ng = jnp.where(hit, _rounded(jnp.log(pn + _TINY) * ngw), ng)
+                    done = done | hit
+                score = beam_score[:, None] + _rounded(lw * (term + ng))
+            else:
+                score = beam_score[:, None] + _rounded(lw * term)
+            score = jnp.broadcast_to(score, (W, k))
+            ok = jnp.broadcast_to(beam_ok[:, None], (W, k))
+            is_eos = tok == eos
+            number = lvl * W * k + jnp.arange(W * k, dtype=jnp.int32)  # creation order: beam rank, then column
+            ancestors = jnp.where(jnp.arange(d) == lvl, number.reshape(W, k, 1), beam_anc[:, None, :]).reshape(W * k, d)
+            pool["score"].append(score.reshape(-1))
+            pool["token"].append(tok.reshape(-1))
+            pool["depth"].append(jnp.full((W * k,), lvl + 1, jnp.int32))
+            pool["ok"].append(ok.reshape(-1))
+            pool["ancestors"].append(ancestors)
+            if lvl + 1 < d:  # the next beam: (valid, non-EOS first, higher score, lower number)
+                flat_ok, flat_score = ok.reshape(-1), score.reshape(-1)
+                best = _lexsort_first((number, -flat_score, is_eos.reshape(-1), ~flat_ok), W)
+                if m:  # the new entries' suffixes: the root's child, then the parent's suffixes extended
+                    extended = children.reshape(m, W * k)[:, best]  # [m, W]: from lengths m .. 1
+                    nodes = [nodes[0], trie.root_child(tok.reshape(-1)[best])] + [extended[m - length + 1]
+                                                                                  for length in range(2, m + 1)]
+                beam_score, beam_ok, beam_anc = flat_score[best], flat_ok[best], ancestors[best]
 
-    score = jnp.concatenate(pool["score"])
-    parent = jnp.concatenate(pool["parent"])
-    token = jnp.concatenate(pool["token"])
-    depth = jnp.concatenate(pool["depth"])
-    ok = jnp.concatenate(pool["ok"])
-    number = jnp.arange(score.shape[0], dtype=jnp.int32)
-    # the best `keep` of the whole pool by score alone (ties: lower number); fewer if the pool is smaller
-    chosen = _lexsort_first((number, -score, ~ok), min(keep, score.shape[0]))
-    chosen_ok = ok[chosen]
-    n_sel = chosen_ok.sum().astype(jnp.int32)
-    rank = jnp.arange(chosen.shape[0], dtype=jnp.int32)
-    # nodes 1..: by depth, within a depth by selection rank
-    by_depth = jnp.lexsort((rank, depth[chosen], ~chosen_ok))
-    order = chosen[by_depth]
-    order_ok = chosen_ok[by_depth]
     n = keep + 1
-    node_of = jnp.full(score.shape[0], -1, jnp.int32).at[order].set(
-        jnp.where(order_ok, jnp.arange(1, order.shape[0] + 1, dtype=jnp.int32), -1))
-    pad = n - 1 - order.shape[0]
-    real = jnp.concatenate([jnp.ones((1,), bool), order_ok, jnp.zeros((pad,), bool)])
-    root = preceding[jnp.maximum(n_preceding - 1, 0)].astype(jnp.int32)
-    tokens = jnp.where(real, jnp.concatenate([root[None], token[order], jnp.zeros((pad,), jnp.int32)]), 0)
-    positions = jnp.where(real, jnp.concatenate([jnp.zeros((1,), jnp.int32), depth[order],
-                                                 jnp.zeros((pad,), jnp.int32)]), 0)
-    par_pool = parent[order]
-    par_node = jnp.where(par_pool < 0, 0, node_of[jnp.maximum(par_pool, 0)])
-    parents = jnp.where(real, jnp.concatenate([jnp.full((1,), -1, jnp.int32), par_node,
-                                               jnp.full((pad,), -1, jnp.int32)]), -1)
-
-    index = jnp.arange(n, dtype=jnp.int32)
-    mask = index[:, None] == index[None, :]
-    paths = jnp.full((n, d), -1, jnp.int32)
-    chain = index
-    for _ in range(d + 1):  # each node and its ancestors (a chain reaches the root in <= d steps)
-        ok_a = chain >= 0
-        a = jnp.maximum(chain, 0)
-        mask = mask | (ok_a[:, None] & (index[None, :] == a[:, None]))
-        col = positions[a] - 1
-        put = (ok_a & (a >= 1))[:, None] & (jnp.arange(d)[None, :] == col[:, None])
-        paths = jnp.where(put, tokens[a][:, None], paths)
-        chain = jnp.where(ok_a, parents[a], -1)
-    mask = mask & (real[:, None] | (index[:, None] == index[None, :]))
-    has_child = jnp.zeros(n, jnp.int32).at[jnp.maximum(parents, 0)].add((parents >= 0).astype(jnp.int32)) > 0
-    leaf = real & ~has_child & (index >= 1)
-    # leaves in lexicographic order of their token paths (a prefix first: -1 pads), ties by index
-    leaf_order = jnp.lexsort((index, *[paths[:, t] for t in range(d - 1, -1, -1)], ~leaf))[:n - 1]
-    n_leaves = leaf.sum().astype(jnp.int32)
-    row_ok = jnp.arange(n - 1) < n_leaves
-    retrieve = jnp.full((n - 1, d + 1), -1, jnp.int32)
-    chain = jnp.where(row_ok, leaf_order, -1)
-    for _ in range(d):
-        ok_a = chain >= 1
-        a = jnp.maximum(chain, 0)
-        put = ok_a[:, None] & (jnp.arange(d + 1)[None, :] == positions[a][:, None])
-        retrieve = jnp.where(put, a[:, None], retrieve)
-        chain = jnp.where(ok_a, parents[a], -1)
-    retrieve = jnp.where(row_ok[:, None] & (jnp.arange(d + 1)[None, :] == 0), 0, retrieve)
+    with jax.named_scope("select"):
+        score = jnp.concatenate(pool["score"])
+        token = jnp.concatenate(pool["token"])
+        depth = jnp.concatenate(pool["depth"])
+        ok = jnp.concatenate(pool["ok"])
+        number = jnp.arange(score.shape[0], dtype=jnp.int32)
+        # the best `keep` of the whole pool by score alone (ties: lower number); fewer if the pool is
+        # smaller. A chosen entry's ancestors are chosen too: a child scores no higher than its parent
+        # (every term is a logarithm of at most 1) and comes later in the pool.
+        chosen = _lexsort_first((number, -score, ~ok), min(keep, score.shape[0]))
+        chosen_ok = ok[chosen]
+        n_sel = chosen_ok.sum().astype(jnp.int32)
+        # nodes 1..: by depth, within a depth by selection rank
+        by_depth = jnp.lexsort((jnp.arange(chosen.shape[0], dtype=jnp.int32), depth[chosen], ~chosen_ok))
+        order = chosen[by_depth]
+        order_ok = chosen_ok[by_depth]
+        pad = n - 1 - order.shape[0]
+        real = jnp.concatenate([jnp.ones((1,), bool), order_ok, jnp.zeros((pad,), bool)])
+        root = preceding[jnp.maximum(n_preceding - 1, 0)].astype(jnp.int32)
+        tokens = jnp.where(real, jnp.concatenate([root[None], token[order], jnp.zeros((pad,), jnp.int32)]), 0)
+        positions = jnp.where(real, jnp.concatenate([jnp.zeros((1,), jnp.int32), depth[order],
+                                                     jnp.zeros((pad,), jnp.int32)]), 0)
+    with jax.named_scope("links"):
+        # each node's ancestors by depth as node indices (its own index at its depth, -1 past it;
+        # the root's and padding's rows: -1): the pool numbers matched against the chosen order
+        by_pool = jnp.concatenate(pool["ancestors"])[order]  # [c, d]
+        match = (by_pool[:, :, None] == order[None, None, :]) & order_ok[None, None, :]
+        linked = jnp.where(order_ok[:, None] & match.any(axis=2), jnp.argmax(match, axis=2).astype(jnp.int32) + 1, -1)
+        ancestors = jnp.concatenate([jnp.full((1, d), -1, jnp.int32), linked, jnp.full((pad, d), -1, jnp.int32)])
+        index = jnp.arange(n, dtype=jnp.int32)
+        above = jnp.take_along_axis(ancestors, jnp.clip(positions - 2, 0, d - 1)[:, None], axis=1)[:, 0]
+        parents = jnp.where(real & (index >= 1), jnp.where(positions >= 2, above, 0), -1)
+        mask = ((index[:, None] == index[None, :]) | ((real & (index >= 1))[:, None] & (index[None, :] == 0))
+                | jnp.any(ancestors[:, :, None] == index[None, None, :], axis=1))
+        paths = jnp.where(ancestors >= 0, tokens[jnp.maximum(ancestors, 0)], -1)  # [n, d]
+        has_child = jnp.any(parents[:, None] == index[None, :], axis=0)
+        leaf = real & ~has_child & (index >= 1)
+        # leaves in lexicographic order of their token paths (a prefix first: -1 pads), ties by index
+        leaf_order = jnp.lexsort((index, *[paths[:, t] for t in range(d - 1, -1, -1)], ~leaf))[:n - 1]
+        n_leaves = leaf.sum().astype(jnp.int32)
+        row_ok = jnp.arange(n - 1) < n_leaves
+        retrieve = jnp.where(row_ok[:, None], jnp.concatenate([jnp.zeros((n - 1, 1), jnp.int32),
+                                                               ancestors[leaf_order]], axis=1), -1)
     return DraftTree(tokens, positions, parents, mask, retrieve, n_sel + 1, n_leaves)
 
 

@@ -177,6 +177,16 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: 
     return out.reshape(b, t, hq, d)
 
 
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                    implementation: str = "cudnn") -> jax.Array:
+    """`attention` by `jax.nn.dot_product_attention`: with implementation "cudnn", cuDNN's fused
+    (flash) attention kernel, on an NVIDIA GPU in bfloat16 or float16 only; "xla" runs the same
+    function in XLA (what the tests compare on a CPU). q [B, T, Hq, D], k/v [B, S, Hkv, D] (Hq a
+    multiple of Hkv), mask [B, T, S] bool → [B, T, Hq, D]; every row must see at least one key
+    (the target's always sees itself)."""
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation=implementation)
+
+
 # the draft heads' `hidden_act` values (dart_jax.convert.dart_head.ACTIVATIONS) → functions
 ACTIVATION_FNS = {
     "silu": jax.nn.silu,

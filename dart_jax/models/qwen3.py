@@ -25,8 +25,8 @@ from flax import nnx, struct
 from dart_jax.convert.qwen3 import Qwen3Config
 from dart_jax.errors import InputError
 
-from .layers import (Linear, RMSNorm, apply_rope, attention, group_mask, group_queries, param, rope_cos_sin,
-                     rope_inv_freq, ungroup_queries)
+from .layers import (Linear, RMSNorm, apply_rope, attention, fused_attention, group_mask, group_queries, param,
+                     rope_cos_sin, rope_inv_freq, ungroup_queries)
 
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
 # "1": fused projections on every backend, "0": on none; unset: on a GPU only (`use_backend_layout`)
@@ -36,6 +36,9 @@ VERIFY_GEMMS = ("auto", "xla", "cublas")
 # "auto": a verification of at least this many query rows (sequences x tree nodes) with cuBLAS
 CUBLAS_MIN_ROWS = 32
 _NO_TRITON_GEMMS = {"xla_gpu_enable_triton_gemm": False}
+# how the cached forwards (`extend`, `verify`) attend (`Qwen3.use_attention`): "xla", the einsum
+# attention of `layers` compiled by XLA; "cudnn", cuDNN's fused kernel (`layers.fused_attention`)
+ATTENTION_KERNELS = ("xla", "cudnn")
 
 
 def default_dtype():
@@ -198,6 +201,7 @@ class Qwen3(nnx.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, ("embed", "vocab"), **kw)
+        self.attention_kernel = "xla"  # ATTENTION_KERNELS; `use_attention` changes it
 
     def _run(self, ids: jax.Array, positions: jax.Array, attend: Attend, return_taps: bool):
         """The layers over ids [B,T] at positions [B,T] → (hidden after the final norm, taps | None,
@@ -259,7 +263,8 @@ class Qwen3(nnx.Module):
             c = KVCache(k=c.k.at[i, rows, slots].set(k.astype(c.k.dtype), mode="drop"),
                         v=c.v.at[i, rows, slots].set(v.astype(c.v.dtype), mode="drop"))
             held["cache"] = c
-            return attention(q, c.k[i].astype(q.dtype), c.v[i].astype(q.dtype), mask, scale), None
+            attend_with = fused_attention if self.attention_kernel == "cudnn" else attention
+            return attend_with(q, c.k[i].astype(q.dtype), c.v[i].astype(q.dtype), mask, scale), None
 
         hidden, taps, _ = self._run(ids, slots, attend, return_taps)
         return hidden, taps, held["cache"]
@@ -276,17 +281,23 @@ class Qwen3(nnx.Module):
         cache_len = jnp.broadcast_to(jnp.asarray(cache_len, jnp.int32), (b,))
         s = cache.k.shape[2]
         visible = jnp.arange(s, dtype=jnp.int32)[None, :] < cache_len[:, None]  # [B,S]
-        # the cache's slots, then the tree's nodes; built once for every layer, in the grouped rows
+        # the cache's slots, then the tree's nodes; built once for every layer
         full_mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)),
                                      jnp.broadcast_to(mask.astype(bool), (b, t, t))], axis=-1)  # [B,T,S+T]
-        full_mask = group_mask(full_mask, self.config.num_attention_heads // self.config.num_key_value_heads)
+        fused = self.attention_kernel == "cudnn"
+        if not fused:  # in the grouped rows
+            full_mask = group_mask(full_mask, self.config.num_attention_heads // self.config.num_key_value_heads)
         scale = self.config.head_dim ** -0.5
 
         def attend(i, q, k, v):
             k = k.astype(cache.k.dtype).astype(q.dtype)
             v = v.astype(cache.v.dtype).astype(q.dtype)
-            out = _attention_with_cache(q, k, v, cache.k[i].astype(q.dtype), cache.v[i].astype(q.dtype),
-                                        full_mask, scale)
+            if fused:  # one kernel over the cache's slots and the tree's nodes side by side
+                out = fused_attention(q, jnp.concatenate([cache.k[i].astype(q.dtype), k], axis=1),
+                                      jnp.concatenate([cache.v[i].astype(q.dtype), v], axis=1), full_mask, scale)
+            else:
+                out = _attention_with_cache(q, k, v, cache.k[i].astype(q.dtype), cache.v[i].astype(q.dtype),
+                                            full_mask, scale)
             return out, (k, v)
 
         hidden, taps, kept = self._run(ids, positions, attend, return_taps)
@@ -306,6 +317,20 @@ class Qwen3(nnx.Module):
                       param_dtype=self.embed_tokens.embedding.get_value().dtype, rngs=None)
         head.kernel.set_value(jnp.asarray(self.embed_tokens.embedding.get_value()).T)
         self.lm_head = nnx.data(head)  # None at construction made the attribute static
+
+    def use_attention(self, kernel: str) -> None:
+        """How `extend` and `verify` attend from now on (ATTENTION_KERNELS): "xla" (the default) or
+        "cudnn", cuDNN's fused attention kernel (`layers.fused_attention`: one kernel for the
+        scores, the mask, the softmax and the weighted sum, which XLA runs as several), for a
+        bfloat16 or float16 model on an NVIDIA GPU. A jitted function over this module made before
+        the change keeps the old way; make engines after it (`DartModel(..., attention=)` does)."""
+        check_attention(kernel)
+        if kernel == "cudnn":
+            if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+                raise InputError(f"attention \"cudnn\" (--attention) takes a bfloat16 or float16 model, this one "
+                                 f"computes in {jnp.dtype(self.dtype).name}: load it in bfloat16 (--dtype bfloat16) "
+                                 "or use attention \"xla\".")
+        self.attention_kernel = kernel
 
     def fuse_projections(self) -> None:
         """Each layer's q, k and v projections as one matmul, and its gate and up projections as
@@ -345,6 +370,18 @@ def fused_projections_wanted(backend: str | None = None) -> bool:
     if flag not in ("", "0", "1"):
         raise InputError(f"${FUSED_PROJECTIONS_ENV} must be 0 or 1 (or unset: fused on a GPU only), got {flag!r}.")
     return flag == "1" if flag else (backend or jax.default_backend()) == "gpu"
+
+
+def check_attention(kernel: str) -> str:
+    """`kernel` if it is one of ATTENTION_KERNELS (see `Qwen3.use_attention`) and this process can
+    run it ("cudnn": on a GPU), else an InputError."""
+    if kernel not in ATTENTION_KERNELS:
+        raise InputError(f"attention (--attention) must be one of {', '.join(ATTENTION_KERNELS)}, got {kernel!r}.")
+    backend = jax.default_backend()
+    if kernel == "cudnn" and backend != "gpu":
+        raise InputError(f"attention \"cudnn\" (--attention) needs an NVIDIA GPU; this process runs on {backend}: "
+                         "use attention \"xla\".")
+    return kernel
 
 
 def check_verify_gemms(choice: str) -> str:
