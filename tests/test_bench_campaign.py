@@ -41,7 +41,7 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     for name, result in STAGES.items():
         data = json.loads((out / result).read_text())
         assert data.get("rows") or data.get("phases"), name
-        assert f"[skip] {name}" not in first
+        assert f"[skip] {name}:" not in first
     # the cuDNN stage needs a GPU: skipped on this CPU, noted in the report, no JSON (a GPU call runs it)
     assert "[skip] forced-tiny-6L-b1-cudnn: needs a GPU, the stages run on cpu" in first
     assert not (out / "forced-tiny-6L-b1-cudnn.json").exists()
@@ -94,14 +94,14 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
 
     second = campaign("--out", str(out))  # everything is there: nothing runs again
     for name, result in STAGES.items():
-        assert f"[skip] {name}" in second
+        assert f"[skip] {name}:" in second
         assert (out / result).stat().st_mtime_ns == stamps[name]
     assert "[0]" not in second  # no stage command ran
 
     moved = tmp_path / "next"
     third = campaign("--out", str(moved), "--resume", str(out))  # a later call fed the earlier results
     for name, result in STAGES.items():
-        assert f"[skip] {name}" in third and (moved / result).exists()
+        assert f"[skip] {name}:" in third and (moved / result).exists()
     assert (moved / "profile-tiny-6L-device" / "profile.md").exists()
 
     # a device with too little memory skips the real-depth stage (no JSON: a later call may run it)

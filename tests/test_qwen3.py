@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +21,8 @@ from dart_jax.models.checkpoints import load_qwen3
 from dart_jax.convert.safetensors_io import read_tensors, write_tensors
 from dart_jax.convert.qwen3 import Qwen3Config
 from dart_jax.errors import InputError
-from dart_jax.models.qwen3 import (KVCache, check_attention, default_dtype, fused_projections_wanted, init_cache,
-                                   verify_compiler_options,
-                                   write_cache)
+from dart_jax.models.qwen3 import (KVCache, check_attention, cudnn_device_problem, default_dtype,
+                                   fused_projections_wanted, init_cache, verify_compiler_options, write_cache)
 from dart_jax.models.sharding import DEFAULT_RULES, logical_to_spec, shard_cache, shard_module
 
 CONFIGS = {
@@ -233,19 +233,30 @@ def test_dart_and_its_baseline_attend_with_the_chosen_kernel(tmp_path, monkeypat
 
 
 def test_attention_kernel_is_checked(ckpts, monkeypatch):
-    """A kernel that does not exist, cuDNN off a GPU and cuDNN for a float32 model are refused with
-    the option's name and the fix; "xla" is the default."""
+    """A kernel that does not exist, cuDNN off a GPU, on a GPU cuDNN's flash attention cannot use
+    (ROCm, compute capability below 8.0) and for a float32 model are refused with the option's
+    name and the fix; "xla" is the default."""
     model = load_qwen3(next(iter(ckpts.values())), dtype=jnp.float32)
     assert model.attention_kernel == "xla"
     with pytest.raises(InputError, match=r"attention \(--attention\) must be one of xla, cudnn, got 'flash'"):
         model.use_attention("flash")
-    with pytest.raises(InputError, match=r"needs an NVIDIA GPU; this process runs on cpu: use attention \"xla\""):
+    with pytest.raises(InputError, match=r"needs an NVIDIA GPU of compute capability 8.0 or more; this process runs "
+                                         r"on cpu: use attention \"xla\""):
         model.use_attention("cudnn")
     assert model.attention_kernel == "xla"
+    h200 = SimpleNamespace(compute_capability="9.0", device_kind="NVIDIA H200")
+    assert cudnn_device_problem(h200) is None
+    assert "compute capability 7.5" in cudnn_device_problem(SimpleNamespace(compute_capability="7.5", device_kind="T4"))
+    assert "not a CUDA device" in cudnn_device_problem(SimpleNamespace(device_kind="AMD Instinct MI250X"))
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert check_attention("cudnn") == "cudnn"
-    with pytest.raises(InputError, match=r"takes a bfloat16 or float16 model, this one computes in float32"):
+    monkeypatch.setattr(jax, "devices", lambda *a: [h200])
+    assert check_attention("cudnn", jnp.bfloat16) == "cudnn"
+    with pytest.raises(InputError, match=r"takes a bfloat16 or float16 model, this one computes in float32: load it "
+                                         r"in bfloat16 \(--dtype bfloat16\)"):
         model.use_attention("cudnn")
+    monkeypatch.setattr(jax, "devices", lambda *a: [SimpleNamespace(compute_capability="7.0", device_kind="V100")])
+    with pytest.raises(InputError, match=r"the device \(V100\) has compute capability 7.0: use attention \"xla\""):
+        check_attention("cudnn", jnp.bfloat16)
 
 
 def test_verify_gemms_switch():

@@ -178,7 +178,7 @@ class DartModel:
         """
         base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
         check_verify_gemms(verify_gemms)  # before any file is read
-        check_attention(attention)
+        check_attention(attention, dtype)
         opts, adaptive = adaptive_keep(opts, tree)
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         if dart is None:

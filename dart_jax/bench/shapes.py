@@ -122,12 +122,14 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     if context < 1 or batch < 1:
         raise ValueError(f"--context and --batch must be >= 1, got {context} and {batch}")
     gemms = check_verify_gemms(verify_gemms)
-    check_attention(attention)
     label, fields = shape_fields(model=model, config_path=config_path, tiny=tiny, layers=layers, vocab=vocab)
     dtype = dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     jdtype = jnp.dtype(dtype)
+    check_attention(attention, jdtype)
+    if attention == "cudnn" and mesh is not None:
+        raise ValueError("--attention cudnn runs on one device, not over a mesh: drop --mesh or use --attention xla")
     config = target_config_from_hf(fields)
     mesh = make_mesh(mesh, option="--mesh")
     check_fits(mesh, model_sizes(config), option="--mesh")

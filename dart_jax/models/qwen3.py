@@ -324,12 +324,7 @@ class Qwen3(nnx.Module):
         scores, the mask, the softmax and the weighted sum, which XLA runs as several), for a
         bfloat16 or float16 model on an NVIDIA GPU. A jitted function over this module made before
         the change keeps the old way; make engines after it (`DartModel(..., attention=)` does)."""
-        check_attention(kernel)
-        if kernel == "cudnn":
-            if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-                raise InputError(f"attention \"cudnn\" (--attention) takes a bfloat16 or float16 model, this one "
-                                 f"computes in {jnp.dtype(self.dtype).name}: load it in bfloat16 (--dtype bfloat16) "
-                                 "or use attention \"xla\".")
+        check_attention(kernel, self.dtype)
         self.attention_kernel = kernel
 
     def fuse_projections(self) -> None:
@@ -372,16 +367,36 @@ def fused_projections_wanted(backend: str | None = None) -> bool:
     return flag == "1" if flag else (backend or jax.default_backend()) == "gpu"
 
 
-def check_attention(kernel: str) -> str:
+def check_attention(kernel: str, dtype=None) -> str:
     """`kernel` if it is one of ATTENTION_KERNELS (see `Qwen3.use_attention`) and this process can
-    run it ("cudnn": on a GPU), else an InputError."""
+    run it ("cudnn": an NVIDIA GPU of compute capability 8.0 or more, cuDNN's flash attention's
+    least, and a bfloat16 or float16 model: `dtype`, None for `default_dtype()`), else an InputError."""
     if kernel not in ATTENTION_KERNELS:
         raise InputError(f"attention (--attention) must be one of {', '.join(ATTENTION_KERNELS)}, got {kernel!r}.")
-    backend = jax.default_backend()
-    if kernel == "cudnn" and backend != "gpu":
-        raise InputError(f"attention \"cudnn\" (--attention) needs an NVIDIA GPU; this process runs on {backend}: "
-                         "use attention \"xla\".")
+    if kernel == "cudnn":
+        backend = jax.default_backend()
+        problem = cudnn_device_problem(jax.devices()[0]) if backend == "gpu" else f"this process runs on {backend}"
+        if problem:
+            raise InputError(f"attention \"cudnn\" (--attention) needs an NVIDIA GPU of compute capability 8.0 or "
+                             f"more; {problem}: use attention \"xla\".")
+        dtype = jnp.dtype(dtype or default_dtype())
+        if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            raise InputError(f"attention \"cudnn\" (--attention) takes a bfloat16 or float16 model, this one computes "
+                             f"in {dtype.name}: load it in bfloat16 (--dtype bfloat16) or use attention \"xla\".")
     return kernel
+
+
+def cudnn_device_problem(device) -> str | None:
+    """Why cuDNN's fused attention cannot run on `device` (a JAX device), or None: it needs a CUDA
+    device (not ROCm) of compute capability 8.0 (Ampere) or more."""
+    capability = getattr(device, "compute_capability", None)
+    try:
+        major = float(capability)
+    except (TypeError, ValueError):
+        return f"the device ({getattr(device, 'device_kind', device)}) is not a CUDA device"
+    if major < 8.0:
+        return f"the device ({getattr(device, 'device_kind', device)}) has compute capability {capability}"
+    return None
 
 
 def check_verify_gemms(choice: str) -> str:
