@@ -120,9 +120,7 @@ class DartModel:
                  adaptive: bool = False, device_steps: int = 0, verify_gemms: str = "auto",
                  attention: str | None = None):
         if attention is not None:  # before the engines: they compile the module as it is then
-            if attention == "cudnn" and mesh is not None:
-                raise InputError("attention \"cudnn\" (--attention) runs on one device, not over a mesh: drop "
-                                 "the mesh or use attention \"xla\".")
+            check_attention(attention, target.dtype, mesh)
             target.use_attention(attention)
         self.tokenizer = tokenizer
         self.chat_settings = chat
@@ -178,7 +176,7 @@ class DartModel:
         """
         base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
         check_verify_gemms(verify_gemms)  # before any file is read
-        check_attention(attention, dtype)
+        check_attention(attention, dtype, mesh)
         opts, adaptive = adaptive_keep(opts, tree)
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         if dart is None:

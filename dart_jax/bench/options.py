@@ -68,6 +68,12 @@ def _trie_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", type=int, default=3, help="order of the synthetic trie (default 3)")
 
 
+def _attention_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attention", choices=("xla", "cudnn"), default="xla",
+                   help="how the target attends over its cache, plain decoding included: xla (default) or cudnn "
+                        "(cuDNN's fused kernel; a bfloat16 model on an NVIDIA GPU)")
+
+
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", help="target checkpoint (hub id or folder); with --dart")
     p.add_argument("--dart", help="DART head checkpoint (hub id or folder)")
@@ -98,9 +104,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                         "default 0: one device call a step, the host searching")
     p.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
                    help="GEMMs a GPU compiles the tree verification with (see the README; default auto)")
-    p.add_argument("--attention", choices=("xla", "cudnn"), default="xla",
-                   help="how the target attends over its cache, plain decoding included: xla (default) or cudnn "
-                        "(cuDNN's fused kernel; a bfloat16 model on an NVIDIA GPU)")
+    _attention_option(p)
     p.add_argument("--no-chat", action="store_true", help="feed the prompts without the chat template")
     p.add_argument("--mesh", metavar="SPEC", help="shard the model over devices: 'model=4' or 'data=2,model=4' "
                                                   "(default: one device)")
@@ -227,9 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 elsewhere")
     p.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
                    help="GEMMs a GPU compiles each verify with, as an engine with this verify_gemms (default auto)")
-    p.add_argument("--attention", choices=("xla", "cudnn"), default="xla",
-                   help="how the target attends over its cache, plain decoding included: xla (default) or cudnn "
-                        "(cuDNN's fused kernel; a bfloat16 model on an NVIDIA GPU)")
+    _attention_option(p)
     p.add_argument("--mesh", metavar="SPEC", help="shard weights and cache over devices: 'model=4' or "
                                                   "'data=2,model=4' (default: one device)")
     _common(p, reps=10, warmup=2)

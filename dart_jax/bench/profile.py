@@ -260,8 +260,9 @@ def tables(events: list[dict[str, Any]], scopes: dict[str, str], step_host: list
         phase_n[phase] += 1
         kind_us[(phase, op_kind(scope, key))] += float(e["dur"])
         if phase == "device_tree_search":
-            part_us[search_part(scope)] += float(e["dur"])
-            part_n[search_part(scope)] += 1
+            part = search_part(scope)
+            part_us[part] += float(e["dur"])
+            part_n[part] += 1
     busy_us = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ops])
     summed_us = sum(phase_us.values())
     # concurrent ops (CPU threads, several streams) are scaled to the busy time they cover together

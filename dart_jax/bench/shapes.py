@@ -127,9 +127,7 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     jdtype = jnp.dtype(dtype)
-    check_attention(attention, jdtype)
-    if attention == "cudnn" and mesh is not None:
-        raise ValueError("--attention cudnn runs on one device, not over a mesh: drop --mesh or use --attention xla")
+    check_attention(attention, jdtype, mesh)
     config = target_config_from_hf(fields)
     mesh = make_mesh(mesh, option="--mesh")
     check_fits(mesh, model_sizes(config), option="--mesh")
@@ -217,7 +215,8 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     bar.close()
     config_out = {"shape": label, "fields": fields, "params": param_count(fields), "dtype": dtype,
                   "context": context, "batch": batch, "reps": reps, "warmup": warmup, "seed": seed,
-                  "verify_gemms": gemms, "attention": attention, "mesh": None if mesh is None else dict(mesh.shape), "backend": jax.default_backend()}
+                  "verify_gemms": gemms, "attention": attention, "mesh": None if mesh is None else dict(mesh.shape),
+                  "backend": jax.default_backend()}
     verify_rows = [r for r in rows if r["kind"] == "verify"]
     summary = {"decode_ms": base["median_ms"], "plain_token_ms": loop["median_ms"],
                "call_ms": {name: t["median_ms"] for name, t in calls.items()},

@@ -16,8 +16,9 @@ one trie search (every suffix of every beam entry extended by every candidate: i
 level and gives the next beam its suffixes), and each pool entry carries its ancestors' pool
 numbers, so that parents, mask, token paths and retrieve rows come out of a few elementwise
 comparisons rather than a walk up the tree. Its parts run under named scopes (context, level_i,
-select, links), which `dart_jax.bench.profile` reports one by one. One difference can remain: `build_tree` takes each logarithm in double
-precision and rounds it to float32, XLA computes it in float32, which may differ in the last bit
+select, links), which `dart_jax.bench.profile` reports one by one. One difference can remain:
+`build_tree` takes each logarithm in double precision and rounds it to float32, XLA computes it
+in float32, which may differ in the last bit
 (about one value in seven on XLA:CPU); two pool entries whose scores are that close may then rank
 the other way round, and the trees differ. Either tree is a valid draft: greedy DART's output does
 not depend on the tree (its accepted lengths, and sampled draws, may).

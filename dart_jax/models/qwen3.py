@@ -367,13 +367,17 @@ def fused_projections_wanted(backend: str | None = None) -> bool:
     return flag == "1" if flag else (backend or jax.default_backend()) == "gpu"
 
 
-def check_attention(kernel: str, dtype=None) -> str:
+def check_attention(kernel: str, dtype=None, mesh=None) -> str:
     """`kernel` if it is one of ATTENTION_KERNELS (see `Qwen3.use_attention`) and this process can
     run it ("cudnn": an NVIDIA GPU of compute capability 8.0 or more, cuDNN's flash attention's
-    least, and a bfloat16 or float16 model: `dtype`, None for `default_dtype()`), else an InputError."""
+    least, a bfloat16 or float16 model: `dtype`, None for `default_dtype()`, and one device: no
+    `mesh`), else an InputError."""
     if kernel not in ATTENTION_KERNELS:
         raise InputError(f"attention (--attention) must be one of {', '.join(ATTENTION_KERNELS)}, got {kernel!r}.")
     if kernel == "cudnn":
+        if mesh is not None:
+            raise InputError("attention \"cudnn\" (--attention) runs on one device, not over a mesh: drop the mesh "
+                             "(--mesh) or use attention \"xla\".")
         backend = jax.default_backend()
         problem = cudnn_device_problem(jax.devices()[0]) if backend == "gpu" else f"this process runs on {backend}"
         if problem:
