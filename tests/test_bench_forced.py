@@ -2,7 +2,7 @@
 
 Oracles: the truncated geometric mean in closed form; the n-gram search's own (Numba) tree
 encoder for the NumPy re-encoder; a NumPy walk of greedy acceptance over edited trees; a
-plain-Python restatement of the device loop's edit (`device_tree.force_trees`); plain greedy decoding
+plain-Python restatement of the device loop's edit (`forced_device.force_trees`); plain greedy decoding
 by full forwards of the target without a cache (no engine, no KV cache) for the outputs.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dart_jax.bench import cli
 from dart_jax.bench.forced import (DepthSequence, ForcedBatcher, acceptance_rate, calibrate, draw_depth, encode_tree,
                                    force_tree, parse_taus, reference_outputs, step_split)
 from dart_jax.decoding.batcher import Batcher
-from dart_jax.decoding.device_tree import force_trees
+from dart_jax.bench.forced_device import force_trees
 from dart_jax.ngram import TreeSettings
 from dart_jax.decoding.settings import GenerationSettings
 
@@ -307,7 +307,7 @@ def test_a_forced_run_keeps_its_rows_as_it_goes(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------- in the device loop
 def restated_device_edit(tree: dict, reference: list[int], done: int, want: int) -> tuple[dict, int]:
-    """device_tree.force_trees for one tree, in plain Python: the first longest leaf row is the chain;
+    """forced_device.force_trees for one tree, in plain Python: the first longest leaf row is the chain;
     where it is shorter than D, the highest-index nodes off it hang below its end in index order;
     then chain tokens, siblings with a chain token and children of the end with the block token."""
     tok, par, pos = (list(map(int, tree[k])) for k in ("tokens", "parents", "positions"))

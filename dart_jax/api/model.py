@@ -75,10 +75,9 @@ def demo_paths(name: str = "smollm2", folder: Path = DEMO_DIR) -> tuple[Path, Pa
     return base, head, trie
 
 
-# the SmolLM2 demo's draft tree on a CPU: there a verify costs about 1.8x (4 nodes), 2.4x (8) and
-# 3.6x (16) a plain token, and on held-out prompts a fixed 7-node tree beat 3 and 15 nodes and
-# keep="auto", whose estimates settle on plain decoding within a short answer
-# (benchmarks/RESULTS.md, 2026-11-25); accelerators keep "auto" up to 60 nodes
+# the SmolLM2 demo's draft tree on a CPU: there a verify's cost grows with its nodes, and on
+# held-out prompts a fixed 7-node tree beat 3 and 15 nodes and keep="auto", whose estimates settle
+# on plain decoding within a short answer (benchmarks/RESULTS.md); accelerators keep "auto" up to 60 nodes
 DEMO_CPU_KEEP = 7
 
 

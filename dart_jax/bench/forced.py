@@ -27,7 +27,7 @@ timed and taken out of DART's wall time (`force_ms` reports it); what remains is
 
 With `--device-steps N` (the trees searched on the device, N steps per device call) the edit runs
 on the device too, inside the loop between each step's search and its verify
-(`device_tree.force_trees`): the host hands each call the rows' references, their tokens so far and N
+(`forced_device.DeviceForcing`, the engine's `TreeEdit` hook): the host hands each call the rows' references, their tokens so far and N
 depths per row drawn from the same `DepthSequence` (a row that stops early leaves its last draws
 unused). It differs from the host's edit in the chain it takes: the tree's deepest leaf path (its
 first, on ties) rather than a walk down matching or best-ranked children, made D nodes long where
@@ -70,6 +70,7 @@ import numpy as np
 from dart_jax.bench.e2e import open_model, tree_label
 from dart_jax.bench.util import check_reps, median, progress
 from dart_jax.decoding.batcher import Batcher
+from dart_jax.bench.forced_device import DeviceForcing
 from dart_jax.decoding.layout import device_steps_layout
 
 __all__ = ["DepthSequence", "ForcedBatcher", "acceptance_rate", "force_tree", "encode_tree", "parse_taus", "run_forced"]
@@ -236,7 +237,8 @@ class ForcedBatcher(Batcher):
     """The DART pool with acceptance forced to a mean length `tau` (module docstring): submit each
     request with `submit_forced(ids, settings, reference)`, where `reference` is its greedy
     continuation (plain decoding's tokens, the prefill's first token first). On an engine with
-    `device_steps` the trees are edited in the device loop (`_device_force`), and `force_s` stays 0."""
+    `device_steps` the trees are edited in the device loop (`_device_edit`: `DeviceForcing`), and
+    `force_s` stays 0."""
 
     def __init__(self, engine, slots: int, max_length: int, *, tau: float, seed: int = 0, overlap: bool = False):
         if engine.adaptive:
@@ -252,7 +254,7 @@ class ForcedBatcher(Batcher):
         self.capped_steps = 0  # steps whose chain the tree or the reference's end cut short
         if engine.device_steps:
             self.device_outputs = device_steps_layout(engine.device_steps, self.depth, self.context, self.fields,
-                                                      forced=True)
+                                                      extra=DeviceForcing().fields(engine.device_steps))
             # a fixed reference width (no new compilation per request): a row reads its reference up to
             # the token after its last chain, at most max_length + depth
             self.reference_width = self.max_length + self.depth + 1
@@ -301,8 +303,8 @@ class ForcedBatcher(Batcher):
         self.force_s += time.perf_counter() - t0
         return packed
 
-    def _device_force(self, rows: list[int], m: int, steps: int) -> dict:
-        """The device loop's forcing input (`engine._device_steps`): each forced row's reference,
+    def _device_edit(self, rows: list[int], m: int, steps: int) -> tuple[DeviceForcing, dict]:
+        """The device loop's forcing (`DeviceForcing`) and its inputs: each forced row's reference,
         tokens so far and `steps` depths drawn now (those of steps a row does not take go unused)."""
         reference = np.full((m, self.reference_width), -1, np.int32)
         done, depths, forced = np.zeros(m, np.int32), np.zeros((m, steps), np.int32), np.zeros(m, bool)
@@ -314,10 +316,10 @@ class ForcedBatcher(Batcher):
                 ref = ref[:self.reference_width]
                 reference[slot, :ref.size], forced[slot] = ref, True
                 depths[slot] = [self.depths() for _ in range(steps)]
-        return {"reference": jnp.asarray(reference), "done": jnp.asarray(done), "depths": jnp.asarray(depths),
-                "forced": jnp.asarray(forced)}
+        return DeviceForcing(), {"reference": jnp.asarray(reference), "done": jnp.asarray(done),
+                                 "depths": jnp.asarray(depths), "forced": jnp.asarray(forced)}
 
-    def _device_forced(self, rows: list[int], out: dict) -> None:
+    def _device_edited(self, rows: list[int], out: dict) -> None:
         for slot in rows:
             self.drawn.extend(int(d) for d in out["drawn"][slot] if d > 0)
         self.unforced_steps += int(out["unforced"][rows].sum())

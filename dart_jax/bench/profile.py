@@ -19,7 +19,8 @@ per phase, mean ms per step (the rows add up to the step's wall time):
   cache_write                 the accepted path's keys/values into the cache
   draft_head                  the drafter's call for the next step (draft_lm_head: its LM head)
   device_tree_search          the tree search on the device (`--device-steps`: the device loop)
-  forcing                     --force-tau's edit of the trees in the device loop (bench work, not DART's)
+  forcing                     --force-tau's edit of the trees in the device loop (bench work, not DART's:
+                              the loop's `tree_edit` scope)
   device_other                device work outside those scopes (copies, cache views)
   transfers                   host↔device copies the trace shows (GPU memcpy events; none on a CPU)
   dispatch_and_sync           the device call's wall time not covered by device work: launch,
@@ -97,7 +98,7 @@ def phase_of(scope: str | None, name: str) -> str:
         return "draft_lm_head" if "lm_head" in parts else "draft_head"
     if "tree_search" in parts:
         return "device_tree_search"
-    if "force" in parts:
+    if "tree_edit" in parts:  # the only edit of the device loop's trees is the forced bench's
         return "forcing"
     return "device_other"
 

@@ -39,8 +39,8 @@ class ModelDef:
     """What rebuilds a module from its arrays besides the arrays: the `nnx.split` GraphDef and the
     tree structure of its state. The jitted functions take a module's state as the flat tuple of
     its arrays (`split_flat`) and rebuild it with `merge`: JAX flattens a tuple of arrays in C++,
-    where an `nnx.State` goes through Python on every call (0.28 ms a step for the 415 arrays of
-    a 36-layer target with its DART head, on the host's critical path between two device calls)."""
+    where an `nnx.State` goes through Python on every call, on the host's critical path between two
+    device calls (benchmarks/RESULTS.md)."""
 
     graph: nnx.GraphDef
     tree: jax.tree_util.PyTreeDef

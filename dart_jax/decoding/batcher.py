@@ -21,12 +21,9 @@ lands alone) to admit waiting requests, and when the live rows change or one hal
 row (then the default whole-pool step runs); tree size 0 (keep="auto"'s plain chunks) runs on the
 whole pool. When it pays: each half-step runs the whole model once more (on a GPU at small batch
 it streams every weight again, ≈ the cost of a plain token of the target), so overlap wins only
-where the host search of one half takes at least what the second device call adds; e.g. at the
-Qwen3-8B shape, 36 layers, bf16 on an H100 (benchmarks/RESULTS.md, 2026-11-25: a 1-node verify
-8.0 ms, a 60-node one 12.4 ms, mostly weight reads) a half-step costs about 8 ms more than
-sharing one call, so it gains when searching half the pool's trees takes ≥ 8 ms; with 61-node
-trees (≈ 1-3 ms each on the host) that is batch 8 and more, not batch 2-4, never batch 1 (no
-split), nor a CPU, where XLA already keeps every core busy with the device work. `overlap_stats` counts
+where the host search of one half takes at least what the second device call adds: large batches
+of big trees on an accelerator, never batch 1 (no split), nor a CPU, where XLA already keeps every
+core busy with the device work (benchmarks/RESULTS.md has the measured break-even). `overlap_stats` counts
 the half-steps and the host's search and wait seconds (how much search the device time hid).
 """
 from __future__ import annotations
@@ -34,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +42,7 @@ from dart_jax.models.multihost import to_host
 
 from .adaptive import median_time
 from .autoregressive import attention_window, live_rows
+from .device_tree import TreeEdit
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats
 from .sampling import SamplingParams
@@ -406,17 +405,18 @@ class Batcher(SlotPool):
         # every slot the last step may read or write: its tree past the previous steps' tokens, its draft
         reach = committed + (steps - 1) * (self.depth + 1) + engine.drafter.reach(self.depth + 1)
         window = attention_window(reach, self.length)
-        force = self._device_force(rows, m, steps)
+        edit = self._device_edit(rows, m, steps)
         t0 = time.perf_counter()
         proposal = {name: jnp.asarray(a[:m]) for name, a in self.proposal.items()}
         packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.steps_on_device(
             proposal, jnp.asarray(self.preceding[:m], jnp.int32), jnp.asarray(self.preceding_len[:m], jnp.int32),
             self.cache, self.draft_cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
-            jnp.asarray(stops), depth=self.depth, k=self.k, window=window, force=force)
+            jnp.asarray(stops), depth=self.depth, k=self.k, window=window,
+            **({} if edit is None else {"edit": edit[0], "edit_inputs": edit[1]}))
         out = self.device_outputs.unpack(np.asarray(packed))
         elapsed = time.perf_counter() - t0
-        if force is not None:
-            self._device_forced(rows, out)
+        if edit is not None:
+            self._device_edited(rows, out)
         events = []
         for slot in rows:
             request = self.busy[slot]
@@ -438,14 +438,13 @@ class Batcher(SlotPool):
                 events.append(self._take(request, step_ids, count))
         return events
 
-    def _device_force(self, rows: list[int], m: int, steps: int) -> dict | None:
-        """The forcing input of a device call over the first m rows (`bench.forced.ForcedBatcher`;
-        `engine._device_steps`' `force`); None: DART's own trees."""
+    def _device_edit(self, rows: list[int], m: int, steps: int) -> tuple[TreeEdit, Any] | None:
+        """A change to the trees of a device call over the first m rows, with its inputs
+        (`device_tree.TreeEdit`, `Engine.steps_on_device`); None (here): DART's own trees."""
         return None
 
-    def _device_forced(self, rows: list[int], out: dict) -> None:
-        """A forced device call's answer (`device_steps_layout(..., forced=True)`, unpacked), for the
-        pool that asked for it (`_device_force`)."""
+    def _device_edited(self, rows: list[int], out: dict) -> None:
+        """The answer of a device call that `_device_edit` changed (unpacked, with the edit's fields)."""
 
     def _advance_plain(self, rows: list[int], m: int) -> list[tuple[Request, list[int], int]]:
         """Tree size 0: a chunk of plain decoding for every busy slot (dart_jax.decoding.adaptive)."""

@@ -1,9 +1,9 @@
 """The draft-tree search of docs/spec.md §5 in JAX, so that it can run on the accelerator.
 
 The host's search (`dart_jax.ngram.build_tree`, Numba) sits between two device calls in every
-step: the device waits while the host searches, and each step pays a host round trip (on an H200
-at the Qwen3-8B shape a host call cost about 1.5 ms more than a token of a device loop;
-benchmarks/RESULTS.md, 2026-11-26). A search written with array operations of static shapes can
+step: the device waits while the host searches, and each step pays a host round trip (on a GPU a
+host call costs more than a token of a device loop; benchmarks/RESULTS.md has the figures). A
+search written with array operations of static shapes can
 run inside the step's own program, which is what a decoding loop on the device needs.
 
 `search_tree` builds the same tree as `build_tree` — the same scores (float32, the same formula
@@ -28,14 +28,14 @@ table of the root's children) on the device, a child found by a search that cuts
 sorted list into 16 parts a step (a fixed number of steps: the largest list's). Inputs are not
 checked here (the caller's drafter gives ids in range and probabilities in [0, 1]).
 
-`force_trees` edits searched trees so that greedy acceptance takes a chosen number of a reference's
-tokens: the forced-acceptance benchmark (`dart_jax.bench.forced`) in the device loop.
+`TreeEdit` is the device loop's one hook: a change to each searched tree before its verify, with
+a state of its own carried from step to step (a benchmark uses it; DART itself edits nothing).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -272,62 +272,41 @@ def search_trees(topk_ids, topk_probs, preceding, preceding_len, trie: DeviceTri
         topk_ids, topk_probs, preceding, preceding_len)
 
 
-def force_trees(tree: dict, reference, done, want) -> tuple[dict, jax.Array, jax.Array]:
-    """Searched trees (the `tree_layout` fields, [m, ...]) edited so that greedy acceptance takes
-    exactly D nodes and the bonus where the target follows `reference` (`bench.forced` in the
-    device loop). The chain is the row's deepest leaf path (its first retrieve row with the most
-    nodes), made D nodes long: where it is shorter, the last nodes off it (the highest indices: a
-    set that holds every child of its nodes, as nodes come by depth) move below its end, one after
-    the other; then its nodes at depths 1..D take reference[done .. done + D - 1], and a sibling of
-    a chain node with that node's token, or a child of the chain's end with reference[done + D]
-    (the block), another token. D = `want` capped by the tree's real nodes and by what is left of
-    the reference (int32[m, R], -1 padded). The tree keeps its node count and real nodes (no node
-    moves where the path is deep enough); the retrieve rows of the moved nodes' old paths go (the
-    chain's row holds those nodes now). Moved nodes leave the search's order (a parent may then come
-    after its child) and ancestors of moved leaves may lie on no retrieve row: the verify, greedy
-    acceptance and the commit do not depend on either, sampled acceptance would (its sibling ranks),
-    so these trees are for greedy acceptance only, as forcing is. → (the trees, D [m], capped [m]:
-    D < want)."""
-    tokens, positions, parents, mask, retrieve = (tree[name] for name in ("tokens", "positions", "parents", "mask",
-                                                                          "retrieve"))
-    m, n = tokens.shape
-    width = retrieve.shape[2]
-    index, rows, at = jnp.arange(n), jnp.arange(m)[:, None], jnp.arange(width)
-    lengths = (retrieve >= 0).sum(axis=2)  # [m, leaves]: nodes on each leaf's path, root included
-    best = jnp.argmax(lengths, axis=1)
-    chain = retrieve[jnp.arange(m), best]  # [m, depth + 1]: node at each depth of the deepest path, -1 past it
-    deep = jnp.maximum(lengths.max(axis=1) - 1, 0)
-    free = (parents >= 0) & ~jnp.any(index[None, :, None] == chain[:, None, :], axis=2)  # real, off the path
-    left = jnp.maximum((reference >= 0).sum(axis=1) - done, 0)
-    placed = jnp.minimum(jnp.minimum(want, deep + free.sum(axis=1)), left)
-    moves = jnp.maximum(placed - deep, 0)
-    later = jnp.cumsum(free[:, ::-1], axis=1)[:, ::-1] - free  # free nodes of higher index
-    moved = free & (later < moves[:, None])
-    positions = jnp.where(moved, (deep + moves)[:, None] - later, positions)
-    placing = moved[:, None, :] & (positions[:, None, :] == at[None, :, None])  # [m, depth + 1, n]
-    chain = jnp.where(placing.any(axis=2), jnp.argmax(placing, axis=2), chain)
-    parents = jnp.where(moved, chain[rows, jnp.maximum(positions - 1, 0)], parents)
-    is_chain = index[None, None, :] == chain[:, :, None]  # [m, depth + 1, n]
-    chain_depth = jnp.where(is_chain.any(axis=1), jnp.argmax(is_chain, axis=1), width)  # [m, n]
-    mask = jnp.where(moved[:, :, None], chain_depth[:, None, :] <= positions[:, :, None], mask)
-    through = jnp.any(moved[rows[:, :, None], jnp.maximum(retrieve, 0)] & (retrieve >= 0), axis=2)  # [m, leaves]
-    retrieve = jnp.where(through[:, :, None], -1, retrieve).at[jnp.arange(m), best].set(chain)
+class LoopStep(NamedTuple):
+    """What a `TreeEdit` sees of step `i` of the device loop, for the m rows of the call: `active`
+    bool[m] (rows still decoding), `n_out` int32[m] (tokens each row committed in earlier steps of
+    this call), and after the commit `emitted` int32[m] (tokens it commits at this step) and
+    `follow` int32[m, depth + 1] (those tokens first; zeros before the commit)."""
+    i: jax.Array
+    active: jax.Array
+    n_out: jax.Array
+    emitted: jax.Array | None = None
+    follow: jax.Array | None = None
 
-    def ref(i):  # reference[i], -1 past its end
-        return jnp.where(i < reference.shape[1],
-                         jnp.take_along_axis(reference, jnp.clip(i, 0, reference.shape[1] - 1), axis=1), -1)
 
-    depth = jnp.clip(positions, 1, width - 1)  # (the root and padding: masked by `within`)
-    within = (positions >= 1) & (positions <= placed[:, None])
-    chain_token = ref(done[:, None] + depth - 1)  # [m, n]: the chain's token at each node's depth
-    on_chain = within & (chain[rows, depth] == index[None, :])
-    sibling = within & ~on_chain & (parents == chain[rows, depth - 1]) & (tokens == chain_token)
-    end = jnp.take_along_axis(chain, placed[:, None], axis=1)  # [m, 1]: the chain's last node
-    blocked = (parents >= 0) & (parents == end) & (tokens == ref(done[:, None] + placed[:, None]))
-    other = jnp.where(tokens > 0, tokens - 1, 1)  # any token but this one
-    tokens = jnp.where(on_chain, chain_token, jnp.where(sibling | blocked, other, tokens))
-    return ({"tokens": tokens, "positions": positions, "parents": parents, "mask": mask, "retrieve": retrieve},
-            placed, placed < want)
+class TreeEdit:
+    """A change to the searched trees of every step of `Engine.steps_on_device` before their verify.
+    An instance is a static argument of the compiled loop (hashable, e.g. a frozen dataclass: one
+    compiled loop per distinct edit); `inputs` is a pytree of device arrays handed to each call.
+    `start` makes the edit's state (a pytree carried through the loop), `before_verify` edits the
+    trees (the `tree_layout` fields, [m, ...]) and `after_commit` updates the state from what the
+    step committed; `fields` are extra per-row outputs of the call (`layout.Field`s, appended to
+    `device_steps_layout`) and `outputs` their values from the final state."""
+
+    def start(self, inputs: Any, m: int, steps: int) -> Any:
+        raise NotImplementedError
+
+    def before_verify(self, tree: dict, state: Any, inputs: Any, step: LoopStep) -> tuple[dict, Any]:
+        raise NotImplementedError
+
+    def after_commit(self, state: Any, inputs: Any, step: LoopStep) -> Any:
+        return state
+
+    def fields(self, steps: int) -> tuple:
+        return ()
+
+    def outputs(self, state: Any) -> dict:
+        return {}
 
 
 def host_tree(tree: DraftTree) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, jitted,
                              put_window, split_flat, window_view)
 from .batcher import Batcher, PlainBatcher
 from .drafter import DartDrafter, Drafter
-from .device_tree import DeviceSearch, DeviceTrie, force_trees, search_trees
+from .device_tree import DeviceSearch, DeviceTrie, LoopStep, TreeEdit, search_trees
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Stats, check_prompt
 from .sampling import accept_trees, sample_tokens, split_rows
@@ -189,89 +189,74 @@ def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draf
 
 
 def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal, preceding_len, cache: KVCache,
-                  draft_cache, cache_len, keys, params, remaining, stops, eos, force=None, *, n: int, depth: int,
-                  k: int, window: int, steps: int, search: DeviceSearch):
+                  draft_cache, cache_len, keys, params, remaining, stops, eos, edit_inputs=None, *, n: int, depth: int,
+                  k: int, window: int, steps: int, search: DeviceSearch, edit: TreeEdit | None = None):
     """Up to `steps` speculative steps of the first m = preceding.shape[0] rows in one device loop,
     the draft trees searched on the device (`device_tree.search_trees`: the host search's trees):
     `proposal` the drafter's last proposal, `preceding` [m,P] the ids fed to it (the first
     `preceding_len`; the last is the root). A row stops on an id of `eos` (kept) where `stops` [m]
     says so, and after `remaining` [m] tokens; the loop ends when every row has stopped. → packed
     `device_steps_layout` [m] (the tokens each row committed, its accepted length per step, and
-    what the next call starts from), caches, lengths, keys.
+    what the next call starts from, then the `edit`'s fields), caches, lengths, keys.
 
-    `force` (`bench.forced` in the device loop; None: none, and no op of it in the program): a dict
-    of `reference` int32[m,R] (each row's greedy continuation from its first token, -1 padded),
-    `done` int32[m] (its tokens committed before this call), `depths` int32[m,steps] (the chain
-    length asked at each step) and `forced` bool[m] (rows that still follow their reference). Each
-    forced row's tree is edited by `device_tree.force_trees` before its verify; a row whose committed tokens
-    leave its reference is no longer forced. The layout then adds, per row, `drawn` (D + 1 of each
-    forced step, 0 for another), `unforced` (steps taken unforced) and `capped` (steps whose D was
-    cut short)."""
+    `edit` (static; None: DART's own trees, and no op of an edit in the program) changes each
+    step's searched trees before their verify (`device_tree.TreeEdit`), fed `edit_inputs`."""
     pair = model.merge(state)
     m, width = preceding.shape[0], depth + 1
     rows = jnp.arange(m)[:, None]
     j = jnp.arange(width)[None, :]
 
-    def body(carry):
-        (i, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out, out, counts,
-         forcing) = carry
-        active = remaining > 0
+    def body(c: dict) -> dict:
+        c = dict(c)
+        i, active = c["i"], c["remaining"] > 0
         with jax.named_scope("tree_search"):
-            found = search_trees(proposal["cand_ids"], proposal["cand_probs"], preceding, plen, trie, search)
+            found = search_trees(c["proposal"]["cand_ids"], c["proposal"]["cand_probs"], c["preceding"], c["plen"],
+                                 trie, search)
         tree = {"tokens": found.tokens, "positions": found.positions, "parents": found.parents, "mask": found.mask,
                 "retrieve": found.retrieve}
-        if force is not None:
-            with jax.named_scope("force"):
-                on = forcing["forced"] & active
-                edited, placed, capped = force_trees(tree, force["reference"], force["done"] + n_out,
-                                                     force["depths"][:, i])
-                tree = jax.tree.map(lambda new, old: jnp.where(on.reshape((m,) + (1,) * (new.ndim - 1)), new, old),
-                                    edited, tree)
-        res, cache, draft_cache, new_len, keys = _step_core(pair, drafter_cls, tree, None, cache, draft_cache, cache_len,
-                                                            keys, params, n=n, depth=depth, k=k, window=window)
+        if edit is not None:
+            with jax.named_scope("tree_edit"):
+                tree, c["edit"] = edit.before_verify(tree, c["edit"], edit_inputs, LoopStep(i, active, c["n_out"]))
+        res, c["cache"], c["draft_cache"], new_len, c["keys"] = _step_core(
+            pair, drafter_cls, tree, None, c["cache"], c["draft_cache"], c["cache_len"], c["keys"], params, n=n,
+            depth=depth, k=k, window=window)
         count, follow = res["count"], res["follow"]  # follow[:, :count]: the step's committed tokens
         with jax.named_scope("stops"):
             is_eos = jnp.any(follow[..., None] == eos[None, None, :], axis=-1) & (j < count[:, None]) & stops[:, None]
             first_eos = jnp.min(jnp.where(is_eos, j, width), axis=1)
-            emitted = jnp.where(active, jnp.minimum(jnp.minimum(count, first_eos + 1), remaining), 0)
-            cols = jnp.where(j < emitted[:, None], n_out[:, None] + j, out.shape[1])  # past the end: dropped
-            out = out.at[rows, cols].set(follow, mode="drop")
-            remaining = jnp.where(active & (first_eos >= emitted), remaining - emitted, 0)
-            counts = counts.at[:, i].set(jnp.where(active, count, 0))
-            cache_len = cache_len.at[:m].set(jnp.where(active, new_len[:m], cache_len[:m]))
+            emitted = jnp.where(active, jnp.minimum(jnp.minimum(count, first_eos + 1), c["remaining"]), 0)
+            cols = jnp.where(j < emitted[:, None], c["n_out"][:, None] + j, c["out"].shape[1])  # past the end: dropped
+            c["out"] = c["out"].at[rows, cols].set(follow, mode="drop")
+            c["remaining"] = jnp.where(active & (first_eos >= emitted), c["remaining"] - emitted, 0)
+            c["counts"] = c["counts"].at[:, i].set(jnp.where(active, count, 0))
+            c["cache_len"] = c["cache_len"].at[:m].set(jnp.where(active, new_len[:m], c["cache_len"][:m]))
             # the next search's preceding ids: the root, the accepted tokens and the bonus
             fed = jnp.concatenate([res["path_tokens"][:, :1], follow], axis=1)
-            fed = jnp.pad(fed, ((0, 0), (0, preceding.shape[1] - fed.shape[1])))
-            preceding = jnp.where(active[:, None], fed, preceding)
-            plen = jnp.where(active, count + 1, plen)
-            proposal = jax.tree.map(lambda new, old: jnp.where(active.reshape((m,) + (1,) * (new.ndim - 1)), new, old),
-                                    res["proposal"], proposal)
-        if force is not None:
-            with jax.named_scope("force"):
-                at = force["done"][:, None] + n_out[:, None] + j  # the committed tokens' places in the reference
-                ref = jnp.take_along_axis(force["reference"], jnp.minimum(at, force["reference"].shape[1] - 1), axis=1)
-                follows = jnp.all((j >= emitted[:, None]) | ((at < force["reference"].shape[1]) & (follow == ref)),
-                                  axis=1)
-                forcing = {"forced": forcing["forced"] & follows,
-                           "drawn": forcing["drawn"].at[:, i].set(jnp.where(on, placed + 1, 0)),
-                           "unforced": forcing["unforced"] + (active & ~forcing["forced"]),
-                           "capped": forcing["capped"] + (on & capped)}
-        return (i + 1, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out + emitted, out,
-                counts, forcing)
+            fed = jnp.pad(fed, ((0, 0), (0, c["preceding"].shape[1] - fed.shape[1])))
+            c["preceding"] = jnp.where(active[:, None], fed, c["preceding"])
+            c["plen"] = jnp.where(active, count + 1, c["plen"])
+            c["proposal"] = jax.tree.map(
+                lambda new, old: jnp.where(active.reshape((m,) + (1,) * (new.ndim - 1)), new, old),
+                res["proposal"], c["proposal"])
+        if edit is not None:
+            with jax.named_scope("tree_edit"):
+                c["edit"] = edit.after_commit(c["edit"], edit_inputs, LoopStep(i, active, c["n_out"], emitted, follow))
+        c["n_out"] = c["n_out"] + emitted
+        c["i"] = i + 1
+        return c
 
-    forcing = None if force is None else {"forced": force["forced"], "drawn": jnp.zeros((m, steps), jnp.int32),
-                                          "unforced": jnp.zeros((m,), jnp.int32), "capped": jnp.zeros((m,), jnp.int32)}
-    start = (jnp.int32(0), proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, remaining,
-             jnp.zeros((m,), jnp.int32), jnp.full((m, steps * width), -1, jnp.int32), jnp.zeros((m, steps), jnp.int32),
-             forcing)
-    (_, proposal, preceding, plen, cache, draft_cache, cache_len, keys, remaining, n_out, out,
-     counts, forcing) = jax.lax.while_loop(lambda c: (c[0] < steps) & jnp.any(c[8] > 0), body, start)
+    carry = {"i": jnp.int32(0), "proposal": proposal, "preceding": preceding, "plen": preceding_len, "cache": cache,
+             "draft_cache": draft_cache, "cache_len": cache_len, "keys": keys, "remaining": remaining,
+             "n_out": jnp.zeros((m,), jnp.int32), "out": jnp.full((m, steps * width), -1, jnp.int32),
+             "counts": jnp.zeros((m, steps), jnp.int32),
+             "edit": None if edit is None else edit.start(edit_inputs, m, steps)}
+    c = jax.lax.while_loop(lambda c: (c["i"] < steps) & jnp.any(c["remaining"] > 0), body, carry)
     layout = device_steps_layout(steps, depth, preceding.shape[1], drafter_cls.proposal_fields(depth, k, n),
-                                 forced=force is not None)
-    packed = layout.pack({"n_out": n_out, "out": out, "counts": counts, "preceding": preceding, "preceding_len": plen,
-                          **proposal, **({} if forcing is None else
-                                         {name: forcing[name] for name in ("drawn", "unforced", "capped")})})
-    return packed, cache, draft_cache, cache_len, keys
+                                 extra=() if edit is None else edit.fields(steps))
+    packed = layout.pack({"n_out": c["n_out"], "out": c["out"], "counts": c["counts"], "preceding": c["preceding"],
+                          "preceding_len": c["plen"], **c["proposal"],
+                          **({} if edit is None else edit.outputs(c["edit"]))})
+    return packed, c["cache"], c["draft_cache"], c["cache_len"], c["keys"]
 
 
 def _plain(model: ModelDef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
@@ -446,7 +431,7 @@ class Engine:
         self._device_search = DeviceSearch(keep=self.tree.keep, beam_width=self.tree.beam_width,
                                            ngram_weight=self.tree.ngram_weight, eos_id=tree_eos_id)
         self._device_loop = _by_tree_rows(lambda options: jitted(
-            _device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "steps", "search"),
+            _device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "steps", "search", "edit"),
             donate_argnames=_DONATE, compiler_options=options), gemms, True)
 
     # ------------------------------------------------------------------ device calls (a pool's caches)
@@ -479,14 +464,16 @@ class Engine:
         return self._device_trie[0] if self._device_trie else None
 
     def steps_on_device(self, proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, params,
-                        remaining, stops, *, depth: int, k: int, window: int, force: dict | None = None):
+                        remaining, stops, *, depth: int, k: int, window: int, edit: TreeEdit | None = None,
+                        edit_inputs=None):
         """`device_steps` speculative steps of the first m = preceding.shape[0] rows in one device
-        call (see `_device_steps`; `stops` [m]: whether a row stops at EOS; `force`: forced
-        acceptance, another compiled loop) → (packed `device_steps_layout` [m], caches, lengths, keys)."""
+        call (see `_device_steps`; `stops` [m]: whether a row stops at EOS; `edit`: a change to
+        every searched tree before its verify, another compiled loop, fed `edit_inputs`) →
+        (packed `device_steps_layout` [m], caches, lengths, keys)."""
         return self._device_loop(self._state, preceding, self.device_trie(), proposal, preceding_len, cache,
-                                 draft_cache, cache_len, keys, params, remaining, stops, self.eos_row, force,
+                                 draft_cache, cache_len, keys, params, remaining, stops, self.eos_row, edit_inputs,
                                  n=self.n_nodes, depth=depth, k=k, window=window, steps=self.device_steps,
-                                 search=self._device_search)
+                                 search=self._device_search, edit=edit)
 
     def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
               window: int, chunk: int | None = None):

@@ -98,12 +98,10 @@ def plain_layout(chunk: int, proposal: tuple[Field, ...]) -> Layout:
 
 
 def device_steps_layout(steps: int, depth: int, preceding: int, proposal: tuple[Field, ...], *,
-                        forced: bool = False) -> Layout:
+                        extra: tuple[Field, ...] = ()) -> Layout:
     """What a device loop of up to `steps` speculative steps returns per sequence: `n_out` tokens
     committed (`out`, -1 after), the accepted length of each step (`counts`, 0 for a step it did not
     take), and the next call's start: the preceding ids (the first `preceding_len`) and the
-    drafter's proposal. `forced` (forced acceptance, `engine._device_steps`): also the chain length
-    + 1 placed at each step (`drawn`, 0 for a step not forced) and the `unforced` and `capped` steps."""
-    extra = (Field("drawn", (steps,)), Field("unforced", ()), Field("capped", ())) if forced else ()
+    drafter's proposal; then `extra` (a `device_tree.TreeEdit`'s fields)."""
     return Layout((Field("n_out", ()), Field("out", (steps * (depth + 1),)), Field("counts", (steps,)),
                    Field("preceding", (preceding,)), Field("preceding_len", ())) + proposal + extra)

@@ -111,8 +111,8 @@ def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
 def vocab_argmax(logits: jax.Array) -> jax.Array:
     """int32 index of the largest logit along the last axis, the first one on ties and the first
     NaN where there is one: what `jnp.argmax` gives. Written as a max, then the smallest index that
-    holds it, because XLA:CPU runs `jnp.argmax`'s (value, index) reduction over a 49 k vocabulary
-    about 4x slower than these two plain reductions (0.87 vs 0.19 ms for 8 rows of SmolLM2's)."""
+    holds it, because XLA:CPU runs `jnp.argmax`'s (value, index) reduction over a vocabulary-wide
+    row several times slower than these two plain reductions (benchmarks/RESULTS.md)."""
     top = jnp.max(logits, axis=-1, keepdims=True)
     hit = (logits == top) | jnp.isnan(logits)
     index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)

@@ -140,9 +140,8 @@ def group_queries(q: jax.Array, kv_heads: int) -> jax.Array:
     """q [B, T, Hq, D] → [B, Hkv, G·T, D], G = Hq / Hkv: each KV head's queries as the rows of one
     matrix (row g·T + t: query head g of the group at token t), so that attention is one batched
     matmul per KV head. XLA:CPU multiplies this layout faster than [B, T, Hkv, G, D] against the
-    same keys: a tree verify of SmolLM2 (8 nodes, 30 layers) took 21.5 instead of 22.3 ms over a
-    256-slot window, 24.4 instead of 25.7 over 512 (`Qwen3.verify`; a long prefill keeps `attention`,
-    whose float32 sums it would reorder past the parity tests' 1e-4)."""
+    same keys (benchmarks/RESULTS.md; `Qwen3.verify`; a long prefill keeps `attention`, whose
+    float32 sums it would reorder past the parity tests' 1e-4)."""
     b, t, hq, d = q.shape
     g = hq // kv_heads
     return q.reshape(b, t, kv_heads, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, d)
