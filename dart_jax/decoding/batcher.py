@@ -47,6 +47,7 @@ from .layout import device_steps_layout, plain_layout, prefill_layout, step_layo
 from .requests import Budget, Stats
 from .sampling import SamplingParams
 from .settings import GenerationSettings
+from .state import PoolState
 
 
 @dataclasses.dataclass(eq=False)
@@ -116,10 +117,14 @@ class SlotPool:
         self.engine, self.slots, self.max_length = engine, int(slots), int(max_length)
         self.length = self._cache_length()
         b = self.slots
-        self.cache_len = jnp.zeros((b,), jnp.int32)
-        self.keys = jax.random.split(jax.random.key(0), b)  # placeholders: a request brings its own
         self.settings: list[GenerationSettings | None] = [None] * b
-        self.params, self._stale_params = self._params(), False
+        _, caches = engine.pool.take(
+            self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
+            fix="use fewer slots (batch size) or a smaller max_length.")
+        # the keys are placeholders: a request brings its own
+        self.state = PoolState(*caches, cache_len=jnp.zeros((b,), jnp.int32),
+                               keys=jax.random.split(jax.random.key(0), b), params=self._params())
+        self._stale_params = False
         self.busy: list[Request | None] = [None] * b
         self.waiting: collections.deque[Request] = collections.deque()
         self._submitted = 0
@@ -193,7 +198,7 @@ class SlotPool:
         raise NotImplementedError
 
     def _keep_caches(self) -> None:
-        raise NotImplementedError
+        self.engine.pool.keep(self.length, self.state.caches(), self.slots)
 
     def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
         raise NotImplementedError
@@ -236,12 +241,12 @@ class SlotPool:
         ids = np.zeros((m, bucket), np.int32)
         prompt_len = np.ones(m, np.int32)
         start = np.full(m, self.length, np.int32)
-        fresh = list(self.keys)
+        fresh = list(self.state.keys)
         for slot, request in joining:
             ids[slot, :request.prompt_ids.size] = request.prompt_ids
             prompt_len[slot], start[slot] = request.prompt_ids.size, 0
             fresh[slot] = jax.random.key(request.settings.seed)
-        self.params, self._stale_params, self.keys = self._params(), False, jnp.stack(fresh)
+        self.state, self._stale_params = self.state.replace(params=self._params(), keys=jnp.stack(fresh)), False
         return joining, ids, prompt_len, start
 
     def _live(self) -> int:
@@ -252,7 +257,8 @@ class SlotPool:
         joined[[slot for slot, _ in joining]] = True
         lengths = np.zeros(self.slots, np.int32)
         lengths[:prompt_len.size] = prompt_len
-        self.cache_len = jnp.where(jnp.asarray(joined), jnp.asarray(lengths), self.cache_len)
+        self.state = self.state.replace(cache_len=jnp.where(jnp.asarray(joined), jnp.asarray(lengths),
+                                                            self.state.cache_len))
 
 
 @dataclasses.dataclass(eq=False)
@@ -293,9 +299,6 @@ class Batcher(SlotPool):
         self.outputs = step_layout(self.depth, self.fields)
         self.trees = {size: tree_layout(size + 1, self.depth) for size in engine.tree_sizes if size}
         self.plain = plain_layout(engine.plain_chunk, self.fields)
-        _, (self.cache, self.draft_cache) = engine.pool.take(
-            self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
-            fix="use fewer slots (batch size) or a smaller max_length.")
         b = self.slots
         self.proposal = {f.name: np.zeros((b, *f.shape), np.float32 if f.dtype == "float32" else np.int32)
                          for f in self.fields}
@@ -314,16 +317,13 @@ class Batcher(SlotPool):
     def _cache_length(self) -> int:
         return self.engine.cache_length(self.max_length - 1, self.max_length)
 
-    def _keep_caches(self) -> None:
-        self.engine.pool.keep(self.length, (self.cache, self.draft_cache), self.slots)
-
     def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
         engine = self.engine
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
-        packed, self.cache, self.draft_cache, self.keys = engine.prefill(
-            jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.cache,
-            self.draft_cache, self.keys, self.params, rows=self.depth, k=self.k, nodes=engine.n_nodes,
+        packed, self.state = engine.prefill(
+            jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.state, rows=self.depth, k=self.k,
+            nodes=engine.n_nodes,
             draft_window=min(engine.drafter.reach(ids.shape[1]), self.length))
         self._joined(joining, prompt_len)
         out = prefill_layout(self.fields).unpack(np.asarray(packed))
@@ -351,7 +351,7 @@ class Batcher(SlotPool):
     def _advance(self) -> list[tuple[Request, list[int], int]]:
         engine = self.engine
         if self._stale_params:
-            self.params, self._stale_params = self._params(), False
+            self.state, self._stale_params = self.state.replace(params=self._params()), False
         if self.overlap:
             plan = self._halves()
             if plan is not None:
@@ -370,9 +370,8 @@ class Batcher(SlotPool):
         t0 = time.perf_counter()
         packed_tree = self._search(size, rows, m)
         t1 = time.perf_counter()
-        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.step(
-            packed_tree, self.cache, self.draft_cache, self.cache_len, self.keys,
-            self.params, n=size + 1, depth=self.depth, k=self.k, window=window)
+        packed, self.state = engine.step(packed_tree, self.state, n=size + 1, depth=self.depth, k=self.k,
+                                         window=window)
         out = self.outputs.unpack(np.asarray(packed))
         t2 = time.perf_counter()
         engine.sizer.observe(size, m, float(out["count"][rows].mean()), t2 - t0)
@@ -407,11 +406,12 @@ class Batcher(SlotPool):
         window = attention_window(reach, self.length)
         edit = self._device_edit(rows, m, steps)
         t0 = time.perf_counter()
-        proposal = {name: jnp.asarray(a[:m]) for name, a in self.proposal.items()}
-        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.steps_on_device(
-            proposal, jnp.asarray(self.preceding[:m], jnp.int32), jnp.asarray(self.preceding_len[:m], jnp.int32),
-            self.cache, self.draft_cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
-            jnp.asarray(stops), depth=self.depth, k=self.k, window=window,
+        pending = {name: jnp.asarray(a[:m]) for name, a in self.proposal.items()}
+        pending.update(preceding=jnp.asarray(self.preceding[:m], jnp.int32),
+                       preceding_len=jnp.asarray(self.preceding_len[:m], jnp.int32))
+        packed, self.state = engine.steps_on_device(
+            pending, self.state, {"remaining": jnp.asarray(remaining), "stops": jnp.asarray(stops)},
+            depth=self.depth, k=self.k, window=window,
             **({} if edit is None else {"edit": edit[0], "edit_inputs": edit[1]}))
         out = self.device_outputs.unpack(np.asarray(packed))
         elapsed = time.perf_counter() - t0
@@ -455,9 +455,8 @@ class Batcher(SlotPool):
             budget = self.busy[slot].budget
             remaining[slot] = budget.limit - len(budget.out)
         window = attention_window(int(self.committed[rows].max()) + engine.drafter.reach(chunk), self.length)
-        packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.plain(
-            jnp.asarray(self._roots(m)), self.cache, self.draft_cache, self.cache_len, self.keys,
-            self.params, jnp.asarray(remaining), chunk=chunk, depth=self.depth, k=self.k, window=window)
+        packed, self.state = engine.plain(jnp.asarray(self._roots(m)), self.state, jnp.asarray(remaining), chunk=chunk,
+                                          depth=self.depth, k=self.k, window=window)
         out = self.plain.unpack(np.asarray(packed))
         t1 = time.perf_counter()
         counts = out["count"][rows]
@@ -532,9 +531,8 @@ class Batcher(SlotPool):
         busy = [i for i, r in enumerate(self.busy) if r is not None]
         window = attention_window(int(self.committed[busy].max()) + engine.drafter.reach(self.depth + 1), self.length)
         half.dispatched = time.perf_counter()
-        half.packed, self.cache, self.draft_cache, self.cache_len, self.keys = engine.step_rows(
-            half.tree, half.start, self.cache, self.draft_cache, self.cache_len, self.keys,
-            self.params, n=half.size + 1, depth=self.depth, k=self.k, window=window)
+        half.packed, self.state = engine.step_rows(half.tree, half.start, self.state, n=half.size + 1,
+                                                   depth=self.depth, k=self.k, window=window)
         self._flight = half
 
     def _land(self, half: "_Half") -> list[Moved]:
@@ -626,9 +624,8 @@ class Batcher(SlotPool):
             plain_window = attention_window(committed + engine.drafter.reach(chunk), self.length)
 
             def plain():
-                packed, self.cache, self.draft_cache, _, _ = engine.plain(
-                    roots, self.cache, self.draft_cache, self.cache_len, self.keys, self.params, full,
-                    chunk=chunk, depth=self.depth, k=self.k, window=plain_window)
+                packed, self.state = self._dry(lambda state: engine.plain(
+                    roots, state, full, chunk=chunk, depth=self.depth, k=self.k, window=plain_window))
                 np.asarray(packed)
 
             plain()
@@ -639,14 +636,21 @@ class Batcher(SlotPool):
 
             def run():
                 tree = self._search(size, rows, m)
-                packed, self.cache, self.draft_cache, _, _ = engine.step(
-                    tree, self.cache, self.draft_cache, self.cache_len, self.keys, self.params,
-                    n=size + 1, depth=self.depth, k=self.k, window=window)
+                packed, self.state = self._dry(lambda state: engine.step(
+                    tree, state, n=size + 1, depth=self.depth, k=self.k, window=window))
                 np.asarray(packed)
 
             run()  # compiles the size's step where it is new
             costs[size] = median_time(run, repeats)
         return costs
+
+    def _dry(self, call):
+        """`call(state)` (a device call that donates the state and returns (packed, its next state))
+        as a dry run: its caches are kept — its writes fall at and past the committed lengths — and
+        the lengths and keys it advanced are dropped (the call is given copies, the pool keeps its own)."""
+        kept = self.state
+        packed, after = call(kept.replace(cache_len=jnp.copy(kept.cache_len), keys=jnp.copy(kept.keys)))
+        return packed, after.replace(cache_len=kept.cache_len, keys=kept.keys)
 
     def _set_preceding(self, slot: int, ids: np.ndarray) -> None:
         self.preceding[slot, :ids.size] = ids
@@ -668,24 +672,19 @@ class PlainBatcher(SlotPool):
     def __init__(self, engine, slots: int, max_length: int = 2048):
         super().__init__(engine, slots, max_length)
         self.decoder = engine.baseline
-        _, (self.cache, self.draft_cache) = engine.pool.take(
-            self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
-            fix="use fewer slots (batch size) or a smaller max_length.")
         self.token = jnp.zeros((self.slots,), jnp.int32)  # each slot's last token, not yet in the cache
         self.committed = np.zeros(self.slots, np.int64)
 
     def _cache_length(self) -> int:
         return self.engine.shapes.cache_length(self.max_length + 1)
 
-    def _keep_caches(self) -> None:
-        self.engine.pool.keep(self.length, (self.cache, self.draft_cache), self.slots)
-
     def _admit(self, free: list[int]) -> list[Moved]:
         d = self.decoder
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
-        first, self.cache, self.keys = d.prefill(d.state, jnp.asarray(ids), jnp.asarray(prompt_len),
-                                                      jnp.asarray(start), self.cache, self.keys, self.params)
+        first, cache, keys = d.prefill(d.state, jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start),
+                                       self.state.cache, self.state.keys, self.state.params)
+        self.state = self.state.replace(cache=cache, keys=keys)
         self._joined(joining, prompt_len)
         m = ids.shape[0]
         self.token = self.token.at[:m].set(jnp.where(jnp.asarray(start == 0), first, self.token[:m]))
@@ -701,7 +700,7 @@ class PlainBatcher(SlotPool):
     def _advance(self) -> list[Moved]:
         d = self.decoder
         if self._stale_params:
-            self.params, self._stale_params = self._params(), False
+            self.state, self._stale_params = self.state.replace(params=self._params()), False
         rows = [i for i, r in enumerate(self.busy) if r is not None]
         m, chunk = self._live(), d.chunk
         remaining = np.zeros(m, np.int32)  # free slots among the first m rows: 0, they do not move
@@ -714,9 +713,11 @@ class PlainBatcher(SlotPool):
         eos = self.engine.eos_row
         if not any(self.busy[slot].budget.eos_ids for slot in rows):
             eos = jnp.full_like(eos, -1)
-        out, self.token, self.cache, self.cache_len, self.keys, _ = d.decode_chunk(
-            d.state, self.token, self.cache, self.cache_len, self.keys, self.params, jnp.asarray(remaining),
+        st = self.state
+        out, self.token, cache, cache_len, keys, _ = d.decode_chunk(
+            d.state, self.token, st.cache, st.cache_len, st.keys, st.params, jnp.asarray(remaining),
             eos, window=window, chunk=chunk, live=m)
+        self.state = st.replace(cache=cache, cache_len=cache_len, keys=keys)
         host = to_host(out)
         elapsed = time.perf_counter() - t0
         events = []

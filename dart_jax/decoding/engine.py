@@ -55,6 +55,7 @@ from .layout import device_steps_layout, plain_layout, prefill_layout, step_layo
 from .requests import Stats, check_prompt
 from .sampling import accept_trees, sample_tokens, split_rows
 from .settings import GenerationSettings, ShapeSettings
+from .state import PoolState
 
 
 class _Pair(nnx.Module):
@@ -73,15 +74,16 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
     return target.lm_logits(hidden), taps, tree_kv
 
 
-def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, cache: KVCache, draft_cache, keys, params, *,
+def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, pool: PoolState, *,
              rows: int, k: int, nodes: int, draft_window: int):
     """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool:
-    ids int32[m,T] (padded to the bucket), prompt_len int32[m], the pool's PRNG keys and sampling
-    params [B] → packed `prefill_layout` [m]. A row whose `start` is the cache length is left
+    ids int32[m,T] (padded to the bucket), prompt_len int32[m] → (packed `prefill_layout` [m], the
+    pool's state with their caches and keys; lengths are the host's to set). A row whose `start` is the cache length is left
     alone: its writes fall past the cache and are dropped, its key is kept, and its outputs are
     junk the host ignores. Rows past m are not computed at all. The drafter attends over (and
     writes) its first `draft_window` cache slots, its reach over T positions: not the whole cache."""
     pair = model.merge(state)
+    cache, draft_cache, keys = pool.cache, pool.draft_cache, pool.keys
     m, t = ids.shape
     admit = start < cache.k.shape[2]
     with jax.named_scope("prefill_target"):
@@ -90,7 +92,7 @@ def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, cache:
         cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
         after, now = split_rows(keys[:m])
         keys = keys.at[:m].set(jnp.where(admit, after, keys[:m]))
-        first = sample_tokens(now, last_logits(pair.target, hidden, prompt_len), param_rows(params, m))  # [m]
+        first = sample_tokens(now, last_logits(pair.target, hidden, prompt_len), param_rows(pool.params, m))  # [m]
     with jax.named_scope("prefill_draft"):
         # position i carries the token that follows it: prompt[1:] and then the sampled token
         shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((m, 1), ids.dtype)], axis=1)
@@ -100,26 +102,23 @@ def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, cache:
                                                    rows=rows, k=k, nodes=nodes)
         draft_cache = drafter_cls.cache_put(draft_cache, draft_view)
     packed = prefill_layout(drafter_cls.proposal_fields(rows, k, nodes)).pack({"first": first, **proposal})
-    return packed, cache, draft_cache, keys
+    return packed, pool.replace(cache=cache, draft_cache=draft_cache, keys=keys)
 
 
-def _step(model: ModelDef, drafter_cls, state, tree, cache: KVCache, draft_cache, cache_len, keys, params, *,
-          n: int, depth: int, k: int, window: int):
+def _step(model: ModelDef, drafter_cls, state, tree, pool: PoolState, *, n: int, depth: int, k: int, window: int):
     """One speculative step for the first m = tree.shape[0] sequences of the pool: trees int32[m,·]
-    packed by `tree_layout(n, depth)` → packed `step_layout` [m], and the pool's caches, lengths
-    and keys [B] with those rows advanced (rows past m are not computed). Attention reads only the
+    packed by `tree_layout(n, depth)` → (packed `step_layout` [m], the pool's state with those rows
+    advanced: caches, lengths, keys; rows past m are not computed). Attention reads only the
     first `window` cache slots, which must hold every slot the drafter writes."""
-    return _step_body(model, drafter_cls, state, tree, None, cache, draft_cache, cache_len, keys, params, n=n,
-                      depth=depth, k=k, window=window)
+    return _step_body(model, drafter_cls, state, tree, None, pool, n=n, depth=depth, k=k, window=window)
 
 
-def _step_rows(model: ModelDef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
-               n: int, depth: int, k: int, window: int):
+def _step_rows(model: ModelDef, drafter_cls, state, tree, start, pool: PoolState, *, n: int, depth: int, k: int,
+               window: int):
     """`_step` for the m = tree.shape[0] sequences from row `start` (a traced int32 scalar: one
     compiled step serves every block of m rows) instead of the first m: what `Batcher(overlap=True)`
     runs on each half of its busy rows while the host searches the other half's trees."""
-    return _step_body(model, drafter_cls, state, tree, start, cache, draft_cache, cache_len, keys, params, n=n,
-                      depth=depth, k=k, window=window)
+    return _step_body(model, drafter_cls, state, tree, start, pool, n=n, depth=depth, k=k, window=window)
 
 
 def _rows(x: jax.Array, start, m: int, axis: int = 0) -> jax.Array:
@@ -137,25 +136,26 @@ def _put_rows(x: jax.Array, part: jax.Array, start) -> jax.Array:
     return jax.lax.dynamic_update_slice_in_dim(x, part, start, 0)
 
 
-def _step_body(model: ModelDef, drafter_cls, state, tree, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
-               n: int, depth: int, k: int, window: int):
+def _step_body(model: ModelDef, drafter_cls, state, tree, start, pool: PoolState, *, n: int, depth: int, k: int,
+               window: int):
     """`_step` (start None: the first m rows) or `_step_rows` (the m rows from the traced `start`)."""
     pair = model.merge(state)
-    out, cache, draft_cache, cache_len, keys = _step_core(
-        pair, drafter_cls, tree_layout(n, depth).unpack(tree), start, cache, draft_cache, cache_len, keys, params,
-        n=n, depth=depth, k=k, window=window)
+    out, pool = _step_core(pair, drafter_cls, tree_layout(n, depth).unpack(tree), start, pool, n=n, depth=depth, k=k,
+                           window=window)
     layout = step_layout(depth, drafter_cls.proposal_fields(depth, k, n))
     packed = layout.pack({"count": out["count"], "path_tokens": out["path_tokens"], "bonus": out["bonus"],
                           **out["proposal"]})
-    return packed, cache, draft_cache, cache_len, keys
+    return packed, pool
 
 
-def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draft_cache, cache_len, keys, params, *,
-               n: int, depth: int, k: int, window: int):
+def _step_core(pair: _Pair, drafter_cls, tree: dict, start, pool: PoolState, *, n: int, depth: int, k: int,
+               window: int):
     """One speculative step of m = tree["tokens"].shape[0] rows from `start` (None: the first m) on
     unpacked trees (the `tree_layout` fields) → ({count, path_tokens, bonus, follow: each row's
     committed tokens after the root (count of them: the accepted ones, then the bonus), proposal},
-    caches, lengths, keys)."""
+    the pool's state with those rows advanced)."""
+    cache, draft_cache, cache_len, keys, params = (pool.cache, pool.draft_cache, pool.cache_len, pool.keys,
+                                                   pool.params)
     tokens, parents, retrieve = tree["tokens"], tree["parents"], tree["retrieve"]
     m = tokens.shape[0]
     length = _rows(cache_len, start, m)
@@ -185,23 +185,25 @@ def _step_core(pair: _Pair, drafter_cls, tree: dict, start, cache: KVCache, draf
         draft_cache = (drafter_cls.cache_put(draft_cache, draft_w) if start is None
                        else drafter_cls.cache_put_rows(draft_cache, draft_w, start))
     out = {"count": count, "path_tokens": path_tokens, "bonus": bonus, "follow": follow, "proposal": proposal}
-    return out, cache, draft_cache, _put_rows(cache_len, length + count, start), keys
+    return out, PoolState(cache, draft_cache, _put_rows(cache_len, length + count, start), keys, params)
 
 
-def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal, preceding_len, cache: KVCache,
-                  draft_cache, cache_len, keys, params, remaining, stops, eos, edit_inputs=None, *, n: int, depth: int,
-                  k: int, window: int, steps: int, search: DeviceSearch, edit: TreeEdit | None = None):
-    """Up to `steps` speculative steps of the first m = preceding.shape[0] rows in one device loop,
-    the draft trees searched on the device (`device_tree.search_trees`: the host search's trees):
-    `proposal` the drafter's last proposal, `preceding` [m,P] the ids fed to it (the first
-    `preceding_len`; the last is the root). A row stops on an id of `eos` (kept) where `stops` [m]
-    says so, and after `remaining` [m] tokens; the loop ends when every row has stopped. → packed
-    `device_steps_layout` [m] (the tokens each row committed, its accepted length per step, and
-    what the next call starts from, then the `edit`'s fields), caches, lengths, keys.
+def _device_steps(model: ModelDef, drafter_cls, state, pending: dict, trie, pool: PoolState, limits: dict, eos,
+                  edit_inputs=None, *, n: int, depth: int, k: int, window: int, steps: int, search: DeviceSearch,
+                  edit: TreeEdit | None = None):
+    """Up to `steps` speculative steps of the first m rows in one device loop, the draft trees
+    searched on the device (`device_tree.search_trees`: the host search's trees). `pending`: the
+    drafter's last proposal (its fields), `preceding` [m,P] the ids fed to it (the first
+    `preceding_len`; the last is the root). `limits`: a row stops on an id of `eos` (kept) where
+    `stops` [m] says so, and after `remaining` [m] tokens; the loop ends when every row has stopped.
+    → (packed `device_steps_layout` [m]: the tokens each row committed, its accepted length per
+    step, and what the next call starts from, then the `edit`'s fields; the pool's next state).
 
     `edit` (static; None: DART's own trees, and no op of an edit in the program) changes each
     step's searched trees before their verify (`device_tree.TreeEdit`), fed `edit_inputs`."""
     pair = model.merge(state)
+    preceding, stops = pending["preceding"], limits["stops"]
+    proposal = {name: value for name, value in pending.items() if name not in ("preceding", "preceding_len")}
     m, width = preceding.shape[0], depth + 1
     rows = jnp.arange(m)[:, None]
     j = jnp.arange(width)[None, :]
@@ -217,9 +219,7 @@ def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal
         if edit is not None:
             with jax.named_scope("tree_edit"):
                 tree, c["edit"] = edit.before_verify(tree, c["edit"], edit_inputs, LoopStep(i, active, c["n_out"]))
-        res, c["cache"], c["draft_cache"], new_len, c["keys"] = _step_core(
-            pair, drafter_cls, tree, None, c["cache"], c["draft_cache"], c["cache_len"], c["keys"], params, n=n,
-            depth=depth, k=k, window=window)
+        res, stepped = _step_core(pair, drafter_cls, tree, None, c["pool"], n=n, depth=depth, k=k, window=window)
         count, follow = res["count"], res["follow"]  # follow[:, :count]: the step's committed tokens
         with jax.named_scope("stops"):
             is_eos = jnp.any(follow[..., None] == eos[None, None, :], axis=-1) & (j < count[:, None]) & stops[:, None]
@@ -229,7 +229,8 @@ def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal
             c["out"] = c["out"].at[rows, cols].set(follow, mode="drop")
             c["remaining"] = jnp.where(active & (first_eos >= emitted), c["remaining"] - emitted, 0)
             c["counts"] = c["counts"].at[:, i].set(jnp.where(active, count, 0))
-            c["cache_len"] = c["cache_len"].at[:m].set(jnp.where(active, new_len[:m], c["cache_len"][:m]))
+            length = c["pool"].cache_len
+            c["pool"] = stepped.replace(cache_len=length.at[:m].set(jnp.where(active, stepped.cache_len[:m], length[:m])))
             # the next search's preceding ids: the root, the accepted tokens and the bonus
             fed = jnp.concatenate([res["path_tokens"][:, :1], follow], axis=1)
             fed = jnp.pad(fed, ((0, 0), (0, c["preceding"].shape[1] - fed.shape[1])))
@@ -245,8 +246,8 @@ def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal
         c["i"] = i + 1
         return c
 
-    carry = {"i": jnp.int32(0), "proposal": proposal, "preceding": preceding, "plen": preceding_len, "cache": cache,
-             "draft_cache": draft_cache, "cache_len": cache_len, "keys": keys, "remaining": remaining,
+    carry = {"i": jnp.int32(0), "proposal": proposal, "preceding": preceding, "plen": pending["preceding_len"],
+             "pool": pool, "remaining": limits["remaining"],
              "n_out": jnp.zeros((m,), jnp.int32), "out": jnp.full((m, steps * width), -1, jnp.int32),
              "counts": jnp.zeros((m, steps), jnp.int32),
              "edit": None if edit is None else edit.start(edit_inputs, m, steps)}
@@ -256,19 +257,21 @@ def _device_steps(model: ModelDef, drafter_cls, state, preceding, trie, proposal
     packed = layout.pack({"n_out": c["n_out"], "out": c["out"], "counts": c["counts"], "preceding": c["preceding"],
                           "preceding_len": c["plen"], **c["proposal"],
                           **({} if edit is None else edit.outputs(c["edit"]))})
-    return packed, c["cache"], c["draft_cache"], c["cache_len"], c["keys"]
+    return packed, c["pool"]
 
 
-def _plain(model: ModelDef, drafter_cls, state, token, cache: KVCache, draft_cache, cache_len, keys, params, remaining, eos,
-           *, chunk: int, depth: int, k: int, window: int):
+def _plain(model: ModelDef, drafter_cls, state, token, pool: PoolState, remaining, eos, *, chunk: int, depth: int,
+           k: int, window: int):
     """Up to `chunk` tokens of plain decoding for the first m = token.shape[0] sequences, then one
     drafter call over them, left out when every row has finished (what the tree size 0 of the
     adaptive budget runs: no tree, as fast as the baseline, and the drafter stays ready for the
     next speculative step). `token` [m] is each row's pending token (the last one, not yet in the
     cache: a tree's root); a row stops on an id of `eos` or after `remaining` [m] tokens. → packed
-    `plain_layout` [m], caches, lengths, keys. The same keys as the baseline's loop, so the same
+    `plain_layout` [m], the pool's next state). The same keys as the baseline's loop, so the same
     samples."""
     pair = model.merge(state)
+    cache, draft_cache, cache_len, keys, params = (pool.cache, pool.draft_cache, pool.cache_len, pool.keys,
+                                                   pool.params)
     m = token.shape[0]
     length = cache_len[:m]
     view = window_view(cache, window, m)
@@ -308,21 +311,22 @@ def _plain(model: ModelDef, drafter_cls, state, token, cache: KVCache, draft_cac
         draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
     packed = plain_layout(chunk, drafter_cls.proposal_fields(depth, k)).pack({"count": count, "tokens": out,
                                                                                **proposal})
-    return packed, cache, draft_cache, cache_len.at[:m].add(count), keys
+    return packed, PoolState(cache, draft_cache, cache_len.at[:m].add(count), keys, params)
 
 
-_DONATE = ("cache", "draft_cache")
+_DONATE = ("pool",)
 
 
-def _by_tree_rows(make, gemms: str, lowerable: bool):
+def _by_tree_rows(make, gemms: str, lowerable: bool, sequences=lambda first: first.shape[0]):
     """A step function (state, tree, ..., n=...) that runs `make(compiler_options)`'s function for
-    the XLA options of its verification, rows = sequences × `n` tree nodes (the first argument after
-    the state has a row per sequence; `verify_compiler_options` under the engine's verify_gemms
-    `gemms`). With `lowerable` (`make` returns jitted functions: no mesh) it has their `lower` too."""
+    the XLA options of its verification, rows = sequences × `n` tree nodes (`sequences` of the first
+    argument after the state: its rows by default; `verify_compiler_options` under the engine's
+    verify_gemms `gemms`). With `lowerable` (`make` returns jitted functions: no mesh) it has their
+    `lower` too."""
     by_rows: dict[int, object] = {}
 
     def pick(tree, n: int):
-        rows = tree.shape[0] * n
+        rows = sequences(tree) * n
         if rows not in by_rows:  # `jitted` hands out one function per set of options
             by_rows[rows] = make(verify_compiler_options(rows, choice=gemms))
         return by_rows[rows]
@@ -340,19 +344,20 @@ def _by_tree_rows(make, gemms: str, lowerable: bool):
 
 @functools.lru_cache(maxsize=None)
 def _pinned(fn, mesh):
-    """`fn` (`_prefill`, `_step`, `_plain`: outputs 1 and 2 are the target and drafter caches) with
-    both caches pinned to their shardings on `mesh`, so that a donated cache comes back as it went
-    in (no gather, no second compilation), and the rest replicated: the packed answer, which every
-    host of a multi-host mesh reads whole, and the lengths and keys (as `inputs_on_mesh` feeds
-    them back); `fn` itself without a mesh."""
+    """`fn` (`_prefill`, `_step`, `_plain`: → (packed answer, PoolState)) with the state's two caches
+    pinned to their shardings on `mesh`, so that a donated cache comes back as it went in (no
+    gather, no second compilation), and the rest replicated: the packed answer, which every host of
+    a multi-host mesh reads whole, and the lengths, keys and sampling parameters (as
+    `inputs_on_mesh` feeds them back); `fn` itself without a mesh."""
     if mesh is None:
         return fn
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        return (constrain_replicated(out[0], mesh), constrain_cache(out[1], mesh), constrain_cache(out[2], mesh),
-                *constrain_replicated(out[3:], mesh))
+        packed, pool = fn(*args, **kwargs)
+        return constrain_replicated(packed, mesh), PoolState(
+            constrain_cache(pool.cache, mesh), constrain_cache(pool.draft_cache, mesh),
+            *constrain_replicated((pool.cache_len, pool.keys, pool.params), mesh))
 
     return run
 
@@ -432,29 +437,26 @@ class Engine:
                                            ngram_weight=self.tree.ngram_weight, eos_id=tree_eos_id)
         self._device_loop = _by_tree_rows(lambda options: jitted(
             _device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "steps", "search", "edit"),
-            donate_argnames=_DONATE, compiler_options=options), gemms, True)
+            donate_argnames=_DONATE, compiler_options=options), gemms, True,
+            lambda pending: pending["preceding"].shape[0])
 
     # ------------------------------------------------------------------ device calls (a pool's caches)
-    def prefill(self, ids, prompt_len, start, cache, draft_cache, keys, params, *, rows: int, k: int, nodes: int,
-                draft_window: int):
+    def prefill(self, ids, prompt_len, start, pool: PoolState, *, rows: int, k: int, nodes: int, draft_window: int):
         """Prompts into the first m = ids.shape[0] rows of a pool whose `start` is 0 (see `_prefill`):
-        ids int32[m,T], prompt lengths [m], start [m], the pool's caches (donated), PRNG keys and
-        sampling params → (packed `prefill_layout` [m], cache, draft cache, keys)."""
-        return self._prefill(self._state, ids, prompt_len, start, cache, draft_cache, keys, params, rows=rows, k=k,
-                             nodes=nodes, draft_window=draft_window)
+        ids int32[m,T], prompt lengths [m], start [m], the pool's state (donated) → (packed
+        `prefill_layout` [m], the next state)."""
+        return self._prefill(self._state, ids, prompt_len, start, pool, rows=rows, k=k, nodes=nodes,
+                             draft_window=draft_window)
 
-    def step(self, tree, cache, draft_cache, cache_len, keys, params, *, n: int, depth: int, k: int, window: int):
+    def step(self, tree, pool: PoolState, *, n: int, depth: int, k: int, window: int):
         """One speculative step of the first m = tree.shape[0] rows (see `_step`): packed trees of
-        `n` node slots → (packed `step_layout` [m], cache, draft cache, lengths, keys)."""
-        return self._step(self._state, tree, cache, draft_cache, cache_len, keys, params, n=n, depth=depth, k=k,
-                          window=window)
+        `n` node slots, the pool's state (donated) → (packed `step_layout` [m], the next state)."""
+        return self._step(self._state, tree, pool, n=n, depth=depth, k=k, window=window)
 
-    def step_rows(self, tree, start: int, cache, draft_cache, cache_len, keys, params, *, n: int, depth: int, k: int,
-                  window: int):
+    def step_rows(self, tree, start: int, pool: PoolState, *, n: int, depth: int, k: int, window: int):
         """`step` for the m = tree.shape[0] rows from row `start` of the pool (see `_step_rows`; one
         compiled variant for every `start`) → the same as `step`."""
-        return self._step_rows(self._state, tree, np.int32(start), cache, draft_cache, cache_len, keys, params, n=n,
-                               depth=depth, k=k, window=window)
+        return self._step_rows(self._state, tree, np.int32(start), pool, n=n, depth=depth, k=k, window=window)
 
     def device_trie(self) -> DeviceTrie | None:
         """The trie's arrays on the device (made at the first call; None without a trie)."""
@@ -463,24 +465,22 @@ class Engine:
             self._device_trie.append(DeviceTrie.from_trie(trie))
         return self._device_trie[0] if self._device_trie else None
 
-    def steps_on_device(self, proposal, preceding, preceding_len, cache, draft_cache, cache_len, keys, params,
-                        remaining, stops, *, depth: int, k: int, window: int, edit: TreeEdit | None = None,
-                        edit_inputs=None):
-        """`device_steps` speculative steps of the first m = preceding.shape[0] rows in one device
-        call (see `_device_steps`; `stops` [m]: whether a row stops at EOS; `edit`: a change to
-        every searched tree before its verify, another compiled loop, fed `edit_inputs`) →
-        (packed `device_steps_layout` [m], caches, lengths, keys)."""
-        return self._device_loop(self._state, preceding, self.device_trie(), proposal, preceding_len, cache,
-                                 draft_cache, cache_len, keys, params, remaining, stops, self.eos_row, edit_inputs,
-                                 n=self.n_nodes, depth=depth, k=k, window=window, steps=self.device_steps,
-                                 search=self._device_search, edit=edit)
+    def steps_on_device(self, pending: dict, pool: PoolState, limits: dict, *, depth: int, k: int, window: int,
+                        edit: TreeEdit | None = None, edit_inputs=None):
+        """`device_steps` speculative steps of the first m rows in one device call (see
+        `_device_steps`: `pending` the proposal's fields, `preceding` and `preceding_len` [m];
+        `limits` `remaining` and `stops` [m]; `edit`: a change to every searched tree before its
+        verify, another compiled loop, fed `edit_inputs`) → (packed `device_steps_layout` [m], the
+        pool's next state)."""
+        return self._device_loop(self._state, pending, self.device_trie(), pool, limits,
+                                 self.eos_row, edit_inputs, n=self.n_nodes, depth=depth, k=k, window=window,
+                                 steps=self.device_steps, search=self._device_search, edit=edit)
 
-    def plain(self, token, cache, draft_cache, cache_len, keys, params, remaining, *, depth: int, k: int,
-              window: int, chunk: int | None = None):
+    def plain(self, token, pool: PoolState, remaining, *, depth: int, k: int, window: int, chunk: int | None = None):
         """A chunk of plain decoding of the first m = token.shape[0] rows, then one drafter call over
         it (tree size 0, see `_plain`; `chunk` defaults to `plain_chunk`) → (packed `plain_layout`
-        [m], cache, draft cache, lengths, keys)."""
-        return self._plain(self._state, token, cache, draft_cache, cache_len, keys, params, remaining, self.eos_row,
+        [m], the pool's next state)."""
+        return self._plain(self._state, token, pool, remaining, self.eos_row,
                            chunk=self.plain_chunk if chunk is None else chunk, depth=depth, k=k, window=window)
 
     def batcher(self, slots: int, max_length: int = 2048, *, plain: bool = False,
