@@ -81,18 +81,24 @@ class Request:
         return "eos" if self.token_ids and self.token_ids[-1] in self.budget.eos_ids else "length"
 
 
-class Moved(tuple):
-    """What one request got from a pool step: the tuple (request, new token ids, accepted length:
-    0 for the prefill's first token, k+1 for a speculative step, 1 for plain tokens), and `plain`:
-    whether the ids came from plain decoding (a `PlainBatcher`, or tree size 0 of keep="auto"),
-    with no draft to accept."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepEvent:
+    """What one request got from one step of a pool: `ids`, the new token ids its budget kept;
+    `accepted`, the step's accepted length (0 for the prefill's first token, k+1 for a speculative
+    step, 1 for plain tokens); `plain`, whether the ids came from plain decoding (a `PlainBatcher`,
+    or tree size 0 of keep="auto") with no draft to accept; `same_call`, whether the step came from
+    the same device call as the request's event before it (an engine with `device_steps` takes
+    several steps a call: the call's time belongs to its first event). Unpacks as (request, ids,
+    accepted)."""
 
-    plain: bool
+    request: "Request"
+    ids: list[int]
+    accepted: int
+    plain: bool = False
+    same_call: bool = False
 
-    def __new__(cls, request: "Request", ids: list[int], accepted: int, plain: bool = False):
-        moved = super().__new__(cls, (request, ids, accepted))
-        moved.plain = bool(plain)
-        return moved
+    def __iter__(self):
+        return iter((self.request, self.ids, self.accepted))
 
 
 def pool_slots(batch_size: int, requests: int) -> int:
@@ -125,6 +131,7 @@ class SlotPool:
         self.state = PoolState(*caches, cache_len=jnp.zeros((b,), jnp.int32),
                                keys=jax.random.split(jax.random.key(0), b), params=self._params())
         self._stale_params = False
+        self.committed = np.zeros(b, np.int64)  # tokens in each slot's cache (the host's copy of cache_len)
         self.busy: list[Request | None] = [None] * b
         self.waiting: collections.deque[Request] = collections.deque()
         self._submitted = 0
@@ -167,7 +174,7 @@ class SlotPool:
         """Whether any request is waiting or running."""
         return bool(self.waiting) or any(r is not None for r in self.busy)
 
-    def step(self) -> list[tuple[Request, list[int], int]]:
+    def step(self) -> list[StepEvent]:
         """Admit waiting requests into free slots, or else advance every busy slot by one step.
         Returns (request, new token ids, accepted length; 0 for a prefill's first token) for each
         request that moved."""
@@ -200,10 +207,10 @@ class SlotPool:
     def _keep_caches(self) -> None:
         self.engine.pool.keep(self.length, self.state.caches(), self.slots)
 
-    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
+    def _admit(self, free: list[int]) -> list[StepEvent]:
         raise NotImplementedError
 
-    def _advance(self) -> list[tuple[Request, list[int], int]]:
+    def _advance(self) -> list[StepEvent]:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ device calls
@@ -212,13 +219,40 @@ class SlotPool:
         return SamplingParams.rows([(s.temperature, s.top_p, s.top_k) if s else (0.0, 1.0, 0)
                                     for s in self.settings])
 
-    def _take(self, request: Request, ids: list[int], accepted: int, plain: bool = False) -> Moved:
+    def _take(self, request: Request, ids: list[int], accepted: int, plain: bool = False,
+              same_call: bool = False) -> StepEvent:
         kept = request.budget.take(ids)
         request.stats.new_tokens = len(request.token_ids)
         if request.done:
             request.stats.total_s = time.perf_counter() - request._started
             self._release(request.slot)
-        return Moved(request, kept, accepted, plain)
+        return StepEvent(request, kept, accepted, plain, same_call)
+
+    def _record(self, slot: int, steps: list, *, size: int | None, device_s: float, tree_s: float = 0.0,
+                plain: bool = False) -> list[StepEvent]:
+        """A busy slot's committed length, its request's stats and budget after a device call that
+        moved it, and one event per step: `steps` (ids, count) per step of the call: `count`
+        tokens committed (the accepted nodes and the bonus, or with `plain` a chunk of plain tokens,
+        each a step of its own), `ids` what the request's budget is offered (cut at a stop); `size`
+        the steps' tree size (None: a pool that never drafts records none); the call's `device_s` and
+        `tree_s` count once."""
+        request = self.busy[slot]
+        s = request.stats
+        s.device_s += device_s
+        s.tree_s += tree_s
+        events = []
+        for i, (ids, count) in enumerate(steps):
+            self.committed[slot] += count
+            if plain:
+                s.steps += count
+                s.accept_lengths.extend([1] * count)
+                s.tree_sizes.extend([] if size is None else [size] * count)
+            else:
+                s.steps += 1
+                s.accept_lengths.append(count)
+                s.tree_sizes.append(size)
+            events.append(self._take(request, np.asarray(ids).tolist(), 1 if plain else count, plain, i > 0))
+        return events
 
     def _release(self, slot: int) -> None:
         self.busy[slot] = None
@@ -311,13 +345,12 @@ class Batcher(SlotPool):
                                if engine.device_steps else None)
         self.preceding = np.zeros((b, self.context), np.int64)
         self.preceding_len = np.ones(b, np.int64)
-        self.committed = np.zeros(b, np.int64)
         self._empty = {size: self._empty_trees(size + 1) for size in engine.tree_sizes if size}
 
     def _cache_length(self) -> int:
         return self.engine.cache_length(self.max_length - 1, self.max_length)
 
-    def _admit(self, free: list[int]) -> list[tuple[Request, list[int], int]]:
+    def _admit(self, free: list[int]) -> list[StepEvent]:
         engine = self.engine
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
@@ -330,16 +363,14 @@ class Batcher(SlotPool):
         elapsed = time.perf_counter() - start_time
         events = []
         for slot, request in joining:
-            for f in self.fields:
-                self.proposal[f.name][slot] = out[f.name][slot]
             first = int(out["first"][slot])
-            self._set_preceding(slot, np.append(request.prompt_ids, first)[-self.context:])
+            self._follow_up(slot, out, slot, np.append(request.prompt_ids, first)[-self.context:])
             self.committed[slot] = request.prompt_ids.size
             request.stats.prefill_s = elapsed
             events.append(self._take(request, [first], 0))
         return events
 
-    def step(self) -> list[tuple[Request, list[int], int]]:
+    def step(self) -> list[StepEvent]:
         if self._flight is not None and self.waiting and any(r is None for r in self.busy):
             return self._land_alone()  # overlap: the step in flight lands before requests join
         return super().step()
@@ -348,7 +379,7 @@ class Batcher(SlotPool):
         self._flight = self._ready = None  # a step in flight is dropped with its requests unfinished
         super().close()
 
-    def _advance(self) -> list[tuple[Request, list[int], int]]:
+    def _advance(self) -> list[StepEvent]:
         engine = self.engine
         if self._stale_params:
             self.state, self._stale_params = self.state.replace(params=self._params()), False
@@ -377,22 +408,10 @@ class Batcher(SlotPool):
         engine.sizer.observe(size, m, float(out["count"][rows].mean()), t2 - t0)
         events = []
         for slot in rows:
-            request, count = self.busy[slot], int(out["count"][slot])
-            for f in self.fields:
-                self.proposal[f.name][slot] = out[f.name][slot]
-            fed = np.append(out["path_tokens"][slot, 1:count], out["bonus"][slot])
-            self._set_preceding(slot, np.append(out["path_tokens"][slot, :1], fed))  # the root first
-            self.committed[slot] += count
-            s = request.stats
-            s.tree_s += t1 - t0
-            s.device_s += t2 - t1
-            s.steps += 1
-            s.accept_lengths.append(count)
-            s.tree_sizes.append(size)
-            events.append(self._take(request, fed.tolist(), count))
+            events += self._commit_step(slot, out, slot, size=size, device_s=t2 - t1, tree_s=t1 - t0)
         return events
 
-    def _advance_on_device(self, rows: list[int], m: int, committed: int) -> list[Moved]:
+    def _advance_on_device(self, rows: list[int], m: int, committed: int) -> list[StepEvent]:
         """`engine.device_steps` speculative steps in one device call, the trees searched there
         (`Engine.steps_on_device`): one event per request and step taken, as the host's steps give."""
         engine, steps = self.engine, self.engine.device_steps
@@ -419,23 +438,12 @@ class Batcher(SlotPool):
             self._device_edited(rows, out)
         events = []
         for slot in rows:
-            request = self.busy[slot]
             counts = [int(c) for c in out["counts"][slot] if c > 0]
             tokens = out["out"][slot, :int(out["n_out"][slot])]
-            for f in self.fields:
-                self.proposal[f.name][slot] = out[f.name][slot]
-            self._set_preceding(slot, out["preceding"][slot, :int(out["preceding_len"][slot])])
-            self.committed[slot] += sum(counts)
-            s = request.stats
-            s.device_s += elapsed
-            at = 0
-            for count in counts:  # each step's tokens: its accepted ones and the bonus (cut at a stop)
-                step_ids = tokens[at:at + count].tolist()
-                at += count
-                s.steps += 1
-                s.accept_lengths.append(count)
-                s.tree_sizes.append(engine.tree.keep)
-                events.append(self._take(request, step_ids, count))
+            ends = np.cumsum(counts)  # each step's tokens: its accepted ones and the bonus (cut at a stop)
+            events += self._commit(slot, out, slot, out["preceding"][slot, :int(out["preceding_len"][slot])],
+                                   [(tokens[end - count:end], count) for end, count in zip(ends, counts)],
+                                   size=engine.tree.keep, device_s=elapsed)
         return events
 
     def _device_edit(self, rows: list[int], m: int, steps: int) -> tuple[TreeEdit, Any] | None:
@@ -446,7 +454,7 @@ class Batcher(SlotPool):
     def _device_edited(self, rows: list[int], out: dict) -> None:
         """The answer of a device call that `_device_edit` changed (unpacked, with the edit's fields)."""
 
-    def _advance_plain(self, rows: list[int], m: int) -> list[tuple[Request, list[int], int]]:
+    def _advance_plain(self, rows: list[int], m: int) -> list[StepEvent]:
         """Tree size 0: a chunk of plain decoding for every busy slot (dart_jax.decoding.adaptive)."""
         engine, chunk = self.engine, self.engine.plain_chunk
         t0 = time.perf_counter()
@@ -464,19 +472,10 @@ class Batcher(SlotPool):
             engine.sizer.observe(0, m, float(counts.mean()), t1 - t0)
         events = []
         for slot in rows:
-            request, count = self.busy[slot], int(out["count"][slot])
-            for f in self.fields:
-                self.proposal[f.name][slot] = out[f.name][slot]
-            fed = out["tokens"][slot, :count]
+            fed = out["tokens"][slot, :int(out["count"][slot])]
             root = self.preceding[slot, self.preceding_len[slot] - 1]
-            self._set_preceding(slot, np.append(root, fed)[-self.context:])
-            self.committed[slot] += count
-            s = request.stats
-            s.device_s += t1 - t0
-            s.steps += count
-            s.accept_lengths.extend([1] * count)
-            s.tree_sizes.extend([0] * count)
-            events.append(self._take(request, fed.tolist(), 1, plain=True))
+            events += self._commit(slot, out, slot, np.append(root, fed)[-self.context:], [(fed, fed.size)], size=0,
+                                   device_s=t1 - t0, plain=True)
         return events
 
     def _search(self, size: int, rows: list[int], m: int, start: int = 0) -> np.ndarray:
@@ -535,7 +534,7 @@ class Batcher(SlotPool):
                                                    depth=self.depth, k=self.k, window=window)
         self._flight = half
 
-    def _land(self, half: "_Half") -> list[Moved]:
+    def _land(self, half: "_Half") -> list[StepEvent]:
         """Wait for half `half`'s step and hand its rows their tokens (a request cancelled meanwhile
         is skipped: its slot is free, and the next admission resets it)."""
         t0 = time.perf_counter()
@@ -547,31 +546,21 @@ class Batcher(SlotPool):
         for slot, request in zip(half.rows, half.requests):
             if self.busy[slot] is not request:
                 continue
-            i, s = slot - half.start, request.stats
-            count = int(out["count"][i])
-            for f in self.fields:
-                self.proposal[f.name][slot] = out[f.name][i]
-            fed = np.append(out["path_tokens"][i, 1:count], out["bonus"][i])
-            self._set_preceding(slot, np.append(out["path_tokens"][i, :1], fed))  # the root first
-            self.committed[slot] += count
+            i = slot - half.start
+            counts.append(int(out["count"][i]))
             # device_s: from the dispatch until the answer was on the host (the other half's search ran meanwhile)
-            s.tree_s += half.search_s
-            s.device_s += t1 - half.dispatched
-            s.steps += 1
-            s.accept_lengths.append(count)
-            s.tree_sizes.append(half.size)
-            counts.append(count)
-            events.append(self._take(request, fed.tolist(), count))
+            events += self._commit_step(slot, out, i, size=half.size, device_s=t1 - half.dispatched,
+                                        tree_s=half.search_s)
         half.counts = counts
         return events
 
-    def _land_alone(self) -> list[Moved]:
+    def _land_alone(self) -> list[StepEvent]:
         """The step in flight lands and the pipeline stops (the next step starts it again)."""
         flight, self._flight, self._ready = self._flight, None, None
         self._plain_due = False
         return self._land(flight)
 
-    def _advance_overlapped(self, plan) -> list[Moved]:
+    def _advance_overlapped(self, plan) -> list[StepEvent]:
         """One half-step of the pipeline: (start it: search half 0, dispatch it, search half 1;) land
         the half in flight, dispatch the other, search the landed half's next trees meanwhile."""
         t_enter = time.perf_counter()
@@ -644,6 +633,29 @@ class Batcher(SlotPool):
             costs[size] = median_time(run, repeats)
         return costs
 
+    def _follow_up(self, slot: int, out: dict, row: int, preceding: np.ndarray) -> None:
+        """What the next tree search of `slot` reads: the drafter's proposal (row `row` of the device
+        call's unpacked answer `out`) and the ids fed to it (`preceding`, the root last)."""
+        for f in self.fields:
+            self.proposal[f.name][slot] = out[f.name][row]
+        self._set_preceding(slot, preceding)
+
+    def _commit(self, slot: int, out: dict, row: int, preceding: np.ndarray, steps: list[tuple[np.ndarray, int]], *,
+                size: int, device_s: float, tree_s: float = 0.0, plain: bool = False) -> list[StepEvent]:
+        """The one bookkeeping of a busy slot after a device call that moved it: its next search's
+        inputs (`_follow_up`), then `SlotPool._record` (committed length, stats, budget, events)."""
+        self._follow_up(slot, out, row, preceding)
+        return self._record(slot, steps, size=size, device_s=device_s, tree_s=tree_s, plain=plain)
+
+    def _commit_step(self, slot: int, out: dict, row: int, *, size: int, device_s: float,
+                     tree_s: float) -> list[StepEvent]:
+        """`_commit` of one speculative step (a `step_layout` answer, row `row`): the accepted path's
+        tokens after the root and the bonus; the next search reads the root first, then those."""
+        count = int(out["count"][row])
+        fed = np.append(out["path_tokens"][row, 1:count], out["bonus"][row])
+        return self._commit(slot, out, row, np.append(out["path_tokens"][row, :1], fed), [(fed, count)], size=size,
+                            device_s=device_s, tree_s=tree_s)
+
     def _dry(self, call):
         """`call(state)` (a device call that donates the state and returns (packed, its next state))
         as a dry run: its caches are kept — its writes fall at and past the committed lengths — and
@@ -673,12 +685,11 @@ class PlainBatcher(SlotPool):
         super().__init__(engine, slots, max_length)
         self.decoder = engine.baseline
         self.token = jnp.zeros((self.slots,), jnp.int32)  # each slot's last token, not yet in the cache
-        self.committed = np.zeros(self.slots, np.int64)
 
     def _cache_length(self) -> int:
         return self.engine.shapes.cache_length(self.max_length + 1)
 
-    def _admit(self, free: list[int]) -> list[Moved]:
+    def _admit(self, free: list[int]) -> list[StepEvent]:
         d = self.decoder
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
@@ -697,7 +708,7 @@ class PlainBatcher(SlotPool):
             events.append(self._take(request, [int(host[slot])], 0))
         return events
 
-    def _advance(self) -> list[Moved]:
+    def _advance(self) -> list[StepEvent]:
         d = self.decoder
         if self._stale_params:
             self.state, self._stale_params = self.state.replace(params=self._params()), False
@@ -722,12 +733,6 @@ class PlainBatcher(SlotPool):
         elapsed = time.perf_counter() - t0
         events = []
         for slot in rows:
-            request, row = self.busy[slot], host[slot]
-            fed = row[row >= 0]
-            self.committed[slot] += fed.size
-            s = request.stats
-            s.device_s += elapsed
-            s.steps += fed.size
-            s.accept_lengths.extend([1] * fed.size)
-            events.append(self._take(request, fed.tolist(), 1, plain=True))
+            fed = host[slot][host[slot] >= 0]
+            events += self._record(slot, [(fed, fed.size)], size=None, device_s=elapsed, plain=True)
         return events

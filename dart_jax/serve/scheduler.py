@@ -322,10 +322,10 @@ class Scheduler:
                     job.compile_s += compiled
         # a call may move a request by several steps (an engine with device_steps): one event each,
         # the call's time counted once per job, the job finished at its last event
-        last = {step[0]: i for i, step in enumerate(moved)}
+        last = {event.request: i for i, event in enumerate(moved)}
         timed = set()
-        for i, step in enumerate(moved):
-            request, kept, accepted = step
+        for i, event in enumerate(moved):
+            request, kept, accepted, plain = event.request, event.ids, event.accepted, event.plain
             job = self._jobs.get(request)
             if job is None:
                 continue
@@ -335,7 +335,6 @@ class Scheduler:
                 if request not in timed:
                     job.warm_s += wall
                     timed.add(request)
-            plain = getattr(step, "plain", False)
             if request.done and last[request] == i:
                 del self._jobs[request]
                 self._finish(job, request.finish_reason, kept, accepted, plain=plain)
