@@ -188,21 +188,30 @@ def _step_core(pair: _Pair, drafter_cls, tree: dict, start, pool: PoolState, *, 
     return out, PoolState(cache, draft_cache, _put_rows(cache_len, length + count, start), keys, params)
 
 
-def _device_steps(model: ModelDef, drafter_cls, state, pending: dict, trie, pool: PoolState, limits: dict, eos,
-                  edit_inputs=None, *, n: int, depth: int, k: int, window: int, steps: int, search: DeviceSearch,
-                  edit: TreeEdit | None = None):
-    """Up to `steps` speculative steps of the first m rows in one device loop, the draft trees
+@dataclasses.dataclass(frozen=True)
+class DeviceLoop:
+    """The static settings of a device loop: at most `steps` steps a call, the trees searched with
+    `search`, and `edit` (None: DART's own trees, and no op of an edit in the program), a change
+    to each step's searched trees before their verify (`device_tree.TreeEdit`)."""
+
+    steps: int
+    search: DeviceSearch
+    edit: TreeEdit | None = None
+
+
+def _device_steps(model: ModelDef, drafter_cls, state, pending: dict, trie, pool: PoolState, inputs: dict, *, n: int,
+                  depth: int, k: int, window: int, loop: DeviceLoop):
+    """Up to `loop.steps` speculative steps of the first m rows in one device loop, the draft trees
     searched on the device (`device_tree.search_trees`: the host search's trees). `pending`: the
     drafter's last proposal (its fields), `preceding` [m,P] the ids fed to it (the first
-    `preceding_len`; the last is the root). `limits`: a row stops on an id of `eos` (kept) where
-    `stops` [m] says so, and after `remaining` [m] tokens; the loop ends when every row has stopped.
-    → (packed `device_steps_layout` [m]: the tokens each row committed, its accepted length per
-    step, and what the next call starts from, then the `edit`'s fields; the pool's next state).
-
-    `edit` (static; None: DART's own trees, and no op of an edit in the program) changes each
-    step's searched trees before their verify (`device_tree.TreeEdit`), fed `edit_inputs`."""
+    `preceding_len`; the last is the root). `inputs`: a row stops on an id of `eos` (kept) where
+    `stops` [m] says so, and after `remaining` [m] tokens (the loop ends when every row has
+    stopped); `edit`, what `loop.edit` is fed (None without one). → (packed `device_steps_layout`
+    [m]: the tokens each row committed, its accepted length per step, and what the next call
+    starts from, then the edit's fields; the pool's next state)."""
     pair = model.merge(state)
-    preceding, stops = pending["preceding"], limits["stops"]
+    steps, search, edit, edit_inputs = loop.steps, loop.search, loop.edit, inputs["edit"]
+    preceding, stops, eos = pending["preceding"], inputs["stops"], inputs["eos"]
     proposal = {name: value for name, value in pending.items() if name not in ("preceding", "preceding_len")}
     m, width = preceding.shape[0], depth + 1
     rows = jnp.arange(m)[:, None]
@@ -247,7 +256,7 @@ def _device_steps(model: ModelDef, drafter_cls, state, pending: dict, trie, pool
         return c
 
     carry = {"i": jnp.int32(0), "proposal": proposal, "preceding": preceding, "plen": pending["preceding_len"],
-             "pool": pool, "remaining": limits["remaining"],
+             "pool": pool, "remaining": inputs["remaining"],
              "n_out": jnp.zeros((m,), jnp.int32), "out": jnp.full((m, steps * width), -1, jnp.int32),
              "counts": jnp.zeros((m, steps), jnp.int32),
              "edit": None if edit is None else edit.start(edit_inputs, m, steps)}
@@ -436,7 +445,7 @@ class Engine:
         self._device_search = DeviceSearch(keep=self.tree.keep, beam_width=self.tree.beam_width,
                                            ngram_weight=self.tree.ngram_weight, eos_id=tree_eos_id)
         self._device_loop = _by_tree_rows(lambda options: jitted(
-            _device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "steps", "search", "edit"),
+            _device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "loop"),
             donate_argnames=_DONATE, compiler_options=options), gemms, True,
             lambda pending: pending["preceding"].shape[0])
 
@@ -472,9 +481,10 @@ class Engine:
         `limits` `remaining` and `stops` [m]; `edit`: a change to every searched tree before its
         verify, another compiled loop, fed `edit_inputs`) → (packed `device_steps_layout` [m], the
         pool's next state)."""
-        return self._device_loop(self._state, pending, self.device_trie(), pool, limits,
-                                 self.eos_row, edit_inputs, n=self.n_nodes, depth=depth, k=k, window=window,
-                                 steps=self.device_steps, search=self._device_search, edit=edit)
+        inputs = {**limits, "eos": self.eos_row, "edit": edit_inputs}
+        loop = DeviceLoop(self.device_steps, self._device_search, edit)
+        return self._device_loop(self._state, pending, self.device_trie(), pool, inputs, n=self.n_nodes, depth=depth,
+                                 k=k, window=window, loop=loop)
 
     def plain(self, token, pool: PoolState, remaining, *, depth: int, k: int, window: int, chunk: int | None = None):
         """A chunk of plain decoding of the first m = token.shape[0] rows, then one drafter call over
