@@ -160,6 +160,41 @@ def _decode(model: ModelDef, state, token, cache: KVCache, cache_len, keys, para
     return token.at[:m].set(new), cache, cache_len.at[:m].add(1), keys.at[:m].set(after)
 
 
+def decode_tokens(target, token, view: KVCache, length, keys, params: SamplingParams, remaining, eos, *, chunk: int,
+                  taps: bool = False):
+    """The one plain-decoding loop on the device: up to `chunk` one-token steps of B sequences over
+    the cache window `view`, each sampled with the row's key split per step (so the same samples as
+    step by step). `token` [B] is each row's pending token (not yet in the cache), written at slot
+    `length` [B] + the tokens it decoded so far. A row stops on an id of `eos` [E] or after
+    `remaining` [B] more tokens (0: done already, or a free slot); its later entries are -1. The
+    loop ends as soon as every row is done. → (last token [B], view, keys [B], remaining [B],
+    tokens decoded per row [B], tokens int32[B,chunk], and with `taps` each step's taps
+    [B,chunk,3H], else None)."""
+    b = token.shape[0]
+    width = 3 * target.config.hidden_size
+
+    def body(carry):
+        i, token, view, keys, remaining, count, out, tap_rows = carry
+        active = remaining > 0
+        hidden, tap, view = target.extend(token[:, None], view, length + count, return_taps=taps)
+        after, now = split_rows(keys)
+        new = sample_tokens(now, target.lm_logits(hidden[:, 0]), params)
+        out = out.at[:, i].set(jnp.where(active, new, -1))
+        if taps:
+            tap_rows = tap_rows.at[:, i].set(tap[:, 0])
+        stop = jnp.any(new[:, None] == eos[None, :], axis=1)
+        remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
+        return (i + 1, jnp.where(active, new, token), view, after, remaining, count + active.astype(jnp.int32), out,
+                tap_rows)
+
+    start = (jnp.int32(0), token, view, keys, remaining, jnp.zeros((b,), jnp.int32),
+             jnp.full((b, chunk), -1, jnp.int32),
+             jnp.zeros((b, chunk, width), target.dtype) if taps else None)
+    _, token, view, keys, remaining, count, out, tap_rows = jax.lax.while_loop(
+        lambda c: (c[0] < chunk) & jnp.any(c[4] > 0), body, start)
+    return token, view, keys, remaining, count, out, tap_rows
+
+
 def _decode_chunk(model: ModelDef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, remaining, eos,
                   *, window: int, chunk: int, live: int | None = None):
     """Up to `chunk` tokens for each of the first `live` sequences (all: None) in one call, without
@@ -173,27 +208,10 @@ def _decode_chunk(model: ModelDef, state, token, cache: KVCache, cache_len, keys
     if live is not None:  # a pool's first `live` rows
         token, cache_len, keys, remaining = token[:live], cache_len[:live], keys[:live], remaining[:live]
         params = param_rows(params, live)
-    b = token.shape[0]
-    out = jnp.full((b, chunk), -1, jnp.int32)
-
-    def body(carry):
-        i, token, view, cache_len, keys, remaining, out = carry
-        active = remaining > 0
-        hidden, _, view = target.extend(token[:, None], view, cache_len)
-        after, now = split_rows(keys)
-        new = sample_tokens(now, target.lm_logits(hidden[:, 0]), params)
-        out = out.at[:, i].set(jnp.where(active, new, -1))
-        stop = jnp.any(new[:, None] == eos[None, :], axis=1)
-        remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
-        return (i + 1, jnp.where(active, new, token), view, cache_len + active.astype(cache_len.dtype),
-                after, remaining, out)
-
-    def more(carry):
-        return (carry[0] < chunk) & jnp.any(carry[5] > 0)
-
     # the loop works on the attended window alone, written back once after it (not a copy per token)
-    _, token, view, cache_len, keys, remaining, out = jax.lax.while_loop(
-        more, body, (jnp.int32(0), token, window_view(cache, window, live), cache_len, keys, remaining, out))
+    token, view, keys, remaining, count, out, _ = decode_tokens(
+        target, token, window_view(cache, window, live), cache_len, keys, params, remaining, eos, chunk=chunk)
+    cache_len = cache_len + count.astype(cache_len.dtype)
     cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
     if live is not None:
         token, cache_len, keys = (whole.at[:live].set(part) for whole, part in zip(full, (token, cache_len, keys)))

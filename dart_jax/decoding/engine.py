@@ -46,8 +46,8 @@ from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inp
 from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
-from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, jitted, last_logits, live_rows, param_rows,
-                             put_window, split_flat, window_view)
+from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, decode_tokens, jitted, last_logits, live_rows,
+                             param_rows, put_window, split_flat, window_view)
 from .batcher import Batcher, PlainBatcher
 from .drafter import DartDrafter, Drafter
 from .device_tree import DeviceSearch, DeviceTrie, LoopStep, TreeEdit, search_trees
@@ -283,27 +283,10 @@ def _plain(model: ModelDef, drafter_cls, state, token, pool: PoolState, remainin
                                                    pool.params)
     m = token.shape[0]
     length = cache_len[:m]
-    view = window_view(cache, window, m)
-    hidden_size = 3 * pair.target.config.hidden_size
-    start = (jnp.int32(0), token, view, keys[:m], remaining, jnp.zeros((m,), jnp.int32),
-             jnp.full((m, chunk), -1, jnp.int32), jnp.zeros((m, chunk, hidden_size), pair.target.dtype))
-
-    def body(carry):
-        i, token, view, keys, remaining, count, out, taps = carry
-        active = remaining > 0
-        hidden, tap, view = pair.target.extend(token[:, None], view, length + count, return_taps=True)
-        after, now = split_rows(keys)
-        new = sample_tokens(now, pair.target.lm_logits(hidden[:, 0]), param_rows(params, m))
-        out = out.at[:, i].set(jnp.where(active, new, -1))
-        taps = taps.at[:, i].set(tap[:, 0])
-        stop = jnp.any(new[:, None] == eos[None, :], axis=1)
-        remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
-        return (i + 1, jnp.where(active, new, token), view, after, remaining, count + active.astype(jnp.int32), out,
-                taps)
-
     with jax.named_scope("plain_target"):
-        _, token, view, step_keys, remaining, count, out, taps = jax.lax.while_loop(
-            lambda c: (c[0] < chunk) & jnp.any(c[4] > 0), body, start)
+        _, view, step_keys, remaining, count, out, taps = decode_tokens(
+            pair.target, token, window_view(cache, window, m), length, keys[:m], param_rows(params, m), remaining, eos,
+            chunk=chunk, taps=True)
         cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
         keys = keys.at[:m].set(step_keys)
     with jax.named_scope("draft"):
