@@ -4,6 +4,7 @@ attention; inside Qwen3's cached forwards against transformers; and greedy DART 
 plain greedy decoding with XLA's attention."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -101,6 +102,30 @@ def test_kernel_without_tree_nodes_is_causal_over_the_cache():
     want = masked_gqa_attention(q, k_cache[0], v_cache[0], cache_lens, None, None, None, 0.3)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert not got[1, :2].any()
+
+
+@pytest.mark.parametrize("backend, platform, call", [("gpu", "cuda", "__gpu$xla.gpu.triton"),
+                                                     ("tpu", "tpu", "tpu_custom_call")])
+def test_kernel_lowers_for_triton_and_mosaic(backend, platform, call):
+    """The same source lowered on this CPU for a GPU (Triton) and a TPU (Mosaic), at the Qwen3-8B
+    attention shape in bfloat16: a 61-node tree's verify, a prefill and a decoding step. (The
+    backends' own compilers run on their devices only; this is what Pallas checks before them:
+    block shapes, power-of-two tensors for Triton, (8, 128) tiles for Mosaic.)"""
+    b, hq, hkv, d, s, layers = 1, 32, 8, 128, 256, 2
+    kv = jax.ShapeDtypeStruct((layers, b, s, hkv, d), jnp.bfloat16)
+    for t, tree in ((61, True), (64, False), (1, False)):
+        q = jax.ShapeDtypeStruct((b, t, hq, d), jnp.bfloat16)
+        new = jax.ShapeDtypeStruct((b, t, hkv, d), jnp.bfloat16)
+
+        def forward(q, k_cache, v_cache, lens, mask, k_new, v_new):
+            rows = attention_rows(lens, mask if tree else None, hq // hkv)
+            return tree_attention(q, k_cache, v_cache, rows, *((k_new, v_new) if tree else ()), scale=d ** -0.5,
+                                  layer=1, backend=backend)
+
+        lowered = jax.jit(forward).trace(q, kv, kv, jax.ShapeDtypeStruct((b, t), jnp.int32),
+                                         jax.ShapeDtypeStruct((b, t, t), jnp.bool_), new, new)
+        text = lowered.lower(lowering_platforms=(platform,)).as_text()
+        assert text.count(f"custom_call @{call}(") == 1, (t, tree)
 
 
 def hf_logits(folder, ids):

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 
 from .layers import group_queries, ungroup_queries
 
@@ -101,17 +102,24 @@ def _kernel(lens_ref, q_ref, k_cache_ref, v_cache_ref, *refs, scale: float, bloc
     o_ref[...] = (acc / jnp.where(total == 0.0, 1.0, total)).astype(o_ref.dtype)  # padding rows: 0, not NaN
 
 
+def _compiler_params(backend: str):
+    """Triton's on a GPU: JAX's default there is Mosaic GPU, whose `pallas_call` is deprecated and
+    wants other layouts (16-byte strides); Mosaic's own defaults on a TPU. One warp group of four
+    warps holds a program's [BLOCK_M, D] float32 accumulator in registers."""
+    return pl_triton.CompilerParams(num_warps=4, num_stages=2) if backend == "gpu" else None
+
+
 def tree_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: AttentionRows,
                    k_new: jax.Array | None = None, v_new: jax.Array | None = None, *, scale: float, layer: int = 0,
-                   interpret: bool | None = None) -> jax.Array:
+                   backend: str | None = None) -> jax.Array:
     """Masked GQA attention of q [B, T, Hq, D] over layer `layer` of k_cache/v_cache
     [L, B, S, Hkv, D] (the slots each row may see: `rows.lens`) and, when `rows.mask` is set, over
     k_new/v_new [B, T, Hkv, D] (the tree's own nodes) under that mask; one softmax over both, in
     float32 → [B, T, Hq, D] in q's dtype. A row that sees no key gives zeros. The caches are read
     where they lie (the layer picked by the kernel's block index, not sliced out) unless S or D
     need padding to the kernel's sides (S not a multiple of the slot block, D not a power of two
-    >= 16): then this layer's window is copied padded. `interpret` (None: on a CPU) runs
-    the kernel in Pallas' interpret mode."""
+    >= 16): then this layer's window is copied padded. `backend` (None: JAX's default) is the
+    one the kernel is compiled for: "gpu" Triton, "tpu" Mosaic, "cpu" Pallas' interpret mode."""
     b, t, hq, d = q.shape
     _, cache_b, s, hkv, _ = k_cache.shape
     tree = rows.mask is not None
@@ -119,6 +127,7 @@ def tree_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: A
         raise ValueError(f"tree_attention: q {q.shape}, cache {k_cache.shape}, rows for {rows.tokens} tokens, "
                          f"tree {tree}, new keys {None if k_new is None else k_new.shape}: they do not fit.")
     groups = hq // hkv
+    backend = backend or jax.default_backend()
     tp = _padded_side(t)
     block_s = min(BLOCK_S, _padded_side(s))
     d_pad, s_pad = _padded_side(d) - d, -s % block_s
@@ -148,7 +157,8 @@ def tree_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: A
         in_specs=in_specs,
         out_specs=pl.BlockSpec((None, None, block_m, d), lambda i, h, r: (i, h, r, 0)),
         out_shape=jax.ShapeDtypeStruct((b, hkv, m, d), q.dtype),
-        interpret=jax.default_backend() == "cpu" if interpret is None else interpret,
+        interpret=backend == "cpu",
+        compiler_params=_compiler_params(backend),
         name="tree_attention",
     )(*operands)
     return ungroup_queries(out, tp)[:, :t, :, :d - d_pad]
