@@ -31,37 +31,41 @@ speculative steps a device call, the trees searched on the device (`--device-ste
     (`--attention cudnn`, `Qwen3.use_attention`), DART's verify and plain decoding alike: the
     A/B of the attention's non-matmul work (0.8 ms of a 7 ms step in the 2026-11-26 profile, about
     seven kernels a layer). GPU only: skipped on another backend.
- 4. forced-Qwen3-8B-36L-b1: stage 1 in the host loop, the same machine: what the device loop gains.
- 5. forced-Qwen3-8B-36L-b1-device8: stage 1 at τ 1 with 8 steps a call: against stage 1's 32, what a
+ 4. forced-Qwen3-8B-36L-b1-pallas: stage 1 with the target attending by our Pallas kernel
+    (`--attention pallas`, models/pallas_attention.py: the cache's window and the tree's nodes in
+    one kernel, Triton on a GPU), DART's verify and plain decoding alike: with stages 1 and 3, the
+    xla / cudnn / pallas A/B.
+ 5. forced-Qwen3-8B-36L-b1: stage 1 in the host loop, the same machine: what the device loop gains.
+ 6. forced-Qwen3-8B-36L-b1-device8: stage 1 at τ 1 with 8 steps a call: against stage 1's 32, what a
     device call costs besides its steps.
- 6. forced-Qwen3-8B-36L-b1-cbwhile: stage 1 with XLA's command buffers holding whole while loops
+ 7. forced-Qwen3-8B-36L-b1-cbwhile: stage 1 with XLA's command buffers holding whole while loops
     and conditionals (WHOLE_LOOP_COMMAND_BUFFERS; the default records only the kernels inside
     them, so each iteration is a host launch and a copy of the loop's predicate to the host);
     plain decoding's loop runs under it too.
- 7. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
+ 8. shapes-Qwen3-8B: `bench shapes`, the target's verify for trees of 2…64 rows (61: keep 60)
     against a decode call and a token of the device loop, at the full depth, and what a host call
     costs besides its device work (an empty call; a call taking every weight array).
- 8. shapes-Qwen3-8B-ctx2048: stage 7 with 2048 tokens in the cache (the default 512), at 2 and 61 rows.
- 9. forced-Qwen3-8B-36L-b1-device128: stage 5 with 128 steps a call (the whole generation in one;
+ 9. shapes-Qwen3-8B-ctx2048: stage 8 with 2048 tokens in the cache (the default 512), at 2 and 61 rows.
+10. forced-Qwen3-8B-36L-b1-device128: stage 6 with 128 steps a call (the whole generation in one;
     its attention window is larger: every slot the last step may reach).
-10. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
-11. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
+11. forced-Qwen3-8B-36L-b1-devicemore: stage 1 at τ 5, 3 and 2.
+12. forced-Qwen3-4B-36L-b1-device, forced-Qwen3-1.7B-28L-b1-device: stage 1 at those shapes' real
     depths.
-12. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
+13. forced-Qwen3-8B-36L-pool: the host loop at τ 1 and 3.61, batch 4 and 16, 16-node trees
     (POOL_KEEP), through the pool, default and overlapped (`--overlap`: the host searches half
     the rows' trees while the device verifies the other half, `Batcher(overlap=True)`):
     `overlap_gain` = overlapped / default tok/s; then the same pools in the device loop
     (forced-Qwen3-8B-36L-pool-device).
-13. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
-14. forced-Qwen3-8B-36L-b1-xla: stage 4 with every verify compiled with XLA's own GEMMs
+14. forced-Qwen3-8B-4L-b1-device: every τ at 4 layers (where what is not the layers shows most).
+15. forced-Qwen3-8B-36L-b1-xla: stage 5 with every verify compiled with XLA's own GEMMs
     (`--verify-gemms xla`): the A/B of the default, which compiles a step of 32 rows or more
     with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
-15. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 7 at 32, 61 and 64 rows with XLA's GEMMs,
+16. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 8 at 32, 61 and 64 rows with XLA's GEMMs,
     and at 4 and 16 rows with cuBLAS: both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
-16. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+17. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
-17. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+18. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 A variant (a name after the stage: -device, -xla, ...; VARIANTS) is its stage again under other
 settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no longer
 run: fused projections (faster plain decoding, the same verify), XLA's command buffers (on: faster
@@ -72,11 +76,12 @@ program compiled by an earlier stage, or an earlier call on the same machine, is
 compiled again (a 36-layer device loop takes about a minute to compile).
 The real-depth stages are skipped, not failed, on a device with less memory than their weights
 need (the skip is noted in the report, and a later call on a bigger device runs them); a GPU-only stage
-(cuDNN) likewise on another backend.
+(cuDNN) likewise on another backend; the Pallas stage runs everywhere (on a CPU, --smoke, in
+Pallas' interpret mode).
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 13), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 14), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -102,17 +107,17 @@ VERSION_FILE = "campaign-version.txt"
 PAPER_TAU_8B = 3.61
 TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
-PER_CALL_TAU = "1"  # stages 5 and 9: the step's cost is what they compare
+PER_CALL_TAU = "1"  # stages 6 and 10: the step's cost is what they compare
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
 # tree nodes besides the root (`bench shapes --budgets`): 60 is the engine's keep 60 (61 rows), the
 # others give 2, 4, 16, 32 and 64 rows
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
-SHALLOW_LAYERS = 4  # stage 13
+SHALLOW_LAYERS = 4  # stage 14
 LOOP_STEPS = 32  # steps per device call of the device loop (Engine(device_steps=...))
-FEW_STEPS = 8  # stage 5's
-MANY_STEPS = 128  # stage 9's: a whole generation of 128 tokens at τ 1 in one call
+FEW_STEPS = 8  # stage 6's
+MANY_STEPS = 128  # stage 10's: a whole generation of 128 tokens at τ 1 in one call
 # the pool's trees: 16 nodes, not 61. At batch 16, 61-node trees verify 976 rows a step, about 16
 # TFLOP at Qwen3-8B's depth: compute-bound, several plain batch steps (the 2026-11-26 campaign's
 # 4-layer pool at keep 60 ran at 0.12-0.27x); keep="auto" sizes a pool's trees the same way
@@ -133,6 +138,8 @@ VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
                 {"XLA_FLAGS": WHOLE_LOOP_COMMAND_BUFFERS}, ("--device-steps", str(LOOP_STEPS))),
     "cudnn": (f"device loop, {LOOP_STEPS} steps a call, attention by cuDNN's fused kernel", {},
               ("--device-steps", str(LOOP_STEPS), "--attention", "cudnn")),
+    "pallas": (f"device loop, {LOOP_STEPS} steps a call, attention by our Pallas kernel", {},
+               ("--device-steps", str(LOOP_STEPS), "--attention", "pallas")),
     "xla": ("every verify with XLA's own GEMMs (Triton)", {}, ("--verify-gemms", "xla")),
     "cublas": ("every verify with cuBLAS", {}, ("--verify-gemms", "cublas")),
     "ctx2048": ("2048 tokens in the cache", {}, ("--context", "2048")),  # bench shapes only
@@ -295,6 +302,7 @@ class Campaign:
                 *keep, *loop, "--steps", "4" if smoke else str(LOOP_STEPS), *self.model(first, deep)], 200,
                 min_device_gib=DEPTH[first][1]),
             forced(b1, first, deep, taus, 240, variant="cudnn", gpu_only=True),
+            forced(b1, first, deep, taus, 240, variant="pallas"),
             forced(b1, first, deep, taus, 200),
             forced(b1, first, deep, PER_CALL_TAU, 200, variant="device8"),
             forced(b1, first, deep, taus, 240, variant="cbwhile"),

@@ -20,7 +20,7 @@ _SPEC = importlib.util.spec_from_file_location("gpu_campaign", SCRIPT)  # a scri
 gpu_campaign = sys.modules.setdefault("gpu_campaign", importlib.util.module_from_spec(_SPEC))  # dataclasses need it
 _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {name: f"{name}.json" for name in (
-    "forced-tiny-6L-b1-device", "forced-tiny-6L-b1", "forced-tiny-6L-b1-device8", "forced-tiny-6L-b1-cbwhile",
+    "forced-tiny-6L-b1-device", "forced-tiny-6L-b1-pallas", "forced-tiny-6L-b1", "forced-tiny-6L-b1-device8", "forced-tiny-6L-b1-cbwhile",
     "shapes-tiny", "forced-tiny-6L-pool", "forced-tiny-6L-pool-device", "forced-tiny-3L-b1-device", "forced-tiny-6L-b1-xla", "shapes-tiny-xla",
     "shapes-tiny-cublas", "shapes-tiny-ctx2048", "forced-tiny-6L-b1-device128")}
 STAGES["profile-tiny-6L-device"] = "profile-tiny-6L-device/profile.json"
@@ -48,12 +48,13 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     # drawn in memory, at two depths, in the device loop and the host loop, and variants of the first
     for name, layers, steps in (("forced-tiny-6L-b1-device", 6, 32), ("forced-tiny-3L-b1-device", 3, 32),
                                 ("forced-tiny-6L-b1", 6, 0), ("forced-tiny-6L-b1-xla", 6, 0),
-                                ("forced-tiny-6L-b1-cbwhile", 6, 32)):
+                                ("forced-tiny-6L-b1-cbwhile", 6, 32), ("forced-tiny-6L-b1-pallas", 6, 32)):
         forced = json.loads((out / f"{name}.json").read_text())
         assert [r["tau_asked"] for r in forced["rows"]] == [1.0, 3.0] and all(r["same_output"] for r in forced["rows"])
         assert forced["config"]["model"]["layers"] == layers
         assert forced["config"]["model"]["weights"] == "drawn on the device"
         assert forced["config"].get("device_steps", 0) == steps, name
+    assert json.loads((out / "forced-tiny-6L-b1-pallas.json").read_text())["config"]["attention"] == "pallas"
     few = json.loads((out / "forced-tiny-6L-b1-device8.json").read_text())
     assert [r["tau_asked"] for r in few["rows"]] == [1.0] and few["config"]["device_steps"] == 8
     many = json.loads((out / "forced-tiny-6L-b1-device128.json").read_text())
@@ -73,6 +74,7 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert "| tiny (6 layers, 9-node trees) [host loop, every verify with XLA's own GEMMs (Triton)] | 1 | 1 |" in report
     assert "| tiny (6 layers, 9-node trees) [device loop, 32 steps a call] | 1 | 3 |" in report
     assert "| tiny (6 layers, 9-node trees) [device loop, 8 steps a call] | 1 | 1 |" in report
+    assert "| tiny (6 layers, 9-node trees) [device loop, 32 steps a call, attention by our Pallas kernel] | 1 | 3 |" in report
     assert "call with the weights ms" in report
     # the device loop's profile: its search is a phase of the device
     assert "device loop, 3 steps a call" in report and "| device_tree_search |" in report
@@ -125,6 +127,19 @@ def test_the_cudnn_stage_is_the_device_loop_with_cudnn_attention_on_a_gpu_only(t
     assert command[at + 1] == "cudnn" and "--attention" not in base
     assert command[:at] == [a.replace("-cudnn", "-device") for a in base[:at]]  # stage 1's options, then the kernel
     assert command[command.index("--device-steps") + 1] == str(gpu_campaign.LOOP_STEPS)
+
+
+def test_the_pallas_stage_is_the_device_loop_with_pallas_attention(tmp_path):
+    """Stage 4: stage 1's command with --attention pallas, on every backend (Triton on a GPU)."""
+    args = argparse.Namespace(out=tmp_path, smoke=False, skip_tests=True, resume=[], archive=None, budget_s=450.0,
+                              compile_cache="")
+    stages = gpu_campaign.Campaign(args).stages()
+    first, pallas = stages[0], stages[3]
+    assert pallas.name == "forced-Qwen3-8B-36L-b1-pallas" and not pallas.gpu_only
+    command, base = pallas.command(), first.command()
+    at = command.index("--attention")
+    assert command[at + 1] == "pallas" and "--attention" not in base
+    assert command[:at] == [a.replace("-pallas", "-device") for a in base[:at]]
 
 
 def test_resume_from_a_missing_folder_is_refused(tmp_path):

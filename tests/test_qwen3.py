@@ -238,7 +238,7 @@ def test_attention_kernel_is_checked(ckpts, monkeypatch):
     name and the fix; "xla" is the default."""
     model = load_qwen3(next(iter(ckpts.values())), dtype=jnp.float32)
     assert model.attention_kernel == "xla"
-    with pytest.raises(InputError, match=r"attention \(--attention\) must be one of xla, cudnn, got 'flash'"):
+    with pytest.raises(InputError, match=r"attention \(--attention\) must be one of xla, cudnn, pallas, got 'flash'"):
         model.use_attention("flash")
     with pytest.raises(InputError, match=r"needs an NVIDIA GPU of compute capability 8.0 or more; this process runs "
                                          r"on cpu: use attention \"xla\""):

@@ -159,8 +159,9 @@ class DartModel:
         (the same trees as the host's search; needs a fixed `keep`, no mesh; see the README).
         `verify_gemms` ("auto", "xla", "cublas"): which GEMMs a GPU compiles the verification with
         (`qwen3.verify_compiler_options`; "auto": cuBLAS for trees of 32 rows or more).
-        `attention` ("xla", "cudnn"): how the target attends over its cache, plain decoding included
-        (`Qwen3.use_attention`; "cudnn": cuDNN's fused kernel, a bfloat16 model on an NVIDIA GPU).
+        `attention` ("xla", "cudnn", "pallas"): how the target attends over its cache, plain decoding
+        included (`Qwen3.use_attention`; "cudnn": cuDNN's fused kernel, a bfloat16 model on an NVIDIA
+        GPU; "pallas": our Pallas kernel, on one device, in Pallas' slow interpret mode on a CPU).
 
         base=None resolves the base of a published head. ngram=None takes DEFAULT_NGRAM;
         ngram=False (or "none") searches with the head's logits only. `small_ngram` picks

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from . import methods as decoding_methods
 
+# --attention: `dart_jax.models.qwen3.ATTENTION_KERNELS`, which this light module cannot import (jax)
+ATTENTION_CHOICES = ("xla", "cudnn", "pallas")
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
 
 
@@ -82,9 +84,10 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
                        help="GEMMs a GPU compiles the tree verification with: auto (cuBLAS for trees of 32 rows or "
                             "more, XLA's own below and for plain decoding), xla (XLA's everywhere) or cublas (every "
                             "tree); other devices ignore it (default auto)")
-    group.add_argument("--attention", choices=("xla", "cudnn"), default="xla",
-                       help="how the target attends over its cache, plain decoding included: xla (default) or cudnn "
-                            "(cuDNN's fused attention kernel; a bfloat16 model on an NVIDIA GPU)")
+    group.add_argument("--attention", choices=ATTENTION_CHOICES, default="xla",
+                       help="how the target attends over its cache, plain decoding included: xla (default), cudnn "
+                            "(cuDNN's fused attention kernel; a bfloat16 model on an NVIDIA GPU) or pallas (our "
+                            "Pallas kernel: Triton on a GPU, Mosaic on a TPU, slow interpret mode on a CPU)")
     group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
     group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
     group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")

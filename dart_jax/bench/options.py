@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from dart_jax.api.options import tree_size
+from dart_jax.api.options import ATTENTION_CHOICES, tree_size
 
 # what --clock picks: wall time, or this process's CPU time (steadier on a machine shared with
 # other work, but it counts every thread, so only for single-threaded host code)
@@ -69,9 +69,10 @@ def _trie_options(p: argparse.ArgumentParser) -> None:
 
 
 def _attention_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--attention", choices=("xla", "cudnn"), default="xla",
-                   help="how the target attends over its cache, plain decoding included: xla (default) or cudnn "
-                        "(cuDNN's fused kernel; a bfloat16 model on an NVIDIA GPU)")
+    p.add_argument("--attention", choices=ATTENTION_CHOICES, default="xla",
+                   help="how the target attends over its cache, plain decoding included: xla (default), cudnn "
+                        "(cuDNN's fused kernel; a bfloat16 model on an NVIDIA GPU) or pallas (our Pallas kernel; "
+                        "interpret mode, slow, on a CPU)")
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from dart_jax.errors import InputError
 
 from .layers import (Linear, RMSNorm, apply_rope, attention, fused_attention, group_mask, group_queries, param,
                      rope_cos_sin, rope_inv_freq, ungroup_queries)
+from .pallas_attention import attention_rows, tree_attention
 
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
 # "1": fused projections on every backend, "0": on none; unset: on a GPU only (`use_backend_layout`)
@@ -37,8 +38,9 @@ VERIFY_GEMMS = ("auto", "xla", "cublas")
 CUBLAS_MIN_ROWS = 32
 _NO_TRITON_GEMMS = {"xla_gpu_enable_triton_gemm": False}
 # how the cached forwards (`extend`, `verify`) attend (`Qwen3.use_attention`): "xla", the einsum
-# attention of `layers` compiled by XLA; "cudnn", cuDNN's fused kernel (`layers.fused_attention`)
-ATTENTION_KERNELS = ("xla", "cudnn")
+# attention of `layers` compiled by XLA; "cudnn", cuDNN's fused kernel (`layers.fused_attention`);
+# "pallas", our own kernel (`pallas_attention.tree_attention`)
+ATTENTION_KERNELS = ("xla", "cudnn", "pallas")
 
 
 def default_dtype():
@@ -257,13 +259,18 @@ class Qwen3(nnx.Module):
         rows = jnp.arange(b)[:, None]
         scale = self.config.head_dim ** -0.5
         held = {"cache": cache}
+        kernel = self.attention_kernel
+        if kernel == "pallas":  # the same causal rule as `mask`: token j sees the slots below its own + 1
+            pallas_rows = attention_rows(slots + 1, None, self.config.num_attention_heads // self.config.num_key_value_heads)
 
         def attend(i, q, k, v):
             c = held["cache"]
             c = KVCache(k=c.k.at[i, rows, slots].set(k.astype(c.k.dtype), mode="drop"),
                         v=c.v.at[i, rows, slots].set(v.astype(c.v.dtype), mode="drop"))
             held["cache"] = c
-            attend_with = fused_attention if self.attention_kernel == "cudnn" else attention
+            if kernel == "pallas":  # the whole cache passed, the kernel reads layer i: no slice of it
+                return tree_attention(q, c.k, c.v, pallas_rows, scale=scale, layer=i), None
+            attend_with = fused_attention if kernel == "cudnn" else attention
             return attend_with(q, c.k[i].astype(q.dtype), c.v[i].astype(q.dtype), mask, scale), None
 
         hidden, taps, _ = self._run(ids, slots, attend, return_taps)
@@ -280,19 +287,27 @@ class Qwen3(nnx.Module):
         b, t = ids.shape
         cache_len = jnp.broadcast_to(jnp.asarray(cache_len, jnp.int32), (b,))
         s = cache.k.shape[2]
-        visible = jnp.arange(s, dtype=jnp.int32)[None, :] < cache_len[:, None]  # [B,S]
-        # the cache's slots, then the tree's nodes; built once for every layer
-        full_mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)),
-                                     jnp.broadcast_to(mask.astype(bool), (b, t, t))], axis=-1)  # [B,T,S+T]
-        fused = self.attention_kernel == "cudnn"
-        if not fused:  # in the grouped rows
-            full_mask = group_mask(full_mask, self.config.num_attention_heads // self.config.num_key_value_heads)
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        kernel = self.attention_kernel
+        # which cache slots and tree nodes each token sees; built once for every layer
+        if kernel == "pallas":
+            rows = attention_rows(jnp.broadcast_to(cache_len[:, None], (b, t)),
+                                  jnp.broadcast_to(mask.astype(bool), (b, t, t)), groups)
+        else:
+            visible = jnp.arange(s, dtype=jnp.int32)[None, :] < cache_len[:, None]  # [B,S]
+            # the cache's slots, then the tree's nodes
+            full_mask = jnp.concatenate([jnp.broadcast_to(visible[:, None, :], (b, t, s)),
+                                         jnp.broadcast_to(mask.astype(bool), (b, t, t))], axis=-1)  # [B,T,S+T]
+            if kernel == "xla":  # in the grouped rows
+                full_mask = group_mask(full_mask, groups)
         scale = self.config.head_dim ** -0.5
 
         def attend(i, q, k, v):
             k = k.astype(cache.k.dtype).astype(q.dtype)
             v = v.astype(cache.v.dtype).astype(q.dtype)
-            if fused:  # one kernel over the cache's slots and the tree's nodes side by side
+            if kernel == "pallas":  # the cache's window and the tree's nodes in one kernel, read where they lie
+                out = tree_attention(q, cache.k, cache.v, rows, k, v, scale=scale, layer=i)
+            elif kernel == "cudnn":  # one kernel over the cache's slots and the tree's nodes side by side
                 out = fused_attention(q, jnp.concatenate([cache.k[i].astype(q.dtype), k], axis=1),
                                       jnp.concatenate([cache.v[i].astype(q.dtype), v], axis=1), full_mask, scale)
             else:
@@ -319,11 +334,15 @@ class Qwen3(nnx.Module):
         self.lm_head = nnx.data(head)  # None at construction made the attribute static
 
     def use_attention(self, kernel: str) -> None:
-        """How `extend` and `verify` attend from now on (ATTENTION_KERNELS): "xla" (the default) or
+        """How `extend` and `verify` attend from now on (ATTENTION_KERNELS): "xla" (the default),
         "cudnn", cuDNN's fused attention kernel (`layers.fused_attention`: one kernel for the
         scores, the mask, the softmax and the weighted sum, which XLA runs as several), for a
-        bfloat16 or float16 model on an NVIDIA GPU. A jitted function over this module made before
-        the change keeps the old way; make engines after it (`DartModel(..., attention=)` does)."""
+        bfloat16 or float16 model on an NVIDIA GPU, or "pallas", our Pallas kernel
+        (`pallas_attention.tree_attention`: the same in one kernel that reads the cache's window
+        where it lies and the tree's nodes beside it; Triton on a GPU, Mosaic on a TPU, Pallas'
+        interpret mode on a CPU, any dtype). `forward_hidden` (no cache) keeps XLA's attention.
+        A jitted function over this module made before the change keeps the old way; make engines
+        after it (`DartModel(..., attention=)` does)."""
         check_attention(kernel, self.dtype)
         self.attention_kernel = kernel
 
@@ -369,15 +388,15 @@ def fused_projections_wanted(backend: str | None = None) -> bool:
 
 def check_attention(kernel: str, dtype=None, mesh=None) -> str:
     """`kernel` if it is one of ATTENTION_KERNELS (see `Qwen3.use_attention`) and this process can
-    run it ("cudnn": an NVIDIA GPU of compute capability 8.0 or more, cuDNN's flash attention's
-    least, a bfloat16 or float16 model: `dtype`, None for `default_dtype()`, and one device: no
-    `mesh`), else an InputError."""
+    run it ("cudnn" and "pallas": one device, no `mesh`, whose sharding a custom kernel does not
+    follow; "cudnn" also an NVIDIA GPU of compute capability 8.0 or more, cuDNN's flash attention's
+    least, and a bfloat16 or float16 model: `dtype`, None for `default_dtype()`), else an InputError."""
     if kernel not in ATTENTION_KERNELS:
         raise InputError(f"attention (--attention) must be one of {', '.join(ATTENTION_KERNELS)}, got {kernel!r}.")
+    if kernel != "xla" and mesh is not None:
+        raise InputError(f"attention \"{kernel}\" (--attention) runs on one device, not over a mesh: drop the mesh "
+                         "(--mesh) or use attention \"xla\".")
     if kernel == "cudnn":
-        if mesh is not None:
-            raise InputError("attention \"cudnn\" (--attention) runs on one device, not over a mesh: drop the mesh "
-                             "(--mesh) or use attention \"xla\".")
         backend = jax.default_backend()
         problem = cudnn_device_problem(jax.devices()[0]) if backend == "gpu" else f"this process runs on {backend}"
         if problem:
