@@ -26,7 +26,7 @@ from dart_jax.errors import InputError
 
 from ._atomic import atomic_path, check_output
 from ._memory import check_disk
-from ._reference import MAX_CHUNK_BYTES
+from ._reference import check_chunk_bytes
 
 _RECORD = 24  # i32 token, u64 parent, i32 freq, u64 n_children
 _EDGE = 12  # i32 child token, u64 child id
@@ -97,10 +97,7 @@ def write_reference(path, order: int, n: int, arrays: Source, *, progress: bool 
     """Write a trie of `n` nodes (read through `arrays`, module docstring) as a reference `.trie`
     at `path`, atomically; returns the absolute path. Frequencies outside int32 (the reference's
     count type) are an InputError naming the node."""
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, (int, np.integer)) \
-            or not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
-        raise InputError(f"chunk_bytes (--chunk-mb) must be an integer in [1, {MAX_CHUNK_BYTES}] bytes (written at a "
-                         f"time); got {chunk_bytes!r}.")
+    check_chunk_bytes(chunk_bytes, "written")
     path = check_output(path, "reference .trie output")
     check_disk(reference_size(n), os.path.dirname(path), f"writing {path!r} ({n} nodes)")
     parents = _Parents(arrays, n)
