@@ -14,7 +14,7 @@ from dart_jax.errors import InputError
 from dart_jax.ngram import CompressedTrie, Trie, compress
 from dart_jax.ngram import _reference_write
 from dart_jax.ngram.__main__ import main as cli
-from trie_oracle import window_counts
+from trie_oracle import window_counts, write_reference
 
 
 def parse_reference(data: bytes):
@@ -93,6 +93,20 @@ def test_round_trip_gives_back_every_node_and_every_lookup(tmp_path, monkeypatch
         for want, got in zip(source.probability(context, cands), back.probability(context, cands)):
             np.testing.assert_array_equal(got, want)
     assert sorted(os.listdir(tmp_path)) == ["out.trie"]  # no scratch left behind
+
+
+def test_a_converted_reference_trie_and_a_reduced_one_come_back_as_they_were(tmp_path):
+    seqs = [[1, 2, 3, 1, 2, 4, 2, 3, 9], [4, 4, 4, 1], [2, 3]]
+    counts = window_counts(seqs, 3)
+    write_reference(tmp_path / "given.trie", counts, 3, root_freq=-5)  # a reduced reference root: negative
+    ours = Trie.from_reference(tmp_path / "given.trie", progress=False)
+    _, nodes = parse_reference(open(ours.to_reference(tmp_path / "again.trie", progress=False), "rb").read())
+    assert paths_and_counts(nodes) == {**counts, (): -5}
+
+    reduced = Trie.build(seqs, order=3).reduce(2)
+    back = Trie.from_reference(reduced.to_reference(tmp_path / "reduced.trie", progress=False), progress=False)
+    for want, got in zip(reduced.arrays(), back.arrays()):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("escapes", [False, True])
