@@ -5,7 +5,12 @@
                                  what the checks can and cannot see; --hash: each file's SHA-256
                                  against the hub's where a reference exists (the HF cache's blob
                                  names, a shard index's total size)
-  export HEAD OUT [--dtype ...]  re-save HEAD in the reference layout as float32 or bfloat16
+  export HEAD OUT [--dtype ...] [--base BASE]
+                                 re-save HEAD in the reference layout as float32 or bfloat16, for the
+                                 PyTorch reference (fvliang/DART) as it is; a `warning:` line names
+                                 anything the reference would not take although dart_jax does
+
+BASE is a Qwen3 or Llama-family target (folder, hub id or Llama .gguf file).
 
 HEAD and BASE are local folders or hub ids. A bad file, config or argument is reported as one
 `error: …` line naming it, with exit code 2 (dart_jax.errors.cli_boundary).
@@ -22,8 +27,9 @@ import numpy as np
 from dart_jax.errors import cli_boundary
 
 from .checksums import CAN, CANNOT, check_files
-from .dart_head import check_head, check_names, export_dart_head, head_folder, read_head_config, tensor_files
-from .qwen3 import load_qwen3_config
+from .dart_head import (check_head, check_names, export_dart_head, head_folder, read_head_config, reference_problems,
+                        tensor_files)
+from .target import load_target_config
 from .int8 import write_int8_head
 from .safetensors_io import read_tensors
 
@@ -52,7 +58,7 @@ def _inspect(args) -> None:
     tensors = read_tensors(folder)
     print("\n".join(_describe(folder, config, tensors)))
     check_names(config, files, folder)
-    base = load_qwen3_config(args.base) if args.base else None
+    base = load_target_config(args.base) if args.base else None
     check_head(folder, config, tensors, base, files=files)
     print("  checkpoint: tensors match config.json, weights finite, d2t/t2d consistent")
     used = np.arange(config.draft_vocab_size) + tensors["d2t"].astype(np.int64)
@@ -60,6 +66,8 @@ def _inspect(args) -> None:
     if base is not None:
         print(f"base {args.base}: hidden {base.hidden_size}, vocab {base.vocab_size}, {base.num_hidden_layers} layers")
         print("  the head fits this base model")
+    for problem in reference_problems(config, base):
+        print(f"  the PyTorch reference would not take it: {problem}")
     print(f"  checked: {CAN}")
     print(f"  not checked: {CANNOT}")
     if args.hash:
@@ -72,11 +80,11 @@ def _inspect(args) -> None:
 
 
 def _export(args) -> None:
-    target_config = None
-    if args.base:
-        target_config = load_qwen3_config(args.base)
+    target_config = load_target_config(args.base) if args.base else None
     out = export_dart_head(args.head, args.out, args.dtype, target_config)
     print(f"wrote {out}/config.json and {out}/model.safetensors ({args.dtype})")
+    for problem in reference_problems(read_head_config(out), target_config):
+        print(f"warning: {problem}; dart_jax runs this head, the PyTorch reference would not.", file=sys.stderr)
 
 
 def _int8(args) -> None:
@@ -91,7 +99,8 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("inspect", help="summarise a DART head checkpoint and check it")
     p.add_argument("head", help="DART head folder or hub id (e.g. fvliang/qwen4b-dart)")
-    p.add_argument("--base", help="Qwen3 base folder or hub id to check the head against (reads config.json only)")
+    p.add_argument("--base", help="base (Qwen3 or Llama-family: folder, hub id or .gguf file) to check the head "
+                                  "against (reads its config only)")
     p.add_argument("--hash", action="store_true",
                    help="also hash every file (the head's, and a local --base folder's): a file from the Hugging Face "
                         "cache is compared with the hash it was downloaded under; an error names a damaged file")
@@ -99,8 +108,10 @@ def main(argv=None) -> int:
     p = sub.add_parser("export", help="re-save a DART head in the reference layout")
     p.add_argument("head", help="DART head folder or hub id")
     p.add_argument("out", help="output folder (created, or replaced if it holds only a head; its parent must exist)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the float tensors")
-    p.add_argument("--base", help="Qwen3 base folder or hub id to check the head against first")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of the float tensors (default float32)")
+    p.add_argument("--base", help="base (Qwen3 or Llama-family: folder, hub id or .gguf file) to check the head "
+                                  "against first (default: none)")
     p.set_defaults(run=_export)
     p = sub.add_parser("int8", help="write an int8 copy of a draft head (DART or EAGLE-3): each 2-D weight as int8 "
                                     "with one scale per row, about half a bf16 head's size; loads like any head")

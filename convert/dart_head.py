@@ -437,6 +437,25 @@ def vocabulary_problems(d2t: np.ndarray, t2d: np.ndarray, vocab: int) -> list[st
     return problems
 
 
+def reference_problems(config: DartHeadConfig, target_config: Any | None = None) -> list[str]:
+    """What would stop the PyTorch reference (fvliang/DART) from loading or running this head over
+    that target although dart_jax runs it (docs/spec.md §1, "Exporting a head"): its config class
+    accepts `rope_scaling` only as null or exactly {"type": "linear" or "dynamic", "factor": a
+    float > 1}, and its target hands the head the hidden states of the *distinct* layers among
+    2, L//2 and L-3, which are three only when L >= 7. Empty when the reference takes it as is."""
+    problems = []
+    scaling = config.rope_scaling_dict
+    if scaling is not None and not (set(scaling) == {"type", "factor"} and scaling["type"] in ("linear", "dynamic")
+                                    and isinstance(scaling["factor"], float) and scaling["factor"] > 1):
+        problems.append(f"the reference's head config refuses rope_scaling {scaling} (it takes null or "
+                        "{\"type\": \"linear\" or \"dynamic\", \"factor\": a float > 1}, nothing else)")
+    if target_config is not None and len(set(target_config.tap_layers)) < 3:
+        layers = target_config.num_hidden_layers
+        problems.append(f"the base has {layers} layers, so its tap layers {target_config.tap_layers} coincide and the "
+                        "reference would hand the head fewer than 3 hidden states (it needs num_hidden_layers >= 7)")
+    return problems
+
+
 def reference_layout(name: str, array: np.ndarray, dtype: str) -> np.ndarray:
     """The dtype the reference stores a tensor in: d2t int64, t2d bool, floats as `dtype`."""
     if dtype not in SAVE_DTYPES:

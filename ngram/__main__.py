@@ -1,4 +1,4 @@
-"""``python -m dart_jax.ngram {build,convert,compress,info,query,merge,reduce}``: n-gram trie tools.
+"""``python -m dart_jax.ngram {build,convert,compress,export,info,query,merge,reduce}``: n-gram trie tools.
 
 Every command runs through ``dart_jax.errors.cli_boundary``: a bad file or argument ends as one
 ``error: …`` line and exit code 2. Numeric options are checked against their ranges before any
@@ -167,8 +167,10 @@ def _check_args(args) -> None:
         _check_range("--reduce", args.reduce, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
         _check_range("--eos", args.eos, 0, MAX_TOKEN_ID, " (a token id)")
         check_output(args.output, "--output")
-    elif args.command in ("convert", "compress"):
+    elif args.command in ("convert", "compress", "export"):
         _check_range("--chunk-mb", args.chunk_mb, 1, _MAX_CHUNK_MB, " MiB")
+    if args.command == "export":
+        check_output(args.output, "reference .trie output")
     elif args.command == "query":
         _check_range("--top", args.top, 1)
     elif args.command == "reduce":
@@ -231,6 +233,24 @@ def cmd_compress(args):
     size = os.path.getsize(out)
     print(f"wrote {out}: {result.num_nodes} nodes, order {result.order}, {size} bytes "
           f"({size / result.num_nodes:.3f} bytes/node; CSR {csr_bytes / result.num_nodes:.3f})")
+
+
+def cmd_export(args):
+    """CSR or compressed input -> reference .trie (docs/spec.md §6.1)."""
+    path = os.fspath(args.input)
+    if not os.path.isfile(path):
+        raise MissingFileError(f"No trie file at {path!r}; pass a trie written by `ngram build`, `convert` or "
+                               "`compress`.")
+    out = check_output(args.output, "reference .trie output")
+    if os.path.exists(out) and os.path.samefile(path, out):
+        raise InputError(f"the output {out!r} is the input trie itself; write the reference .trie to another name.")
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head[:8] not in (CSR_MAGIC, COMPRESSED_MAGIC) and looks_like_reference(head):
+        raise InputError(f"{path} is already a reference .trie; copy it as it is (or `ngram convert` it to ours).")
+    trie = load_any(path)
+    trie.to_reference(out, chunk_bytes=args.chunk_mb << 20)
+    print(f"wrote {out}: {trie.num_nodes} nodes, order {trie.order}, {os.path.getsize(out)} bytes (reference .trie)")
 
 
 def cmd_info(args):
@@ -359,6 +379,20 @@ def make_parser() -> argparse.ArgumentParser:
     z.add_argument("output", help="output file (compressed format)")
     z.add_argument("--chunk-mb", type=int, default=64, help=f"read size in MiB for a reference input, 1..{_MAX_CHUNK_MB}")
     z.set_defaults(func=cmd_compress)
+
+    e = sub.add_parser(
+        "export",
+        help="write a trie in the reference's .trie format (for the PyTorch reference)",
+        description="Write a dart_jax trie (CSR or compressed, detected by its header) as a reference .trie "
+        "(docs/spec.md §6.1), which the PyTorch reference (fvliang/DART) loads as it is and `ngram convert` reads "
+        "back to the same trie. Streamed in chunks (bounded memory; a progress bar for big tries); about 36 bytes "
+        "per node; OUTPUT appears only when complete and may not be the input.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    e.add_argument("input", help="dart_jax trie (ngram build/convert/compress)")
+    e.add_argument("output", help="output file (reference .trie)")
+    e.add_argument("--chunk-mb", type=int, default=64, help=f"write size in MiB, 1..{_MAX_CHUNK_MB}")
+    e.set_defaults(func=cmd_export)
 
     i = sub.add_parser("info", help="describe a trie file (either format)",
                        description="Print the format, order, node counts and size (bytes per node) of a trie.")

@@ -160,12 +160,17 @@ def bfs_walk(p0, p1, tail, queue, node_token, node_freq, edge_start, edge_token,
     return OK, tail, 0
 
 
-def convert_reference(cls, path, out, *, chunk_bytes: int, progress: bool):
-    path = os.fspath(path)
+def check_chunk_bytes(chunk_bytes, verb: str) -> None:
+    """An InputError unless `chunk_bytes` (bytes `verb` at a time) is an integer in [1, MAX_CHUNK_BYTES]."""
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, (int, np.integer)) \
             or not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
         raise InputError(f"chunk_bytes (--chunk-mb) must be an integer in [1, {MAX_CHUNK_BYTES}] bytes "
-                         f"(read at a time); got {chunk_bytes!r}.")
+                         f"({verb} at a time); got {chunk_bytes!r}.")
+
+
+def convert_reference(cls, path, out, *, chunk_bytes: int, progress: bool):
+    path = os.fspath(path)
+    check_chunk_bytes(chunk_bytes, "read")
     if not os.path.exists(path):
         raise MissingFileError(f"No reference .trie file at {path!r}.")
     if not os.path.isfile(path):

@@ -25,6 +25,7 @@ from ._compressed import (
     pack_kids, read_bits, remap_ranks,
 )
 from ._format import MAGIC as TRIE_MAGIC, MAX_ORDER, REBUILD
+from ._reference_write import CHUNK_BYTES, write_reference
 from .trie import Trie, _as_ids
 
 __all__ = ["CompressedTrie", "compress", "load_any", "MAGIC"]
@@ -159,15 +160,28 @@ class CompressedTrie:
         """Decode into an in-memory CSR ``Trie`` (16 bytes per node), after checking every node (the
         decoder indexes the token table by the packed ranks, which a plain load does not check)."""
         self.check(full=True)
-        token = np.zeros(self._n, np.int32)
-        freq = np.zeros(self._n, np.int64)
-        child_start = np.zeros(self._n + 1, np.int64)
-        _decode(self._tr, self._s["tok_table"], token, freq, child_start)
+        token, freq, child_start = self._nodes(0, self._n)
         if self._n and (freq[1:].max(initial=0) > np.iinfo(np.int32).max):
             raise InputError("this trie's frequencies exceed int32, which the CSR format cannot hold.")
         return Trie(token, freq.astype(np.int32), child_start, self._order)
 
+    def _nodes(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(token int32, freq int64, child_start int64) of nodes ``lo .. hi-1`` (``hi - lo + 1`` offsets)."""
+        token = np.zeros(hi - lo, np.int32)
+        freq = np.zeros(hi - lo, np.int64)
+        child_start = np.zeros(hi - lo + 1, np.int64)
+        _decode(self._tr, self._s["tok_table"], lo, hi, token, freq, child_start)
+        return token, freq, child_start
+
     # -- files -------------------------------------------------------------------------------
+    def to_reference(self, path, *, progress: bool = True, chunk_bytes: int = CHUNK_BYTES) -> str:
+        """Write the trie as a reference ``.trie`` (docs/spec.md §6.1), which the PyTorch
+        reference loads as it is; decoded a range of nodes at a time after a full check (the
+        decoder indexes the token table by packed ranks). Atomic (a temporary name, renamed when
+        complete); returns the absolute path. Counts beyond int32 are an InputError."""
+        self.check(full=True)
+        return write_reference(path, self._order, self._n, self._nodes, progress=progress, chunk_bytes=chunk_bytes)
+
     @classmethod
     def load(cls, path, *, verify: bool = False) -> "CompressedTrie":
         """Memory-map a compressed trie and check its header, section table and per-level tables:
@@ -217,21 +231,22 @@ def ngram_probs_any(tr, order, context, cands, out_p, out_len):
 
 
 @njit(cache=True)
-def _decode(tr, tok_table, token, freq, child_start):
+def _decode(tr, tok_table, lo, hi, token, freq, child_start):
+    """Nodes ``lo .. hi-1`` into ``token[:hi-lo]``, ``freq[:hi-lo]`` and ``child_start[:hi-lo+1]``."""
     level_start = tr[_LEVEL_START]
     tok_width, tok_bit, tok_count = tr[_TOK_WIDTH], tr[_TOK_BIT], tr[_TOK_COUNT]
-    n = token.shape[0]
+    n = level_start[level_start.shape[0] - 1]
     base = 0
     for lvl in range(level_start.shape[0] - 1):
-        for node in range(level_start[lvl], level_start[lvl + 1]):
+        for node in range(max(level_start[lvl], lo), min(level_start[lvl + 1], hi)):
             if lvl > 0:
                 r = read_bits(tr[_TOK_WORDS], tok_bit[lvl] + (node - level_start[lvl]) * tok_width[lvl], tok_width[lvl])
-                token[node] = tok_table[base + r]
-            freq[node] = ct_freq(tr, node)
-            lo, hi = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)
-            child_start[node] = lo
+                token[node - lo] = tok_table[base + r]
+            freq[node - lo] = ct_freq(tr, node)
+            child_start[node - lo] = kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], node)[0]
         base += tok_count[lvl]
-    child_start[n] = n
+    if hi > lo:
+        child_start[hi - lo] = n if hi == n else kid_pair(tr[_KID_BLOCKS], tr[_KID_WORDS], hi)[0]
 
 
 # ------------------------------------------------------------------------------------ file

@@ -30,6 +30,7 @@ from ._atomic import atomic_path, check_output
 from ._format import MAX_ORDER, REBUILD, create_file, map_arrays, read_header
 from ._memory import check_memory
 from ._reference import convert_reference
+from ._reference_write import CHUNK_BYTES, write_reference
 from ._query import build_root_table, find_path, ngram_probs, ngram_probs_batch
 
 __all__ = ["Trie", "MAX_ORDER", "ngram_probs", "ngram_probs_batch"]
@@ -336,6 +337,17 @@ class Trie:
         if problem is not None:
             raise FileFormatError(path, f"corrupted trie: {problem}; {REBUILD}.")
         return trie
+
+    def to_reference(self, path, *, progress: bool = True, chunk_bytes: int = CHUNK_BYTES) -> str:
+        """Write the trie as a reference (C++) ``.trie`` (docs/spec.md §6.1), which the PyTorch
+        reference loads as it is: streamed in chunks after a full check (``check``), written
+        atomically (a temporary name, renamed when complete), ``chunk_bytes`` at a time (in
+        ``[1, 2**34]``); returns the absolute path.
+        ``Trie.from_reference`` reads it back to the same arrays."""
+        self.check(full=True)
+        token, freq, cs = self.arrays()
+        return write_reference(path, self.order, self.num_nodes, lambda a, b: (token[a:b], freq[a:b], cs[a:b + 1]),
+                               progress=progress, chunk_bytes=chunk_bytes)
 
     @classmethod
     def from_reference(cls, path, out=None, *, chunk_bytes: int = 1 << 26, progress: bool = True) -> "Trie":
