@@ -33,6 +33,8 @@ class SharedScheduler(Scheduler):
     def follow(self) -> None:
         """The loop of a process other than 0 (blocks until process 0 stops)."""
         self._loop()
+        if self.failure is not None:  # this process cannot follow process 0's steps any more
+            raise RuntimeError(f"the scheduler of process {jax.process_index()} stopped: {self.failure}")
 
     def _turn(self) -> bool:
         """One turn in every process: process 0's operations of the turn applied alike, then the
