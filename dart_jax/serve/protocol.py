@@ -14,9 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dart_jax.api import methods as decoding_methods
+from dart_jax.api.options import INT32_MAX
 from dart_jax.errors import check_text
 
-from .scheduler import INT32_MAX, MAX_TEMPERATURE
+from .scheduler import MAX_TEMPERATURE
 
 SEED_RANGE = (0, 2**63 - 1)
 

@@ -45,6 +45,7 @@ from typing import Any, Callable
 from dart_jax.api import methods as decoding_methods
 from dart_jax.api.compiling import CompileTimer, compiling_in
 from dart_jax.api.model import DartModel
+from dart_jax.api.options import INT32_MAX
 from dart_jax.api.methods import TREE_SIZE_RANGE, max_tree_nodes
 from dart_jax.decoding.batcher import SlotPool
 from dart_jax.decoding.requests import Stats
@@ -55,7 +56,6 @@ log = logging.getLogger("dart_jax.serve")
 # the methods every model has (name → label); more come with their drafters (dart_jax.api.methods)
 METHODS = {m.name: m.label for m in decoding_methods.all_methods() if m.head_option is None}
 TREE_SIZES = (8, 16, 32, 60, 96)  # the draft tree sizes a server offers besides its default
-INT32_MAX = 2**31 - 1  # top_k and token budgets are int32 on the device
 MAX_TEMPERATURE = 10.0  # beyond it a float32 logit / temperature is noise (and 1e308 overflows to inf)
 
 
@@ -207,13 +207,18 @@ class Scheduler:
         if self._stop.is_set() or self._closing.is_set():
             raise RuntimeError("the server is shutting down.")
 
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler thread is alive (also after `stop`, while a step it is inside goes on)."""
+        return self._thread.is_alive()
+
     def health(self) -> str | None:
         """None while the scheduler serves; else why it does not (it stopped, or failed)."""
         try:
             self._refuse_if_down()
         except RuntimeError as e:
             return str(e)
-        if not self._thread.is_alive():
+        if not self.running:
             return "the scheduler is not running."
         return None
 
