@@ -56,7 +56,7 @@ log = logging.getLogger("dart_jax.serve")
 # the methods every model has (name → label); more come with their drafters (dart_jax.api.methods)
 METHODS = {m.name: m.label for m in decoding_methods.all_methods() if m.head_option is None}
 TREE_SIZES = (8, 16, 32, 60, 96)  # the draft tree sizes a server offers besides its default
-MAX_TEMPERATURE = 10.0  # beyond it a float32 logit / temperature is noise (and 1e308 overflows to inf)
+MAX_TEMPERATURE = 10.0  # the API's and the UI's ceiling: 1e308 would overflow float32 to inf and sample garbage
 
 
 @dataclasses.dataclass
