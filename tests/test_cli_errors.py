@@ -148,7 +148,16 @@ def test_random_generation_settings_give_a_clear_error_or_valid_settings(flags):
         return
     # accepted: every value is in its documented range
     assert s.max_new_tokens >= 1 and s.max_length >= 2 and 0 <= s.temperature < math.inf
-    assert 0 < s.top_p <= 1 and s.top_k >= 0 and 0 <= s.seed < 2**63
+    assert 0 < s.top_p <= 1 and 0 <= s.top_k <= 2**31 - 1 and 0 <= s.seed < 2**63  # top_k: int32 on the device
+
+
+@pytest.mark.parametrize("value", ["3000000000", str(2**31), "-1"])
+def test_a_top_k_past_int32_is_an_argparse_error_naming_the_limit(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        generate_cli.parse_args([f"--top-k={value}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --top-k" in err and "[0, 2147483647]" in err, err
+    assert generate_cli.parse_args(["--top-k=2147483647"]).top_k == 2**31 - 1
 
 
 def test_resource_error_is_a_value_error():

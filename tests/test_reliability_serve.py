@@ -95,6 +95,9 @@ class StandIn:
     def load(self):
         return {"open": 0, "finished": {}}
 
+    def health(self):
+        return None
+
 
 def client_for(text_model, api_key=KEY, **kw) -> tuple[TestClient, StandIn]:
     scheduler = StandIn(text_model, **kw)
@@ -343,3 +346,229 @@ def test_shutdown_cut_runs_before_uvicorn_cancels(text_model):
             return hold.cancelled()
         assert asyncio.run(run())
         assert scheduler._interrupted.is_set()
+
+
+# ---------------------------------------------------------------- issue 42: one request cannot take the server down
+
+INT32_LIMIT = "2147483647"  # 2**31 - 1, written out: the largest top_k / token count the device's int32 holds
+
+
+def test_numbers_beyond_their_device_type_are_a_400_naming_the_limit(text_model):
+    client, scheduler = client_for(text_model)
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    cases = [({"top_k": 2**31}, "top_k", INT32_LIMIT), ({"top_k": 3_000_000_000}, "top_k", INT32_LIMIT),
+             ({"max_tokens": 2**31}, "max_tokens", INT32_LIMIT),
+             ({"max_completion_tokens": 2**40}, "max_completion_tokens", INT32_LIMIT),
+             ({"temperature": 1e308}, "temperature", "10"), ({"temperature": 10.5}, "temperature", "10"),
+             ({"top_p": 1e308}, "top_p", "1"), ({"seed": 2**63}, "seed", "9223372036854775807"),
+             ({"tree_size": 2**40}, "tree_size", "")]
+    for change, param, limit in cases:
+        r = client.post("/v1/chat/completions", json={**chat, **change}, headers=AUTH)
+        err = openai_error(r, 400)
+        assert err["param"] == param and limit in err["message"], (change, err)
+    # JSON numbers too large for a double are infinity, which no field takes
+    r = client.post("/v1/chat/completions", content=json.dumps(chat)[:-1] + ', "temperature": 1e400}',
+                    headers={**AUTH, "content-type": "application/json"})
+    assert openai_error(r, 400)["param"] == "temperature"
+    r = client.post("/v1/completions", json={"model": NAME, "prompt": "hi", "top_k": 2**31}, headers=AUTH)
+    assert INT32_LIMIT in openai_error(r, 400)["message"]
+    assert scheduler.jobs == []
+    # the limits themselves are accepted
+    r = client.post("/v1/chat/completions", json={**chat, "top_k": 2**31 - 1, "temperature": 10}, headers=AUTH)
+    assert r.status_code == 200, r.text
+
+
+def test_the_scheduler_bounds_what_the_ui_sends_too(model):
+    """The UI builds its settings itself (no HTTP schema on the way): the scheduler's check refuses them."""
+    from dart_jax.decoding.settings import GenerationSettings
+    scheduler = Scheduler(model, slots=1, max_length=64)
+    try:
+        ids = model.encode("hi", chat=False)
+        for kw, limit in (({"top_k": 2**31}, INT32_LIMIT), ({"max_new_tokens": 2**31}, INT32_LIMIT),
+                          ({"temperature": 1e308}, "10")):
+            with pytest.raises(ValueError, match=limit):
+                scheduler.submit(ids, GenerationSettings(max_length=64, **kw), lambda e: None)
+        assert scheduler.load()["open"] == 0
+    finally:
+        for pool in scheduler._pools.values():
+            pool.close()
+
+
+def _run_to_end(scheduler: Scheduler) -> None:
+    scheduler._drain(block=False)
+    while any(p.active for p in scheduler._pools.values()):
+        scheduler._step_pools()
+        scheduler._drain(block=False)
+
+
+def _tokens(events: list) -> list[int]:
+    return [t for e in events for t in e.ids]
+
+
+def test_an_exception_in_one_jobs_admission_fails_that_job_alone(model):
+    """A job whose admission into the pool raises (injected here) ends with an error event; the job
+    already running in the same pool finishes with the greedy answer, and the next job is served."""
+    from dart_jax.decoding.settings import GenerationSettings
+    settings = GenerationSettings(max_new_tokens=24, max_length=64)
+    prompt, poison = "Tell me about verification.", "hello"
+    want = model.generate(prompt, max_new_tokens=24, max_length=64).token_ids
+    scheduler = Scheduler(model, slots=2, max_length=64)
+    pool = scheduler._pools[("dart", scheduler.default_tree_size)]
+    poison_ids = model.encode(poison)
+    admit = pool._admit
+
+    def failing_admit(free):
+        if any(list(r.prompt_ids) == poison_ids for r in pool.waiting):
+            raise OverflowError("injected: Python integer out of bounds for int32")
+        return admit(free)
+    pool._admit = failing_admit
+    try:
+        good, bad, later = [], [], []
+        scheduler.submit(model.encode(prompt), settings, good.append)
+        scheduler._drain(block=False)
+        scheduler._step_pools()  # the good job joins and takes its first token
+        assert len(good) == 1 and not good[0].done
+        scheduler.submit(poison_ids, settings, bad.append)
+        _run_to_end(scheduler)
+        assert len(bad) == 1 and bad[0].done and bad[0].finish_reason == "error"
+        assert "OverflowError" in bad[0].error and "injected" in bad[0].error
+        assert good[-1].done and good[-1].error is None and _tokens(good) == want
+        scheduler.submit(model.encode(prompt), settings, later.append)
+        _run_to_end(scheduler)
+        assert _tokens(later) == want and scheduler.load()["open"] == 0
+        assert scheduler.finished["error"] == 1
+    finally:
+        for p in scheduler._pools.values():
+            p.close()
+
+
+def test_an_exception_in_a_pools_step_spares_the_other_pools_and_the_pool_is_made_again(model):
+    """A step that raises while it advances every busy job of a pool (injected) ends those jobs;
+    a job of another pool (plain decoding) finishes with its greedy answer, and a later job of the
+    failed method gets a fresh pool and the right answer."""
+    from dart_jax.decoding.settings import GenerationSettings
+    settings = GenerationSettings(max_new_tokens=20, max_length=64)
+    prompt = "What is speculative decoding?"
+    ids = model.encode(prompt)
+    want = model.generate(prompt, max_new_tokens=20, max_length=64).token_ids
+    scheduler = Scheduler(model, slots=2, max_length=64)
+    key = ("dart", scheduler.default_tree_size)
+    broken = scheduler._pools[key]
+    broken._advance = lambda: (_ for _ in ()).throw(RuntimeError("injected device failure"))
+    try:
+        dart, plain, later = [], [], []
+        scheduler.submit(ids, settings, dart.append)
+        scheduler.submit(ids, settings, plain.append, method="ar")
+        _run_to_end(scheduler)
+        assert dart[-1].done and dart[-1].finish_reason == "error" and "injected device failure" in dart[-1].error
+        assert plain[-1].done and plain[-1].error is None and _tokens(plain) == want
+        assert scheduler._pools.get(key) is not broken
+        scheduler.submit(ids, settings, later.append)
+        _run_to_end(scheduler)
+        assert later[-1].error is None and _tokens(later) == want
+        assert scheduler.load()["open"] == 0 and scheduler.health() == "the scheduler is not running."
+    finally:
+        for p in scheduler._pools.values():
+            p.close()
+
+
+def test_a_dead_scheduler_is_unhealthy_and_refuses_requests_at_once(model):
+    """Should the scheduler thread end by an error anyway (injected outside any step), /health says
+    503 and a request gets a 503 naming the failure instead of waiting forever."""
+    scheduler = Scheduler(model, slots=1, max_length=64)
+
+    def broken(block):
+        raise RuntimeError("injected scheduler bug")
+    scheduler._drain = broken
+    scheduler.start()
+    scheduler._thread.join(30)
+    assert not scheduler._thread.is_alive()
+    client = TestClient(create_app(scheduler, model_name=NAME, api_key=KEY), raise_server_exceptions=False)
+    r = client.get("/health", headers=AUTH)
+    assert r.status_code == 503 and r.json()["status"] == "unhealthy"
+    assert "injected scheduler bug" in r.json()["error"]
+    r = client.post("/v1/chat/completions", headers=AUTH,
+                    json={"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    err = openai_error(r, 503)
+    assert "injected scheduler bug" in err["message"] and "restart" in err["message"]
+
+
+def test_interrupt_reaches_a_job_while_the_scheduler_thread_is_busy(model):
+    """The server stops while the scheduler thread is inside a long step (a compilation, held here
+    until released): the job hears of the shutdown at once, not when the step ends."""
+    from dart_jax.decoding.settings import GenerationSettings
+    scheduler = Scheduler(model, slots=1, max_length=64)
+    pool = scheduler._pools[("dart", scheduler.default_tree_size)]
+    inside, release = threading.Event(), threading.Event()
+    step = pool.step
+
+    def held_step():
+        inside.set()
+        release.wait()
+        return step()
+    pool.step = held_step
+    scheduler.start()
+    try:
+        q, sink = thread_sink()
+        scheduler.submit(model.encode("hi", chat=False), GenerationSettings(max_new_tokens=8, max_length=64), sink)
+        assert inside.wait(60)
+        scheduler.interrupt("going down")
+        event = q.get(timeout=5)  # the thread is still held inside its step
+        assert not release.is_set() and event.done and event.finish_reason == "shutdown"
+        assert event.error == "going down" and scheduler.load()["open"] == 0
+    finally:
+        release.set()
+        scheduler.stop()
+    assert scheduler.finished["shutdown"] == 1
+
+
+# ---------------------------------------------------------------- issue 42: one body limit, nothing shown without the key
+
+def _ui_client(text_model, api_key=KEY):
+    from dart_jax.serve.ui import mount
+
+    scheduler = StandIn(text_model)
+    app = mount(create_app(scheduler, model_name=NAME, api_key=api_key), scheduler, title=f"dart_jax · {NAME}",
+                api_key=api_key)
+    return TestClient(app, raise_server_exceptions=False), scheduler
+
+
+def test_every_route_that_takes_a_body_has_the_one_limit(text_model):
+    """The UI's login (a multipart form, read before any key is checked) and any other route: a
+    body declared or sent past the limit is a 413, counted as it arrives."""
+    client, _ = _ui_client(text_model)
+    limit = body_limit(MAX_LENGTH)
+    boundary = "dartjaxboundary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"username\"\r\n\r\nme\r\n--{boundary}\r\n"
+            f"Content-Disposition: form-data; name=\"password\"\r\n\r\n").encode()
+    form = {"content-type": f"multipart/form-data; boundary={boundary}"}
+
+    def streamed(size):  # no Content-Length: chunked, counted as it comes
+        yield head
+        for _ in range(size // (1 << 16)):
+            yield b"x" * (1 << 16)
+        yield f"\r\n--{boundary}--\r\n".encode()
+    for path in ("/ui/login", "/v1/chat/completions"):  # routes that read the body
+        r = client.post(path, content=streamed(4 * limit), headers={**form, **AUTH})
+        assert openai_error(r, 413)["code"] == "request_too_large", path
+    for path in ("/ui/login", "/ui/gradio_api/upload", "/no/such/route", "/health"):  # a declared length
+        r = client.post(path, content=b"x" * (limit + 1), headers=form)
+        assert openai_error(r, 413)["code"] == "request_too_large", path
+    # a body within the limit reaches the route: the login still works
+    assert client.post("/ui/login", data={"username": "me", "password": KEY}).status_code == 200
+
+
+def test_without_the_key_nothing_tells_the_model_or_the_load(text_model):
+    client, _ = _ui_client(text_model)
+    for path in ("/health", "/", "/ui/manifest.json", "/ui/", "/ui"):
+        r = client.get(path)
+        assert r.status_code < 500 and NAME not in r.text, (path, r.text[:300])
+    assert client.get("/ui/manifest.json").json()["name"] == "dart_jax"
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/health", headers=AUTH).json() == {"status": "ok", "jobs": {"open": 0, "finished": {}}}
+    api_only = TestClient(create_app(StandIn(text_model), model_name=NAME, api_key=KEY))
+    assert NAME not in api_only.get("/").text and api_only.get("/", headers=AUTH).json()["model"] == NAME
+    # without a key set, everything is open: the counters and the name show
+    open_client, _ = _ui_client(text_model, api_key=None)
+    assert "jobs" in open_client.get("/health").json()
+    assert NAME in open_client.get("/ui/manifest.json").json()["name"]

@@ -33,6 +33,18 @@ from . import methods as decoding_methods
 # --attention: `dart_jax.models.qwen3.ATTENTION_KERNELS`, which this light module cannot import (jax)
 ATTENTION_CHOICES = ("xla", "cudnn", "pallas")
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
+INT32_MAX = 2**31 - 1  # top_k and token counts are int32 on the device
+
+
+def top_k_value(text: str) -> int:
+    """--top-k: an integer in [0, INT32_MAX], else an argparse error naming the option and the limit."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"top-k must be an integer, got {text!r}") from None
+    if not 0 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"top-k must lie in [0, {INT32_MAX}] (0 = off), got {value}")
+    return value
 
 
 def default_cache_dir() -> Path:
@@ -131,7 +143,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-length", type=int, default=2048, help="prompt + generated tokens at most")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
-    ap.add_argument("--top-k", type=int, default=0, help="sampling top-k (0 = off)")
+    ap.add_argument("--top-k", type=top_k_value, default=0, help=f"sampling top-k (0 = off; at most {INT32_MAX})")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed")
     ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
                     help="stop before this text (repeatable; the text itself is not printed)")

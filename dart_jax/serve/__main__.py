@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -33,6 +34,9 @@ except ImportError as e:  # the serve extra is not installed
 
 SHUTDOWN_MESSAGE = "the server is shutting down; this answer was cut short, send the request again later."
 SHUTDOWN_GRACE = 2.0  # seconds uvicorn waits past --shutdown-timeout, for the cut answers to reach their clients
+# seconds the process waits at exit for the scheduler's step in progress (a compilation may take
+# minutes, and its work is of no use to anyone once the answers are cut)
+STOP_WAIT = 2.0
 
 
 class _Server(uvicorn.Server if _MISSING is None else object):
@@ -130,8 +134,15 @@ def serve(args) -> int:
             raise InputError(f"could not listen on {args.host}:{args.port} (in use, or not an address of this machine); "
                           "pick another --port or --host.")
     finally:
-        scheduler.stop()
+        scheduler.stop(timeout=STOP_WAIT)
     print("dart_jax: stopped", file=sys.stderr)
+    if scheduler.running:
+        # still inside a step (XLA compiling): tearing the interpreter and XLA's runtime down under
+        # it aborts the process, so it ends here, its output flushed
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -3,7 +3,8 @@
     GET  /v1/models              the served model
     POST /v1/chat/completions    messages through the model's chat template; streaming (SSE) or not
     POST /v1/completions         a raw text prompt (or token ids); streaming or not
-    GET  /health                 liveness
+    GET  /health                 200 while the scheduler serves, 503 once it cannot (with the key, or
+                                 without one set: the job counters too)
     GET  /docs, /openapi.json    the API's description (behind the key when there is one)
 
 A request's `tree_size` is rounded to the nearest size the server offers (`tree_sizes` in GET
@@ -15,9 +16,10 @@ keep="auto"), `plain_tokens` and `draft_tau` (the mean accepted length of the dr
 alone). A streamed chunk carries what the step it came from was: `{"accepted": k}` for a
 speculative step (0 for the prefill's first token), `{"plain_tokens": n}` for n tokens of plain
 decoding (no draft was accepted). Errors are OpenAI's {"error": {message, type, param,
-code}} with a 4xx status (5xx only for the server's own faults). A body is read up to a size
-limit before anything parses it (a 413 beyond), so no client can make the server tokenise
-megabytes of text for a request that cannot fit its context anyway.
+code}} with a 4xx status (5xx only for the server's own faults). Every request body, on every
+route (the chat UI's too, its login included), is counted as it arrives and cut at one size limit
+(a 413): no client, with or without the key, can make the server hold or parse more than that,
+nor tokenise megabytes of text for a request that cannot fit its context anyway.
 """
 from __future__ import annotations
 
@@ -57,43 +59,57 @@ def check_bearer(header: str, key: str) -> bool:
     return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())
 
 
-class BodyLimit:
-    """ASGI middleware: the body of a request under `prefix` is read up to `limit` bytes before the
-    app sees it; a larger one (declared or sent) gets a 413 in OpenAI's error shape at once."""
+class _BodyTooLarge(Exception):
+    """Raised into the app by `BodyLimit`'s receive once a body passes the limit."""
 
-    def __init__(self, app, limit: int, prefix: str = "/v1/"):
-        self.app, self.limit, self.prefix = app, int(limit), prefix
+
+class BodyLimit:
+    """ASGI middleware for every HTTP route: a body declared larger than `limit` bytes gets a 413
+    in OpenAI's error shape at once; an undeclared one (chunked) is counted as the app reads it,
+    and the read that passes the limit raises into the app, whose answer is replaced by the 413.
+    Nothing is buffered here: the app never holds more than `limit` bytes of a body."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, int(limit)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             return await self._refuse(scope, receive, send)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                return await self._refuse(scope, receive, send)
-            if not message.get("more_body", False):
-                break
-        replayed = False
+        size, over, answered = 0, False, False
 
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-        return await self.app(scope, replay, send)
+        async def counted():
+            nonlocal size, over
+            if over:  # an app that reads on after the error gets no more of the body
+                raise _BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > self.limit:
+                    over = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded(message):
+            nonlocal answered
+            if over:  # the app's own answer to the cut body (a 400, a 500) gives way to the 413
+                return
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not over:
+                raise
+        if over and not answered:
+            await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope, receive, send):
         error = APIError(413, f"the request body is larger than this server's limit of {self.limit} bytes (about "
-                              f"{BODY_BYTES_PER_TOKEN} bytes per token of context); shorten the prompt.",
+                              f"{BODY_BYTES_PER_TOKEN} bytes per token of context, on every route); shorten the "
+                              "prompt.",
                          code="request_too_large")
         await JSONResponse(error.body(), status_code=413)(scope, receive, send)
 
@@ -120,10 +136,11 @@ class Server:
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ checks
+    def authorized(self, request: Request) -> bool:
+        return self.api_key is None or check_bearer(request.headers.get("authorization", ""), self.api_key)
+
     def authorize(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        if not check_bearer(request.headers.get("authorization", ""), self.api_key):
+        if not self.authorized(request):
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the "
                                 "key the server was started with (--api-key).", code="invalid_api_key")
 
@@ -261,8 +278,13 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
             return get_swagger_ui_html(openapi_url="/openapi.json", title="dart_jax API")
 
     @app.get("/health")
-    async def health():
-        return {"status": "ok", "jobs": scheduler.load()}
+    async def health(request: Request):
+        # the job counters say how busy the server is: for those with the key only
+        extra = {"jobs": scheduler.load()} if server.authorized(request) else {}
+        problem = scheduler.health()
+        if problem is not None:
+            return JSONResponse({"status": "unhealthy", "error": problem, **extra}, status_code=503)
+        return {"status": "ok", **extra}
 
     @app.get("/v1/models", dependencies=auth)
     async def models():
@@ -334,9 +356,10 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
         return server.sse(chunks())
 
     @app.get("/", include_in_schema=False)
-    async def root():
+    async def root(request: Request):
         if getattr(app.state, "ui_path", None):
             return RedirectResponse(app.state.ui_path)
-        return {"name": "dart_jax", "model": model_name, "api": "/v1", "docs": "/docs"}
+        shown = {"model": model_name} if server.authorized(request) else {}
+        return {"name": "dart_jax", **shown, "api": "/v1", "docs": "/docs"}
 
     return app

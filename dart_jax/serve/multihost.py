@@ -33,6 +33,8 @@ class SharedScheduler(Scheduler):
     def follow(self) -> None:
         """The loop of a process other than 0 (blocks until process 0 stops)."""
         self._loop()
+        if self.failure is not None:  # this process cannot follow process 0's steps any more
+            raise RuntimeError(f"the scheduler of process {jax.process_index()} stopped: {self.failure}")
 
     def _turn(self) -> bool:
         """One turn in every process: process 0's operations of the turn applied alike, then the
@@ -62,7 +64,7 @@ class SharedScheduler(Scheduler):
             if kind == "submit":
                 self._known[item.id] = item
                 ops.append(("submit", item.id, item.method, [int(t) for t in item.prompt_ids],
-                            dataclasses.asdict(item.settings), item.tree_size))
+                            dataclasses.asdict(item.settings), item.tree_size, item.stop_at_eos))
             elif kind == "cancel":
                 ops.append(("cancel", item.id))
             elif kind == "interrupt":
@@ -75,10 +77,11 @@ class SharedScheduler(Scheduler):
     def _apply(self, op: tuple) -> None:
         kind, *rest = op
         if kind == "submit":
-            job_id, method, prompt_ids, settings, tree_size = rest
+            job_id, method, prompt_ids, settings, tree_size, stop_at_eos = rest
             job = self._known.get(job_id)
-            if job is None:  # a follower's copy of process 0's job
-                job = self._known[job_id] = Job(job_id, method, prompt_ids, settings, tree_size, lambda event: None)
+            if job is None:  # a follower's copy of process 0's job (a warm-up's decodes past EOS there too)
+                job = self._known[job_id] = Job(job_id, method, prompt_ids, settings, tree_size, lambda event: None,
+                                                stop_at_eos=stop_at_eos)
             self._admit(job)
         elif kind == "cancel":
             job = self._known.get(rest[0])
@@ -94,6 +97,6 @@ def _decode(payload: bytes) -> tuple[list[tuple], bool]:
     out = []
     for op in ops:
         if op[0] == "submit":
-            op = [*op[:4], GenerationSettings(**op[4]), op[5]]
+            op = [*op[:4], GenerationSettings(**op[4]), *op[5:]]
         out.append(tuple(op))
     return out, bool(stop)

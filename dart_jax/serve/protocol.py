@@ -3,6 +3,9 @@
 Fields follow OpenAI's chat and completions APIs; a few extras say how to decode (`method`,
 `top_k`, `tree_size`). Unknown fields are ignored, as OpenAI-compatible servers do, except those
 whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools): those are a 400.
+Every number is bounded here by the type it takes on the device (top_k and token counts int32, the
+seed 63 bits, a finite temperature of at most 10): a value beyond is a 400 that names the limit,
+never an overflow inside the scheduler.
 """
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dart_jax.api import methods as decoding_methods
+from dart_jax.api.options import INT32_MAX
 from dart_jax.errors import check_text
+
+from .scheduler import MAX_TEMPERATURE
 
 SEED_RANGE = (0, 2**63 - 1)
 
@@ -69,10 +75,10 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(0, ge=0, le=INT32_MAX)
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: str | list[str] | None = Field(None, validate_default=True)
     n: int = 1
@@ -111,7 +117,7 @@ class _Sampling(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool | None = None
     tools: list[Any] | None = None
 

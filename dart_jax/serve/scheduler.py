@@ -20,6 +20,15 @@ Every pool step is timed for compilation: a job's `tokens_per_s` leaves compilin
 A job that is cancelled (the client went away, a stop string was met, the UI's Stop button) leaves
 its pool at once and its slot takes the next job. Every event goes to the job's sink: a
 `queue.Queue` for threads, or an asyncio queue fed through its event loop.
+
+One request cannot take the server down: its numbers are bounded before it is queued (`check`:
+what enters a fixed-width type on the device, such as top_k in int32, is refused with its limit),
+and an exception while a pool steps fails only the jobs that step served (the joining ones when
+the step admitted jobs, else every job of that pool, whose pool is then dropped and made afresh on
+next use) with the error as their last event; the other pools go on. Should the thread end anyway,
+`failure` says why, and `submit` refuses new jobs with it instead of queueing them for nobody.
+`interrupt` (the server stops) ends every open job at once from the calling thread, so that its
+client hears why even while the scheduler thread is busy in a long step or a compilation.
 """
 from __future__ import annotations
 
@@ -36,6 +45,7 @@ from typing import Any, Callable
 from dart_jax.api import methods as decoding_methods
 from dart_jax.api.compiling import CompileTimer, compiling_in
 from dart_jax.api.model import DartModel
+from dart_jax.api.options import INT32_MAX
 from dart_jax.api.methods import TREE_SIZE_RANGE, max_tree_nodes
 from dart_jax.decoding.batcher import SlotPool
 from dart_jax.decoding.requests import Stats
@@ -46,6 +56,7 @@ log = logging.getLogger("dart_jax.serve")
 # the methods every model has (name → label); more come with their drafters (dart_jax.api.methods)
 METHODS = {m.name: m.label for m in decoding_methods.all_methods() if m.head_option is None}
 TREE_SIZES = (8, 16, 32, 60, 96)  # the draft tree sizes a server offers besides its default
+MAX_TEMPERATURE = 10.0  # the API's and the UI's ceiling: 1e308 would overflow float32 to inf and sample garbage
 
 
 @dataclasses.dataclass
@@ -144,6 +155,9 @@ class Scheduler:
         self._ids = itertools.count(1)
         self.finished: collections.Counter = collections.Counter()  # jobs ended, by finish reason
         self._open: set[Job] = set()
+        # jobs end from the scheduler thread and from `interrupt`'s; a job is refused once the thread died
+        self._lock = threading.Lock()
+        self.failure: str | None = None  # why the scheduler thread ended, when it ended by an error
         self._stop = threading.Event()
         self._closing = threading.Event()  # interrupted: no new jobs
         self._thread = threading.Thread(target=self._loop, name="dart_jax-scheduler", daemon=True)
@@ -156,6 +170,7 @@ class Scheduler:
         plain decoding; a method whose tree is fixed ignores `tree_size`)."""
         if method not in self.methods:
             raise ValueError(f"unknown method {method!r}; this server offers {sorted(self.methods)}.")
+        check_bounds(settings)
         if settings.max_length > self.max_length:
             raise ValueError(f"max_length {settings.max_length} exceeds the server's context of {self.max_length} "
                              "tokens (start the server with a larger --max-length).")
@@ -177,13 +192,35 @@ class Scheduler:
                method: str = "dart", tree_size: int | None = None, stop_at_eos: bool = True) -> Job:
         """Queue a generation; its events go to `sink`. Raises ValueError for a bad request.
         `stop_at_eos=False` decodes past EOS up to the token limits (the warm-up)."""
-        if self._stop.is_set() or self._closing.is_set():
-            raise RuntimeError("the server is shutting down.")
         size = self.check(prompt_ids, settings, method, tree_size)
         job = Job(next(self._ids), method, list(prompt_ids), settings, size, sink, stop_at_eos=stop_at_eos)
-        self._open.add(job)
-        self._inbox.put(("submit", job))
+        with self._lock:  # not queued after the thread's last look at its inbox
+            self._refuse_if_down()
+            self._open.add(job)
+            self._inbox.put(("submit", job))
         return job
+
+    def _refuse_if_down(self) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"the server cannot generate: its scheduler stopped after an internal error "
+                               f"({self.failure}); restart the server (its log has the traceback).")
+        if self._stop.is_set() or self._closing.is_set():
+            raise RuntimeError("the server is shutting down.")
+
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler thread is alive (also after `stop`, while a step it is inside goes on)."""
+        return self._thread.is_alive()
+
+    def health(self) -> str | None:
+        """None while the scheduler serves; else why it does not (it stopped, or failed)."""
+        try:
+            self._refuse_if_down()
+        except RuntimeError as e:
+            return str(e)
+        if not self.running:
+            return "the scheduler is not running."
+        return None
 
     def cancel(self, job: Job) -> None:
         """Stop a job (no-op once it finished); its last event says 'cancelled'."""
@@ -196,8 +233,14 @@ class Scheduler:
 
     def interrupt(self, message: str) -> None:
         """End every open job now with finish reason 'shutdown' and `message` as its error (the
-        server stops: its clients hear why instead of a cut connection); later submissions are refused."""
-        self._closing.set()
+        server stops: its clients hear why instead of a cut connection); later submissions are refused.
+        The jobs end here, in the calling thread; the scheduler thread frees their slots when its
+        current step is over."""
+        with self._lock:
+            self._closing.set()
+            jobs = list(self._open)
+        for job in jobs:
+            self._finish(job, "shutdown", error=message)
         self._inbox.put(("interrupt", message))
 
     def start(self) -> "Scheduler":
@@ -205,7 +248,8 @@ class Scheduler:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel what is left, stop the thread, hand the caches back."""
+        """Cancel what is left, stop the thread, hand the caches back; waits `timeout` seconds at
+        most (a step or compilation in progress finishes first)."""
         self._stop.set()
         self._inbox.put(("wake", None))
         if self._thread.is_alive():
@@ -253,11 +297,14 @@ class Scheduler:
         try:
             while self._turn():
                 pass
-        except Exception as e:  # a bug: every client hears of it, the log has the traceback
+        except Exception as e:  # a bug outside any pool's step: every client hears of it, the log has the traceback
             log.exception("the scheduler stopped")
-            self._fail_all(f"internal error: {type(e).__name__}: {e}")
-            raise
+            with self._lock:
+                self.failure = f"{type(e).__name__}: {e}"
+            self._fail_all(f"internal error: {self.failure}")
         finally:
+            with self._lock:  # from here on `submit` refuses: nothing is queued for a thread that has gone
+                self._stop.set()
             self._fail_all(None)
             for pool in self._pools.values():
                 pool.close()
@@ -271,9 +318,33 @@ class Scheduler:
         return True
 
     def _step_pools(self) -> None:
-        for pool in list(self._pools.values()):
-            if pool.active:
+        for key, pool in list(self._pools.items()):
+            if not pool.active:
+                continue
+            # the jobs a step serves: those it admits when it admits (the pool's rule), else every busy one
+            free = sum(r is None for r in pool.busy)
+            admits = bool(pool.waiting) and free > 0
+            served = list(pool.waiting)[:free] if admits else [r for r in pool.busy if r is not None]
+            try:
                 self._step_pool(pool)
+            except Exception as e:  # one request's failure (a bug, a device error) ends the jobs it touched
+                log.exception("a step of the %s pool failed", key[0])
+                self._step_failed(key, pool, served, admits, f"{type(e).__name__}: {e}")
+
+    def _step_failed(self, key, pool: SlotPool, served: list, admitted: bool, error: str) -> None:
+        """End the jobs of a failed step with `error`. A failed admission leaves the pool's running
+        jobs alone (the joining ones leave their slots); a failed step of every busy job leaves the
+        pool in an unknown state: it is dropped, its jobs end too, and the next job makes a new one."""
+        if not admitted:
+            served = [r for r in [*pool.busy, *pool.waiting] if r is not None]
+        for request in served:
+            pool.cancel(request)
+            job = self._jobs.pop(request, None)
+            if job is not None:
+                self._finish(job, "error", error=f"internal error: {error}")
+        if not admitted:
+            del self._pools[key]
+            pool.close()  # its caches go back to the engine unless the failure deleted them
 
     def _drain(self, block: bool) -> None:
         try:
@@ -300,6 +371,9 @@ class Scheduler:
             self._jobs[job._handle] = job
         except ValueError as e:
             self._finish(job, "error", error=str(e))
+        except Exception as e:  # a bug met by this request alone: it fails, the others go on
+            log.exception("admitting a job failed")
+            self._finish(job, "error", error=f"internal error: {type(e).__name__}: {e}")
 
     def _cancel(self, job: Job) -> None:
         if job.done:
@@ -343,9 +417,12 @@ class Scheduler:
 
     def _finish(self, job: Job, reason: str, ids: list[int] | None = None, accepted: int = 0,
                 error: str | None = None, plain: bool = False) -> None:
-        job.finish_reason = reason
-        self.finished[reason] += 1
-        self._open.discard(job)
+        with self._lock:  # once: `interrupt` may end a job while the scheduler thread steps it
+            if job.done:
+                return
+            job.finish_reason = reason
+            self.finished[reason] += 1
+            self._open.discard(job)
         if not job.stats.total_s:
             job.stats.total_s = time.perf_counter() - job.created
         job.sink(Event(list(ids or []), accepted, True, reason, error, plain))
@@ -366,6 +443,16 @@ class Scheduler:
                 for pool in self._pools.values():
                     if pool.cancel(job._handle):
                         break
-            if not job.done:
-                self._finish(job, reason if error else "cancelled", error=error)
+            self._finish(job, reason if error else "cancelled", error=error)
         self._jobs.clear()
+
+
+def check_bounds(settings: GenerationSettings) -> None:
+    """Raise ValueError when a number of `settings` does not fit the type it takes on the device,
+    naming the limit (what the HTTP schema also refuses, for requests from the UI)."""
+    if int(settings.top_k) > INT32_MAX:
+        raise ValueError(f"top_k must be <= {INT32_MAX} (0 disables it), got {settings.top_k}.")
+    if int(settings.max_new_tokens) > INT32_MAX:
+        raise ValueError(f"max_new_tokens must be <= {INT32_MAX}, got {settings.max_new_tokens}.")
+    if not settings.temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {settings.temperature}.")

@@ -173,7 +173,7 @@ class ChatUI:
             def start(i: int) -> _Run:
                 return _Run(self.scheduler, prompts[i], settings, methods[i], int(tree_size), self.model.decode)
             answering = _Answering([start(0)])
-        except (ValueError, RuntimeError) as e:
+        except (ValueError, OverflowError, RuntimeError) as e:  # OverflowError: int() of an infinite number
             yield self._view(turns, message, f"error: {html.escape(str(e))}")
             return
         runs = answering.runs
@@ -287,10 +287,11 @@ class ChatUI:
         return "  \n".join(lines)
 
     # ------------------------------------------------------------------ layout
-    def blocks(self) -> gr.Blocks:
+    def blocks(self, page_title: str | None = None) -> gr.Blocks:
+        """The UI; `page_title` (default: the title) names the browser tab and the app's manifest."""
         methods = [(label, name) for name, label in self.scheduler.methods.items()]
         sizes = list(self.scheduler.tree_sizes)
-        with gr.Blocks(title=self.title, analytics_enabled=False) as demo:
+        with gr.Blocks(title=page_title or self.title, analytics_enabled=False) as demo:
             gr.Markdown(f"## {html.escape(self.title)}\nDART speculative decoding: each highlighted chunk is one "
                         "step's accepted draft (hover for its length); text that is not highlighted came from "
                         "plain decoding, one token per target call with no draft (the Plain method, or where "
@@ -338,8 +339,10 @@ class ChatUI:
 
 def mount(app, scheduler: Scheduler, *, title: str, path: str = "/ui", api_key: str | None = None):
     """Mount the chat UI on `app` (a FastAPI app) at `path`. With `api_key`, the UI and its Gradio
-    endpoints need a login first: any user name, the key as the password."""
-    demo = ChatUI(scheduler, title).blocks()
+    endpoints need a login first: any user name, the key as the password; what Gradio shows before
+    the login (the page title, manifest.json) is then named "dart_jax" alone, not after the model."""
+    ui = ChatUI(scheduler, title)
+    demo = ui.blocks(page_title=title if api_key is None else "dart_jax")
     demo.queue(default_concurrency_limit=max(scheduler.slots, 1) * 2)
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
     app.state.ui_path = path
