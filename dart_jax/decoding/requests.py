@@ -51,6 +51,39 @@ class Budget:
 
 
 @dataclasses.dataclass
+class WarmTime:
+    """A generation's share of its pool's device calls, the one rule for the Python API and the
+    server: `compile_s`, seconds the pool spent compiling while it was there; `tokens` and
+    `seconds` of the calls that moved it and compiled nothing, a call that moved it by several
+    steps (an engine with `device_steps`: `StepEvent.same_call`) counted once, at its first."""
+
+    compile_s: float = 0.0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def waited(self, compiled: float) -> None:
+        """A call of its pool compiled for `compiled` seconds while the generation was in it."""
+        self.compile_s += compiled
+
+    def moved(self, tokens: int, wall: float, *, compiled: bool, same_call: bool) -> None:
+        """A step gave it `tokens`; its device call took `wall` seconds (`compiled`: and compiled)."""
+        if not compiled:
+            self.tokens += tokens
+            self.seconds += 0.0 if same_call else wall
+
+    def tokens_per_s(self, tokens: int, elapsed: float) -> float:
+        """Steady-state speed of `tokens` in `elapsed` seconds: all of them when nothing compiled,
+        else those of the calls that compiled nothing (a freshly compiled program's first run is
+        slow beyond its compilation), else the elapsed time without the compilation."""
+        if self.compile_s == 0:
+            return tokens / elapsed if elapsed > 0 else 0.0
+        if self.tokens > 0 and self.seconds > 0:
+            return self.tokens / self.seconds
+        rest = elapsed - self.compile_s
+        return tokens / rest if rest > 0 else 0.0
+
+
+@dataclasses.dataclass
 class Stats:
     """Per-generation figures of one sequence; times in seconds."""
 

@@ -48,7 +48,7 @@ from dart_jax.api.model import DartModel
 from dart_jax.api.options import INT32_MAX
 from dart_jax.api.methods import TREE_SIZE_RANGE, max_tree_nodes
 from dart_jax.decoding.batcher import SlotPool
-from dart_jax.decoding.requests import Stats
+from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings
 
 log = logging.getLogger("dart_jax.serve")
@@ -89,9 +89,7 @@ class Job:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     created: float = dataclasses.field(default_factory=time.perf_counter)
-    compile_s: float = 0.0  # seconds its pool's steps spent compiling while it was in the pool
-    warm_tokens: int = 0  # tokens and seconds of its steps that compiled nothing
-    warm_s: float = 0.0
+    clock: WarmTime = dataclasses.field(default_factory=WarmTime)  # its pool's compilation and warm calls
     stop_at_eos: bool = True  # False: a warm-up, which decodes past EOS to run (and compile) the steps
     _handle: Any = None  # its Request in a pool
 
@@ -105,13 +103,12 @@ class Job:
         job when nothing compiled, else of its steps that compiled nothing (a freshly compiled
         program's first run is slow beyond its compilation), else without the compile time."""
         elapsed = time.perf_counter() - self.created if not self.stats.total_s else self.stats.total_s
-        n = len(self.token_ids)
-        if self.compile_s == 0:
-            return n / elapsed if elapsed > 0 else 0.0
-        if self.warm_tokens > 0 and self.warm_s > 0:
-            return self.warm_tokens / self.warm_s
-        rest = elapsed - self.compile_s
-        return n / rest if rest > 0 else 0.0
+        return self.clock.tokens_per_s(len(self.token_ids), elapsed)
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds its pool's steps spent compiling while it was in the pool."""
+        return self.clock.compile_s
 
 
 def thread_sink() -> tuple[queue.Queue, Callable[[Event], None]]:
@@ -393,22 +390,17 @@ class Scheduler:
         if compiled:  # the compilation counts for every job that waited on it
             for job in inside:
                 if job is not None:
-                    job.compile_s += compiled
+                    job.clock.waited(compiled)
         # a call may move a request by several steps (an engine with device_steps): one event each,
-        # the call's time counted once per job, the job finished at its last event
+        # the job finished at its last event
         last = {event.request: i for i, event in enumerate(moved)}
-        timed = set()
         for i, event in enumerate(moved):
             request, kept, accepted, plain = event.request, event.ids, event.accepted, event.plain
             job = self._jobs.get(request)
             if job is None:
                 continue
             job.token_ids.extend(kept)
-            if not compiled:
-                job.warm_tokens += len(kept)
-                if request not in timed:
-                    job.warm_s += wall
-                    timed.add(request)
+            job.clock.moved(len(kept), wall, compiled=compiled > 0, same_call=event.same_call)
             if request.done and last[request] == i:
                 del self._jobs[request]
                 self._finish(job, request.finish_reason, kept, accepted, plain=plain)
