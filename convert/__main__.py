@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dart_jax.errors import cli_boundary
+from dart_jax.files import check_apart
 
 from .checksums import CAN, CANNOT, check_files
 from .dart_head import check_head, check_names, export_dart_head, head_folder, read_head_config, tensor_files
@@ -72,6 +73,7 @@ def _inspect(args) -> None:
 
 
 def _export(args) -> None:
+    check_apart(args.out, [("--base", args.base)], "OUT")
     target_config = None
     if args.base:
         target_config = load_qwen3_config(args.base)

@@ -134,6 +134,15 @@ def read_config(reader, path: Path) -> dict[str, Any]:
         "mlp_bias": False,
         "torch_dtype": "float32",
     }
+    for key, name in (("llama.block_count", "num_hidden_layers"), ("llama.feed_forward_length", "intermediate_size"),
+                      ("llama.attention.head_count_kv", "num_key_value_heads"),
+                      ("llama.rope.dimension_count", "head_dim"), ("llama.vocab_size", "vocab_size")):
+        if cfg[name] <= 0:
+            raise FileFormatError(path, f"metadata {key} = {cfg[name]}; it must be a positive number. The file is "
+                                        "damaged: download it again.")
+    if heads % cfg["num_key_value_heads"]:
+        raise FileFormatError(path, f"llama.attention.head_count {heads} is not a multiple of "
+                                    f"llama.attention.head_count_kv {cfg['num_key_value_heads']}.")
     scaling = _field(reader, path, "llama.rope.scaling.type", None, kind=str)
     if scaling not in (None, "none"):
         if scaling != "linear":
@@ -212,9 +221,14 @@ def build_tokenizer(reader, path: Path):
     for m in merges:
         if not isinstance(m, str) or m.count(" ") < 1:
             raise FileFormatError(path, f"tokenizer.ggml.merges holds {str(m)[:40]!r}, not 'left right'.")
-        left, right = m.split(" ", 1)
-        pairs.append((left, right))
+        pairs.append(tuple(m.split(" ", 1)))
     vocab = {tok: i for i, tok in enumerate(tokens)}
+    for left, right in pairs:  # the tokenizers library refuses these with a bare Exception
+        unknown = next((t for t in (left, right, left + right) if t not in vocab), None)
+        if unknown is not None:
+            raise FileFormatError(path, f"tokenizer.ggml.merges holds {left + ' ' + right!r}, whose token "
+                                        f"{unknown!r} is not in tokenizer.ggml.tokens; the file is damaged: "
+                                        "download it again.")
     tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     pre = _field(reader, path, "tokenizer.ggml.pre", "default", kind=str)
     if pre not in PRE_TOKENIZERS:

@@ -31,6 +31,7 @@ from pathlib import Path
 from . import methods as decoding_methods
 
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
+DEFAULT_BATCH_SIZE = 8  # --batch-size of --prompts
 
 
 def default_cache_dir() -> Path:
@@ -150,7 +151,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "temperature, top_p, top_k, seed (the command's options are the defaults)")
     ap.add_argument("--output", metavar="OUT.jsonl", help="with --prompts: where the results go, one line per prompt "
                                                           "in input order (default: standard output)")
-    ap.add_argument("--batch-size", type=int, default=8,
-                    help="with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
-                         "power of two; a finished sequence's slot takes the next prompt at once)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help=f"with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
+                         f"power of two; a finished sequence's slot takes the next prompt at once); default "
+                         f"{DEFAULT_BATCH_SIZE}")
     return ap.parse_args(argv)

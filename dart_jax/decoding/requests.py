@@ -77,6 +77,20 @@ class Stats:
     def mean_accept_length(self) -> float:
         return float(np.mean(self.accept_lengths)) if self.accept_lengths else 0.0
 
+    def uncount(self, n: int) -> None:
+        """Drop the last `n` tokens of the steps from the per-step figures: tokens that a step
+        computed but max_new_tokens, max_length, an EOS or a stop string cut off. τ counts the
+        tokens kept; a step left with none is no step."""
+        while n > 0 and self.accept_lengths:
+            cut = min(n, self.accept_lengths[-1])
+            self.accept_lengths[-1] -= cut
+            n -= cut
+            if self.accept_lengths[-1] == 0:
+                if len(self.tree_sizes) == len(self.accept_lengths):
+                    self.tree_sizes.pop()
+                self.accept_lengths.pop()
+                self.steps -= 1
+
     def as_dict(self) -> dict[str, Any]:
         return {"new_tokens": self.new_tokens, "steps": self.steps, "prompt_tokens": self.prompt_tokens,
                 "tokens_per_s": self.tokens_per_s, "tau": self.mean_accept_length, "total_s": self.total_s,
