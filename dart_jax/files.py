@@ -102,11 +102,13 @@ def check_output(path, what: str = "output") -> str:
     return path
 
 
-def check_apart(output, inputs: Iterable[tuple[str, object]], what: str = "output") -> None:
+def check_apart(output, inputs: Iterable[tuple[str, object]], what: str = "output", *,
+                inside_ok: bool = False) -> None:
     """An InputError, before any work, when the output path `output` is one of `inputs` (the same
-    file, also through a link), lies inside one of them or holds one: writing it would replace or
-    change what is read. `inputs`: (a name for the message, e.g. the flag; a path) pairs; None and
-    paths that do not exist here (hub ids) are skipped."""
+    file, also through a link), holds one, or lies inside one (unless `inside_ok`: a file written
+    into a folder of inputs that the command reads by suffix): writing it would replace or change
+    what is read. `inputs`: (a name for the message, e.g. the flag, or ""; a path) pairs; None and paths
+    that do not exist here (hub ids) are skipped."""
     out = Path(os.path.realpath(os.path.expanduser(os.fspath(output))))
     for name, path in inputs:
         if path is None or not os.path.exists(os.path.expanduser(os.fspath(path))):
@@ -114,14 +116,15 @@ def check_apart(output, inputs: Iterable[tuple[str, object]], what: str = "outpu
         real = Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
         if out == real or out.exists() and os.path.samefile(out, real):
             relation = "is"
-        elif real in out.parents:
+        elif real in out.parents and not inside_ok:
             relation = "lies inside"
         elif out in real.parents:
             relation = "holds"
         else:
             continue
-        raise InputError(f"{what} {os.fspath(output)!r} {relation} the input {name} {os.fspath(path)!r}: writing "
-                         "it would overwrite or change what is read. Pass an output path apart from the inputs.")
+        raise InputError(f"{what} {os.fspath(output)!r} {relation} the input {name + ' ' if name else ''}"
+                         f"{os.fspath(path)!r}: writing it would overwrite or change what is read. Pass an output "
+                         "path apart from the inputs.")
 
 
 @contextlib.contextmanager

@@ -169,20 +169,21 @@ def _check_args(args) -> None:
         _check_range("--reduce", args.reduce, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
         _check_range("--eos", args.eos, 0, MAX_TOKEN_ID, " (a token id)")
         check_output(args.output, "--output")
-        check_apart(args.output, [*(("input", path) for path in args.inputs), ("--tokenizer", args.tokenizer)],
-                    "--output")
+        check_apart(args.output, [*(("", path) for path in args.inputs), ("--tokenizer", args.tokenizer)],
+                    "--output", inside_ok=True)  # a .trie is not among the --suffixes read
     elif args.command in ("convert", "compress"):
         _check_range("--chunk-mb", args.chunk_mb, 1, _MAX_CHUNK_MB, " MiB")
-        check_apart(args.output, [("input", args.input)])
+        check_output(args.output, "compressed trie output" if args.command == "compress" else "converted trie output")
+        check_apart(args.output, [("", args.input)])
     elif args.command == "query":
         _check_range("--top", args.top, 1)
     elif args.command == "reduce":
         _check_range("--threshold", args.threshold, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
         check_output(args.output, "output")
-        check_apart(args.output, [("input", args.input)])
+        check_apart(args.output, [("", args.input)])
     elif args.command == "merge":
         check_output(args.output, "output")
-        check_apart(args.output, [("input", path) for path in args.inputs])
+        check_apart(args.output, [("", path) for path in args.inputs])
 
 
 def cmd_build(args):
