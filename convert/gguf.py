@@ -26,9 +26,11 @@ from typing import Any, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-try:  # a dependency of the project, but only GGUF files need it: an image without it (the GPU
-    from gguf import GGUFReader  # campaign's) still imports dart_jax.convert, and `_reader` says
-    from gguf.quants import dequantize  # what to install when a .gguf file is asked for
+# a dependency of the project, but only GGUF files need it: an image without it (the GPU campaign's)
+# still imports dart_jax.convert, and `_reader` says what to install when a .gguf file is asked for
+try:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
 except ImportError as _missing:  # tests/test_llama.py blocks the import to check this
     GGUFReader = dequantize = None
     _GGUF_IMPORT_ERROR: ImportError | None = _missing
@@ -76,9 +78,41 @@ def _reader(path: Path):
         raise ImportError(f"reading {path} needs the `gguf` package, which this Python lacks "
                           f"({_GGUF_IMPORT_ERROR}); install it: pip install gguf") from _GGUF_IMPORT_ERROR
     try:
-        return GGUFReader(str(path), "r")
+        return _CheckedReader(str(path), "r")
+    except FileFormatError:
+        raise
     except (ValueError, KeyError, IndexError, OSError, AssertionError) as e:
         raise FileFormatError(path, f"is not a readable GGUF file ({str(e)[:200]}); download it again.") from e
+
+
+def check_extents(spans: list[tuple[int, int, str]], size: int, path: Path) -> None:
+    """Every tensor's data ((start, end, name) byte spans) inside the file of `size` bytes and apart
+    from every other's: GGUFReader maps the bytes the header names, so a damaged offset would let
+    two tensors share data, or read past the end."""
+    spans = sorted(spans)
+    for (start, end, name), following in zip(spans, [*spans[1:], None]):
+        if end > size:
+            raise FileFormatError(path, f"tensor {name!r} runs to byte {end}, past the file's end at {size}; the "
+                                        "file is truncated or damaged: download it again.")
+        if following is not None and following[0] < end:
+            raise FileFormatError(path, f"tensors {name!r} and {following[2]!r} share the bytes from {following[0]} "
+                                        "on; the file is damaged: download it again.")
+
+
+if GGUFReader is not None:
+    class _CheckedReader(GGUFReader):
+        """GGUFReader that checks the tensors' extents (`check_extents`) before it maps them."""
+
+        def _build_tensors(self, start_offs: int, fields) -> None:
+            spans = []
+            for field in fields:
+                _, name, _, dims, raw_type, offset = field.parts
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_type[0]))]
+                start = int(start_offs + offset[0])
+                spans.append((start, start + int(np.prod(dims, dtype=np.int64)) * type_size // block,
+                              bytes(name).decode("utf-8", "replace")))
+            check_extents(spans, len(self.data), Path(self.data.filename))
+            super()._build_tensors(start_offs, fields)
 
 
 def _field(reader, path: Path, key: str, default: Any = ..., kind: type | tuple | None = None) -> Any:

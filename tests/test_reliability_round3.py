@@ -19,26 +19,15 @@ import pytest
 from dart_jax.api import generate
 from dart_jax.errors import MAX_JSON_DEPTH, FileFormatError, InputError, cli_boundary, parse_json
 from dart_jax.ngram.__main__ import main as ngram_cli
+from test_reliability_inputs import no_loading, one_error_line  # noqa: F401 (no_loading: a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "dart_jax" / "demo"
 DEEP = "[" * 100000 + "]" * 100000  # Python's json recurses once a level: a RecursionError unchecked
 
 
-def one_error_line(err: str) -> str:
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
-
-
 def digest(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
-
-
-@pytest.fixture
-def no_loading(monkeypatch):
-    def refuse(*_a, **_k):
-        raise AssertionError("the model was loaded before the input was checked")
-    monkeypatch.setattr(generate, "load_model", refuse)
 
 
 # -- 6a: one JSON reader, bounded in depth ---------------------------------------------------------------
@@ -159,30 +148,30 @@ def test_a_dtype_the_models_do_not_compute_in_is_refused_with_the_allowed_ones(m
 
 
 def test_tau_counts_only_the_tokens_kept(tiny):
-    """The oracle: the tokens of the answer. Every step's accepted length sums to the answer's
-    tokens but the prefill's first one, also where max_new_tokens or a stop string cut a step."""
+    """The oracle: the answer's tokens (all but the prefill's first one come from the steps) over
+    the steps, also where max_new_tokens or a stop string cut a step; the accepted lengths stay
+    what the target accepted."""
     prompt = "How is a head trained?"
     full = tiny.generate(prompt, max_new_tokens=48)
     assert max(full.accept_lengths) >= 5  # a step that max_new_tokens 4 cuts
-    for result in (full, tiny.generate(prompt, max_new_tokens=4),
-                   tiny.generate(prompt, max_new_tokens=48, stop=full.text[12:16])):
-        assert sum(result.accept_lengths) == len(result.token_ids) - 1, result.accept_lengths
+    short = tiny.generate(prompt, max_new_tokens=4)
+    stopped = tiny.generate(prompt, max_new_tokens=48, stop=full.text[12:16])
+    for result in (full, short, stopped):
         assert result.stats["steps"] == len(result.accept_lengths)
-        assert result.stats["tau"] == pytest.approx(np.mean(result.accept_lengths))
-    assert tiny.generate(prompt, max_new_tokens=4).accept_lengths == [3]
+        assert result.stats["tau"] == pytest.approx((len(result.token_ids) - 1) / len(result.accept_lengths))
+    assert short.accept_lengths == full.accept_lengths[:1] and short.stats["tau"] == 3.0
+    assert len(stopped.token_ids) < 1 + sum(stopped.accept_lengths)  # the stop string did cut a step
 
 
-def test_stats_uncount_drops_tokens_from_the_last_steps():
+def test_stats_uncount_keeps_accepted_lengths_and_drops_cut_plain_steps():
     from dart_jax.decoding.requests import Stats
 
-    s = Stats(steps=5, accept_lengths=[4, 1, 1, 1, 3], tree_sizes=[8, 0, 0, 0, 8])
-    s.uncount(4)  # the last step's 3 and one plain step
-    assert (s.steps, s.accept_lengths, s.tree_sizes) == (3, [4, 1, 1], [8, 0, 0])
+    s = Stats(steps=2, accept_lengths=[5, 6], tree_sizes=[8, 8])
     s.uncount(2)
-    assert (s.steps, s.accept_lengths, s.tree_sizes) == (1, [4], [8])
-    t = Stats(steps=2, accept_lengths=[5, 6])
-    t.uncount(2)
-    assert (t.steps, t.accept_lengths) == (2, [5, 4])
+    assert (s.steps, s.accept_lengths, s.mean_accept_length) == (2, [5, 6], 4.5)
+    p = Stats(steps=5, accept_lengths=[4, 1, 1, 1, 1], tree_sizes=[8, 0, 0, 0, 0])
+    p.uncount(3, plain=True)
+    assert (p.steps, p.accept_lengths, p.tree_sizes, p.mean_accept_length) == (2, [4, 1], [8, 0], 2.5)
 
 
 def test_a_trie_of_another_vocabulary_is_refused(tiny, tmp_path):
@@ -354,3 +343,45 @@ def test_train_refuses_an_out_in_its_inputs_or_in_another_head(tmp_path, capsys)
         assert cli(["--base", str(base), "--data", str(data), "--out", str(out)]) == 2
         assert message in one_error_line(capsys.readouterr().err), out
     assert (digest(base), digest(other_head)) == before and not (base / "run").exists()
+
+
+# -- 5: GGUF tensor extents ------------------------------------------------------------------------------
+def test_gguf_tensors_whose_data_overlap_or_run_short_are_named(tmp_path):
+    import struct
+
+    from gguf_writer import write_gguf
+    from test_llama import bpe_tokenizer
+
+    from dart_jax.bench.tiny import make_tiny_llama
+    from dart_jax.convert import gguf_to_folder
+
+    hf = make_tiny_llama(tmp_path / "hf", seed=5, vocab_size=384)
+    bpe_tokenizer(tmp_path / "tokenizer.json")
+    good = write_gguf(tmp_path / "good.gguf", hf, tmp_path / "tokenizer.json", pre="gpt2", eos=2)
+    data = bytearray(good.read_bytes())
+
+    def offset_at(name: str) -> int:
+        """Where a tensor's data offset lies in the header: length-prefixed name, dims, type, offset."""
+        key = name.encode()
+        at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+        (n_dims,) = struct.unpack_from("<I", data, at)
+        return at + 4 + 8 * n_dims + 4
+
+    # the output projection's data offset set to the query's (same shape): two tensors on the same bytes
+    q, o = offset_at("blk.0.attn_q.weight"), offset_at("blk.0.attn_output.weight")
+    data[o:o + 8] = data[q:q + 8]
+    shared = tmp_path / "shared.gguf"
+    shared.write_bytes(bytes(data))
+    with pytest.raises(FileFormatError, match=r"shared.gguf: tensors 'blk.0.attn_output.weight' and "
+                                              r"'blk.0.attn_q.weight' share the bytes"):  # sorted by name on a tie
+        gguf_to_folder(shared, tmp_path / "out", progress=False)
+    # a tensor's data moved past the end of the file
+    data = bytearray(good.read_bytes())
+    at = offset_at("token_embd.weight")
+    data[at:at + 8] = struct.pack("<Q", struct.unpack_from("<Q", data, at)[0] + len(data))
+    short = tmp_path / "short.gguf"
+    short.write_bytes(bytes(data))
+    with pytest.raises(FileFormatError, match=r"short.gguf: tensor 'token_embd.weight' runs to byte \d+, past the "
+                                              r"file's end"):
+        gguf_to_folder(short, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

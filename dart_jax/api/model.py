@@ -331,7 +331,8 @@ class DartModel:
                 reason: str | None = None, wall_s: float | None = None,
                 warm: tuple[int, float] | None = None) -> GenerationResult:
         out = list(follow.ids)
-        stats.uncount(stats.new_tokens - len(out))  # a stop string cut the rest of its step
+        # a stop string cut the rest of its step: a speculative one (more than one token) or plain tokens
+        stats.uncount(stats.new_tokens - len(out), plain=stats.accept_lengths[-1:] == [1])
         if follow.stopped and not (out and out[-1] in self.engine.eos_ids and out[-1] not in follow.stop_ids):
             reason = "stop"
         elif reason in (None, "cancelled"):

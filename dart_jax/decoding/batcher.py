@@ -210,7 +210,7 @@ class SlotPool:
 
     def _take(self, request: Request, ids: list[int], accepted: int, plain: bool = False) -> Moved:
         kept = request.budget.take(ids)
-        request.stats.uncount(len(ids) - len(kept))
+        request.stats.uncount(len(ids) - len(kept), plain)
         request.stats.new_tokens = len(request.token_ids)
         if request.done:
             request.stats.total_s = time.perf_counter() - request._started
