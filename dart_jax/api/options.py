@@ -153,6 +153,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                           "in input order (default: standard output)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help=f"with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
-                         f"power of two; a finished sequence's slot takes the next prompt at once); default "
-                         f"{DEFAULT_BATCH_SIZE}")
+                         f"power of two; a finished sequence's slot takes the next prompt at once) "
+                         f"(default: {DEFAULT_BATCH_SIZE})%(default).0s")
     return ap.parse_args(argv)
