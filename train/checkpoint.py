@@ -33,7 +33,7 @@ class Checkpoints:
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave({"step": int(step), "leaves": len(leaves)})))
             self.manager.wait_until_finished()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failed save: its scratch goes, then the error propagates
             for partial in self.folder.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
                 shutil.rmtree(partial, ignore_errors=True)
             if f"os_error_code='{errno.ENOSPC}'" in str(e) or "No space left on device" in str(e):
