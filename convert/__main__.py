@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dart_jax.errors import cli_boundary
+from dart_jax.files import check_apart
 
 from .checksums import CAN, CANNOT, check_files
 from .dart_head import (check_head, check_names, export_dart_head, head_folder, read_head_config, reference_problems,
@@ -80,6 +81,7 @@ def _inspect(args) -> None:
 
 
 def _export(args) -> None:
+    check_apart(args.out, [("--base", args.base)], "OUT")
     target_config = load_target_config(args.base) if args.base else None
     out = export_dart_head(args.head, args.out, args.dtype, target_config)
     print(f"wrote {out}/config.json and {out}/model.safetensors ({args.dtype})")

@@ -7,26 +7,21 @@ what is wrong and what to do.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
 
-from dart_jax.errors import FileFormatError
+from dart_jax.errors import FileFormatError, read_json
 
 _SAMPLE = [{"role": "user", "content": "Hello"}]
+# the tokenizer's small JSON files that transformers reads (tokenizer.json is read by the tokenizers library)
+TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise FileFormatError(path, f"not UTF-8 text (byte {e.start}); restore the file from the model's "
-                                    "repository.") from None
-    except json.JSONDecodeError as e:
-        raise FileFormatError(path, f"not valid JSON ({e}); restore the file from the model's repository.") from None
+    return read_json(path, "JSON; restore the file from the model's repository.")
 
 
 def check_layer_types(config: dict, where) -> None:
@@ -92,9 +87,12 @@ def check_generation_eos(path: Path, vocab_size: int | None) -> None:
 
 
 def check_base_files(folder: str | os.PathLike) -> None:
-    """Check a local base folder's config.json, chat template and generation_config.json (those
-    that are there) before anything reads them."""
+    """Check a local base folder's config.json, chat template, generation_config.json and the
+    tokenizer's small JSON files (those that are there) before anything reads them."""
     folder = Path(folder)
+    for name in TOKENIZER_JSON:  # transformers' parser recurses into them: deep nesting is a RecursionError there
+        if (folder / name).is_file():
+            _json(folder / name)
     config_path = folder / "config.json"
     config = _json(config_path) if config_path.is_file() else {}
     if isinstance(config, dict):

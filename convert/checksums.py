@@ -12,13 +12,13 @@ is printed, to compare with the one on the hub's file page.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import struct
 from pathlib import Path
 
-from dart_jax.errors import FileFormatError
+from dart_jax.convert.configs import read_json_object
+from dart_jax.errors import FileFormatError, parse_json
 
 CAN = ("structure: safetensors headers (names, shapes, dtypes, offsets against the file size), tensors "
        "against config.json, head weights finite, d2t/t2d consistent")
@@ -52,7 +52,7 @@ def hub_blob_hash(path: Path) -> str | None:
 def _declared_data_bytes(path: Path) -> int:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        header = parse_json(f.read(n), path, "a safetensors header; the file is damaged: download it again.")
     return max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
 
 
@@ -75,8 +75,9 @@ def check_files(folder: Path, patterns=("*.safetensors", "*.gguf", "*.json")) ->
         lines.append(f"    {path.name:40s} {path.stat().st_size:>14,d} B  sha256 {digest}  {verdict}")
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        content = read_json_object(index, "a safetensors index")
+        total = content.get("metadata", {}).get("total_size")
+        shards = sorted(set(content.get("weight_map", {}).values()))
         if isinstance(total, int) and all((folder / s).is_file() for s in shards):
             declared = sum(_declared_data_bytes(folder / s) for s in shards)
             lines.append(f"    index total_size {total:,d} B, shards declare {declared:,d} B")

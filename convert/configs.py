@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from dart_jax.errors import FileFormatError, InputError, MissingFileError
+from dart_jax.errors import FileFormatError, InputError, MissingFileError, parse_json
 
 T = TypeVar("T")
 # sizes index int32 arrays; a value past these bounds is a corrupted file, not a model
@@ -41,14 +41,7 @@ def read_json_object(path: Path, what: str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileFormatError(path, f"is not a file; expected {what} as a JSON object.")
-    try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise FileFormatError(path, f"is not UTF-8 text ({e}); expected {what} as a JSON object. "
-                                    "The file is corrupted: download it again.") from e
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, an integer of too many digits, deep nesting
-        raise FileFormatError(path, f"is not valid JSON ({str(e)[:200]}); expected {what}. "
-                                    "The file is corrupted or truncated: download it again.") from e
+    raw = parse_json(path.read_bytes(), path, f"{what}. The file is corrupted or truncated: download it again.")
     if not isinstance(raw, dict):
         raise FileFormatError(path, f"expected {what} as a JSON object, got {json_type(raw)}.")
     return raw

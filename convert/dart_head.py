@@ -22,7 +22,7 @@ from dart_jax.errors import FileFormatError, InputError
 
 from .configs import (check_float, check_int, check_object, check_str, config_from_file, freeze, json_type,
                       read_config, required, thaw)
-from .files import atomic_folder
+from .files import atomic_folder, check_apart
 from .hub import resolve
 from .qwen3 import check_rope_scaling, rope_kind
 from .safetensors_io import (FLOAT_DTYPES, SINGLE_NAME, check_weight, read_tensors, tensor_index, write_tensors)
@@ -500,5 +500,6 @@ def export_dart_head(src: str | os.PathLike, dest: str | os.PathLike, dtype: str
     written atomically (`write_dart_head`); its parent folder must exist."""
     if dtype not in SAVE_DTYPES:
         raise InputError(f"dtype must be one of {sorted(SAVE_DTYPES)}, got {dtype!r}.")
+    check_apart(dest, [("head", src)], "export folder")
     _, config, tensors = read_head(src, target_config)
     return write_dart_head(dest, config, tensors, dtype, make_parents=False)

@@ -26,9 +26,11 @@ from typing import Any, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-try:  # a dependency of the project, but only GGUF files need it: an image without it (the GPU
-    from gguf import GGUFReader  # campaign's) still imports dart_jax.convert, and `_reader` says
-    from gguf.quants import dequantize  # what to install when a .gguf file is asked for
+# a dependency of the project, but only GGUF files need it: an image without it (the GPU campaign's)
+# still imports dart_jax.convert, and `_reader` says what to install when a .gguf file is asked for
+try:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
 except ImportError as _missing:  # tests/test_llama.py blocks the import to check this
     GGUFReader = dequantize = None
     _GGUF_IMPORT_ERROR: ImportError | None = _missing
@@ -76,9 +78,41 @@ def _reader(path: Path):
         raise ImportError(f"reading {path} needs the `gguf` package, which this Python lacks "
                           f"({_GGUF_IMPORT_ERROR}); install it: pip install gguf") from _GGUF_IMPORT_ERROR
     try:
-        return GGUFReader(str(path), "r")
+        return _CheckedReader(str(path), "r")
+    except FileFormatError:
+        raise
     except (ValueError, KeyError, IndexError, OSError, AssertionError) as e:
         raise FileFormatError(path, f"is not a readable GGUF file ({str(e)[:200]}); download it again.") from e
+
+
+def check_extents(spans: list[tuple[int, int, str]], size: int, path: Path) -> None:
+    """Every tensor's data ((start, end, name) byte spans) inside the file of `size` bytes and apart
+    from every other's: GGUFReader maps the bytes the header names, so a damaged offset would let
+    two tensors share data, or read past the end."""
+    spans = sorted(spans)
+    for (start, end, name), following in zip(spans, [*spans[1:], None]):
+        if end > size:
+            raise FileFormatError(path, f"tensor {name!r} runs to byte {end}, past the file's end at {size}; the "
+                                        "file is truncated or damaged: download it again.")
+        if following is not None and following[0] < end:
+            raise FileFormatError(path, f"tensors {name!r} and {following[2]!r} share the bytes from {following[0]} "
+                                        "on; the file is damaged: download it again.")
+
+
+if GGUFReader is not None:
+    class _CheckedReader(GGUFReader):
+        """GGUFReader that checks the tensors' extents (`check_extents`) before it maps them."""
+
+        def _build_tensors(self, start_offs: int, fields) -> None:
+            spans = []
+            for field in fields:
+                _, name, _, dims, raw_type, offset = field.parts
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_type[0]))]
+                start = int(start_offs + offset[0])
+                spans.append((start, start + int(np.prod(dims, dtype=np.int64)) * type_size // block,
+                              bytes(name).decode("utf-8", "replace")))
+            check_extents(spans, len(self.data), Path(self.data.filename))
+            super()._build_tensors(start_offs, fields)
 
 
 def _field(reader, path: Path, key: str, default: Any = ..., kind: type | tuple | None = None) -> Any:
@@ -134,6 +168,15 @@ def read_config(reader, path: Path) -> dict[str, Any]:
         "mlp_bias": False,
         "torch_dtype": "float32",
     }
+    for key, name in (("llama.block_count", "num_hidden_layers"), ("llama.feed_forward_length", "intermediate_size"),
+                      ("llama.attention.head_count_kv", "num_key_value_heads"),
+                      ("llama.rope.dimension_count", "head_dim"), ("llama.vocab_size", "vocab_size")):
+        if cfg[name] <= 0:
+            raise FileFormatError(path, f"metadata {key} = {cfg[name]}; it must be a positive number. The file is "
+                                        "damaged: download it again.")
+    if heads % cfg["num_key_value_heads"]:
+        raise FileFormatError(path, f"llama.attention.head_count {heads} is not a multiple of "
+                                    f"llama.attention.head_count_kv {cfg['num_key_value_heads']}.")
     scaling = _field(reader, path, "llama.rope.scaling.type", None, kind=str)
     if scaling not in (None, "none"):
         if scaling != "linear":
@@ -212,9 +255,14 @@ def build_tokenizer(reader, path: Path):
     for m in merges:
         if not isinstance(m, str) or m.count(" ") < 1:
             raise FileFormatError(path, f"tokenizer.ggml.merges holds {str(m)[:40]!r}, not 'left right'.")
-        left, right = m.split(" ", 1)
-        pairs.append((left, right))
+        pairs.append(tuple(m.split(" ", 1)))
     vocab = {tok: i for i, tok in enumerate(tokens)}
+    for left, right in pairs:  # the tokenizers library refuses these with a bare Exception
+        unknown = next((t for t in (left, right, left + right) if t not in vocab), None)
+        if unknown is not None:
+            raise FileFormatError(path, f"tokenizer.ggml.merges holds {left + ' ' + right!r}, whose token "
+                                        f"{unknown!r} is not in tokenizer.ggml.tokens; the file is damaged: "
+                                        "download it again.")
     tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     pre = _field(reader, path, "tokenizer.ggml.pre", "default", kind=str)
     if pre not in PRE_TOKENIZERS:

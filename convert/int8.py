@@ -16,7 +16,7 @@ from dart_jax.errors import FileFormatError
 
 from . import dart_head, eagle3
 from .configs import read_json_object
-from .files import atomic_folder
+from .files import atomic_folder, check_apart
 from .safetensors_io import SCALE_SUFFIX, SINGLE_NAME, quantize_rows, write_tensors
 
 CONFIG_NAME = "config.json"
@@ -43,6 +43,7 @@ def write_int8_head(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
     """Write an int8 copy of the draft head folder `src` (DART or EAGLE-3) into `dest`; both are
     checked as their loader checks them. Returns `dest`."""
     src = Path(os.path.expanduser(str(src)))
+    check_apart(dest, [("head", src)], "int8 head folder")
     kind = head_kind(src)
     tensors = {}
     for name, array in _check(src, kind).items():

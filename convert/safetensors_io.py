@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -213,8 +215,16 @@ def read_tensors(folder: Path, names: Iterable[str] | None = None, *,
 
 
 def write_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
-    """Write one safetensors file (bf16 arrays as ml_dtypes.bfloat16)."""
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata or {"format": "pt"})
+    """Write one safetensors file (bf16 arrays as ml_dtypes.bfloat16). The library's I/O errors (a
+    full disk, a folder not writable) become the OSError they are, which commands report as a user's."""
+    try:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path),
+                  metadata=metadata or {"format": "pt"})
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
 
 
 def tensor_index(folder: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:

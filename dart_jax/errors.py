@@ -11,8 +11,10 @@ This module is a leaf that every layer may import; it imports nothing of dart_ja
 from __future__ import annotations
 
 import errno
+import json
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 
 class InputError(ValueError):
@@ -57,6 +59,55 @@ def not_utf8(path, e: UnicodeDecodeError, where: str = "") -> "FileFormatError":
     return FileFormatError(path, f"not UTF-8 text (byte 0x{bad}{where}); save it as UTF-8 or pass a text file.")
 
 
+# Deeper than any file or request the project reads needs (a chat template's tool schema is a few
+# levels), low enough that no code walking a parsed value recursively reaches Python's recursion limit.
+MAX_JSON_DEPTH = 64
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]  # a loop, not recursion: the value may be as deep as the parser allows
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def parse_json(text: str | bytes, where, expected: str) -> Any:
+    """The JSON value in `text` (a file's content or one line of it; `where` names it, e.g.
+    ``path:3``), nested at most MAX_JSON_DEPTH levels. Anything else, deep nesting included, is a
+    FileFormatError naming `where`, the problem and `expected` (what the value should be and how to
+    fix it). The one JSON parser of every file and input the project reads."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise not_utf8(where, e) from None
+    try:
+        value = json.loads(text)
+        deep = _depth_exceeds(value, MAX_JSON_DEPTH)
+    except RecursionError:
+        deep = True
+    except ValueError as e:  # JSONDecodeError, an integer of too many digits
+        raise FileFormatError(where, f"not valid JSON ({str(e)[:200]}); expected {expected}") from None
+    if deep:
+        raise FileFormatError(where, f"JSON nested more than {MAX_JSON_DEPTH} levels deep; expected {expected}")
+    return value
+
+
+def read_json(path, expected: str) -> Any:
+    """`parse_json` of the file `path`: a MissingFileError when it is not there, a FileFormatError
+    naming it when it is not UTF-8 JSON of at most MAX_JSON_DEPTH levels."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"{path} not found; expected {expected}")
+    return parse_json(path.read_bytes(), path, expected)
+
+
 # OSErrors that are the user's to fix: a path that is a folder, not a folder, missing, taken, not writable, full
 _USER_OS_ERRORS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.ENOSPC,
                    errno.EROFS, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EADDRINUSE, errno.EADDRNOTAVAIL}
@@ -68,7 +119,8 @@ def user_error_message(e: BaseException) -> str | None:
         return str(e)
     if isinstance(e, OSError) and e.errno in _USER_OS_ERRORS:
         where = f"{e.filename}: " if e.filename and str(e.filename) not in str(e.strerror or "") else ""
-        return f"{where}{e.strerror or e}"
+        fix = "; free some space there or write to another disk" if e.errno == errno.ENOSPC else ""
+        return f"{where}{e.strerror or e}{fix}"
     if isinstance(e, MemoryError):
         return "out of host memory; use smaller sizes (max length, batch size, trie order, chunk size)."
     # an accelerator (or XLA on the CPU) out of memory, without importing jax here

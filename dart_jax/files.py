@@ -102,6 +102,31 @@ def check_output(path, what: str = "output") -> str:
     return path
 
 
+def check_apart(output, inputs: Iterable[tuple[str, object]], what: str = "output", *,
+                inside_ok: bool = False) -> None:
+    """An InputError, before any work, when the output path `output` is one of `inputs` (the same
+    file, also through a link), holds one, or lies inside one (unless `inside_ok`: a file written
+    into a folder of inputs that the command reads by suffix): writing it would replace or change
+    what is read. `inputs`: (a name for the message, e.g. the flag, or ""; a path) pairs; None and paths
+    that do not exist here (hub ids) are skipped."""
+    out = Path(os.path.realpath(os.path.expanduser(os.fspath(output))))
+    for name, path in inputs:
+        if path is None or not os.path.exists(os.path.expanduser(os.fspath(path))):
+            continue
+        real = Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+        if out == real or out.exists() and os.path.samefile(out, real):
+            relation = "is"
+        elif real in out.parents and not inside_ok:
+            relation = "lies inside"
+        elif out in real.parents:
+            relation = "holds"
+        else:
+            continue
+        raise InputError(f"{what} {os.fspath(output)!r} {relation} the input {name + ' ' if name else ''}"
+                         f"{os.fspath(path)!r}: writing it would overwrite or change what is read. Pass an output "
+                         "path apart from the inputs.")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary file name next to `path` (a checked, absolute output path); on success
@@ -200,6 +225,8 @@ def atomic_folder(dest: str | os.PathLike, owned: Iterable[str], *, make_parents
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(scratch, dest)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(scratch, ignore_errors=True)
+        if isinstance(e, OSError) and str(e.filename or "").startswith(str(scratch)):  # name what the user asked for
+            e.filename = str(dest) + str(e.filename)[len(str(scratch)):]
         raise

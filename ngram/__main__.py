@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dart_jax.errors import FileFormatError, InputError, MissingFileError, check_text, cli_boundary
+from dart_jax.errors import (FileFormatError, InputError, MissingFileError, check_text, cli_boundary, parse_json,
+                             read_json)
 
-from ._atomic import check_output
+from ._atomic import check_apart, check_output
 from ._format import looks_like_reference, MAGIC as CSR_MAGIC
 from ._reference import MAX_CHUNK_BYTES
 from .compressed import MAGIC as COMPRESSED_MAGIC, compress, load_any
@@ -37,6 +38,10 @@ def _load_tokenizer(path):
         )
     from transformers import AutoTokenizer
 
+    # transformers' parser recurses into these: deep nesting would be a RecursionError there
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            read_json(os.path.join(path, name), "a tokenizer's JSON file; restore it from the model's repository.")
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
@@ -118,10 +123,7 @@ def _sequences(files: list[Path], tokenizer, text_key: str, eos: int | None) -> 
                 if not line.strip():
                     continue
                 where = f"{path}:{n}"
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise FileFormatError(where, f"not valid JSON ({e}).") from None
+                item = parse_json(line, where, "one JSON object, string or list of token ids a line.")
                 if isinstance(item, dict):
                     key = next((k for k in _ID_KEYS if k in item), None)
                     if key is not None:
@@ -167,17 +169,22 @@ def _check_args(args) -> None:
         _check_range("--reduce", args.reduce, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
         _check_range("--eos", args.eos, 0, MAX_TOKEN_ID, " (a token id)")
         check_output(args.output, "--output")
+        check_apart(args.output, [*(("", path) for path in args.inputs), ("--tokenizer", args.tokenizer)],
+                    "--output", inside_ok=True)  # a .trie is not among the --suffixes read
     elif args.command in ("convert", "compress", "export"):
         _check_range("--chunk-mb", args.chunk_mb, 1, _MAX_CHUNK_MB, " MiB")
-    if args.command == "export":
-        check_output(args.output, "reference .trie output")
+        check_output(args.output, {"compress": "compressed trie output", "convert": "converted trie output",
+                                   "export": "reference .trie output"}[args.command])
+        check_apart(args.output, [("", args.input)])
     elif args.command == "query":
         _check_range("--top", args.top, 1)
     elif args.command == "reduce":
         _check_range("--threshold", args.threshold, 1, _MAX_FREQ, " (a count: n-grams seen fewer times are dropped)")
         check_output(args.output, "output")
+        check_apart(args.output, [("", args.input)])
     elif args.command == "merge":
         check_output(args.output, "output")
+        check_apart(args.output, [("", path) for path in args.inputs])
 
 
 def cmd_build(args):

@@ -3,6 +3,6 @@ one implementation is `dart_jax.files`, shared with the checkpoint writers; this
 names on."""
 from __future__ import annotations
 
-from dart_jax.files import PREFIX, _host, atomic_path, check_output, clean_stale, scratch_dir, stale_entries
+from dart_jax.files import PREFIX, _host, atomic_path, check_apart, check_output, clean_stale, scratch_dir, stale_entries
 
-__all__ = ["PREFIX", "atomic_path", "check_output", "clean_stale", "scratch_dir", "stale_entries"]
+__all__ = ["PREFIX", "atomic_path", "check_apart", "check_output", "clean_stale", "scratch_dir", "stale_entries"]

@@ -116,6 +116,10 @@ class CompressedTrie:
     def order(self) -> int:
         return self._order
 
+    def max_token(self) -> int:
+        """The largest token id of the trie's n-grams, as its header records it (the remap width - 1)."""
+        return self._vocab - 1
+
     @property
     def num_nodes(self) -> int:
         return self._n
@@ -501,6 +505,17 @@ def load_any(path, *, verify: bool = False):
         if magic == MAGIC:
             return CompressedTrie.load(path, verify=verify)
     return Trie.load(path, verify=verify)
+
+
+def check_trie_vocab(trie, vocab_size: int, where) -> None:
+    """An InputError naming the trie `where` when it holds a token id outside a model's vocabulary
+    of `vocab_size` ids: a trie built with another tokenizer, whose n-grams would draft nonsense.
+    (A trie records no vocabulary size; its largest id is what can be checked.)"""
+    top = trie.max_token()
+    if top >= vocab_size:
+        raise InputError(f"the n-gram trie {where} holds token id {top}, outside the model's vocabulary of "
+                         f"{vocab_size} ids: it was built with another tokenizer. Pass the trie made for this model, "
+                         "or build one with its tokenizer (python -m dart_jax.ngram build ... --tokenizer BASE).")
 
 
 def trie_format(path) -> str | None:

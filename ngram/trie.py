@@ -120,6 +120,11 @@ class Trie:
     def nbytes(self) -> int:
         return self._token.nbytes + self._freq.nbytes + self._child_start.nbytes
 
+    def max_token(self) -> int:
+        """The largest token id of the trie's n-grams (-1 when it holds none): the vocabulary it was
+        built for reaches at least this far."""
+        return int(self._token[1:].max()) if self.num_nodes > 1 else -1
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(token int32[N], freq int32[N], child_start int64[N+1])`` for Numba code."""
         return self._token, self._freq, self._child_start

@@ -36,10 +36,11 @@ def gguf_name(name: str) -> str:
 
 def write_gguf(path: Path, hf_folder: Path, tokenizer_json: Path, *, quant: str = "F32", pre: str = "smollm",
                chat_template: str | None = None, bos: int | None = None, eos: int = 2,
-               add_bos: bool = False) -> Path:
+               add_bos: bool = False, head_count_kv: int | None = None, extra_merges: tuple[str, ...] = ()) -> Path:
     """`hf_folder` (config.json + model.safetensors of a Llama) and a byte-level BPE
     tokenizer.json as a GGUF file; weight matrices quantized as `quant` (F32, F16, Q8_0, Q4_1),
-    norms kept in F32 as llama.cpp does."""
+    norms kept in F32 as llama.cpp does. `head_count_kv` and `extra_merges` write damaged
+    metadata (another head_count_kv than the weights', merges after the tokenizer's)."""
     cfg = json.loads((hf_folder / "config.json").read_text())
     tensors = load_file(str(hf_folder / "model.safetensors"))
     tok = json.loads(Path(tokenizer_json).read_text())
@@ -50,7 +51,7 @@ def write_gguf(path: Path, hf_folder: Path, tokenizer_json: Path, *, quant: str 
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(kv)
+    w.add_head_count_kv(kv if head_count_kv is None else head_count_kv)
     w.add_rope_freq_base(float(cfg["rope_parameters"]["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     w.add_rope_dimension_count(cfg["head_dim"])
@@ -69,7 +70,7 @@ def write_gguf(path: Path, hf_folder: Path, tokenizer_json: Path, *, quant: str 
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges(merges)
+    w.add_token_merges(merges + list(extra_merges))
     if bos is not None:
         w.add_bos_token_id(bos)
     w.add_eos_token_id(eos)

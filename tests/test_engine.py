@@ -444,7 +444,8 @@ def test_generate_stream_and_text(tiny):
     assert result.prompt_ids == model.tokenizer(prompt_ids, add_special_tokens=False)["input_ids"]
     assert result.token_ids == hf_generate(tiny, result.prompt_ids, 10)
     assert result.text == model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    assert result.stats["tau"] == pytest.approx(np.mean(result.accept_lengths))
+    # τ: the tokens kept per step (all but the prefill's first come from the steps; max_new_tokens cut the last)
+    assert result.stats["tau"] == pytest.approx((len(result.token_ids) - 1) / len(result.accept_lengths))
     for key in ("tokens_per_s", "device_s", "tree_s", "host_s", "prefill_s"):
         assert result.stats[key] >= 0
     pieces = list(model.stream("hi there", max_new_tokens=10))

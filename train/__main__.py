@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from dart_jax.errors import InputError
+from dart_jax.errors import FileFormatError, InputError, read_json
 from dart_jax.convert.target import target_folder
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target, save_dart_head
 from dart_jax.models.head import DartHead
@@ -88,8 +88,10 @@ def claim_run_folder(out: Path, recorded: dict, has_checkpoint: bool) -> None:
     run_file = out / "run.json"
     if run_file.exists():
         try:
-            previous = json.loads(run_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            previous = read_json(run_file, "the run's record")
+            if not isinstance(previous, dict):
+                raise FileFormatError(run_file, "not a JSON object")
+        except FileFormatError:
             previous = {"settings": {}, "damaged": True}
         changed = differences(previous, recorded) if not previous.get("damaged") else ["run.json is damaged"]
         if changed and has_checkpoint:

@@ -6,6 +6,8 @@ restored into the structure of a freshly initialised state (same settings, same 
 """
 from __future__ import annotations
 
+import errno
+import shutil
 from pathlib import Path
 
 import jax
@@ -24,10 +26,19 @@ class Checkpoints:
         return self.manager.latest_step()
 
     def save(self, step: int, state) -> None:
+        """Save `state` as step `step`. A failed write leaves no temporary folder behind; a full disk
+        (which orbax reports as a ValueError of TensorStore's) is the OSError it is."""
         leaves = jax.tree.leaves(state)
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(leaves),
-                                                       meta=ocp.args.JsonSave({"step": int(step), "leaves": len(leaves)})))
-        self.manager.wait_until_finished()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave({"step": int(step), "leaves": len(leaves)})))
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - any failed save: its scratch goes, then the error propagates
+            for partial in self.folder.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(partial, ignore_errors=True)
+            if f"os_error_code='{errno.ENOSPC}'" in str(e) or "No space left on device" in str(e):
+                raise OSError(errno.ENOSPC, f"No space left on device for checkpoint {step}", str(self.folder)) from None
+            raise
 
     def restore(self, step: int, like):
         """The state saved at `step`, in the tree structure (and shardings) of `like`."""

@@ -8,7 +8,6 @@ Accepted lines (one JSON object each; blank lines are ignored):
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from dart_jax.errors import InputError, check_text, not_utf8
+from dart_jax.convert.base_files import check_base_files
+from dart_jax.errors import FileFormatError, InputError, check_text, not_utf8, parse_json
 
 from .masks import sample_anchors
 
@@ -72,10 +72,11 @@ def read_conversations(path, *, skip_bad: bool = False) -> tuple[list[list[dict]
             if not line.strip():
                 continue
             try:
-                conversations.append(_parse_record(json.loads(line)))
-            except ValueError as err:  # json.JSONDecodeError is a ValueError
+                conversations.append(_parse_record(parse_json(line, f"{path} line {lineno}", "one JSON object a line")))
+            except ValueError as err:  # InputError (a FileFormatError too) is a ValueError
                 if not skip_bad:
-                    raise InputError(f"{path} line {lineno}: {err}. Fix the line or pass --skip-bad to skip such lines.") from None
+                    where = "" if isinstance(err, FileFormatError) else f"{path} line {lineno}: "
+                    raise InputError(f"{where}{err}. Fix the line or pass --skip-bad to skip such lines.") from None
                 bad += 1
     if not conversations:
         raise ValueError(f"{path} holds no usable conversation ({bad} bad lines skipped)")
@@ -138,6 +139,8 @@ def load_tokenizer(base):
     """The target's fast tokenizer (offsets are needed for the loss mask)."""
     from transformers import AutoTokenizer
 
+    if Path(base).is_dir():
+        check_base_files(base)
     tok = AutoTokenizer.from_pretrained(str(base))
     if not tok.is_fast:
         raise ValueError(f"the tokenizer of {base} has no fast (Rust) version; the loss mask needs offset mappings")

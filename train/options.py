@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from dart_jax.errors import InputError
+from dart_jax.files import check_apart
 
 from .settings import DEFAULT_GAMMA, METHODS, TrainSettings
 
@@ -84,3 +87,9 @@ def check_args(args) -> None:
     if not (math.isfinite(args.regen_temperature) and args.regen_temperature >= 0):
         raise InputError(f"--regen-temperature must be a finite number >= 0, got {args.regen_temperature}.")
     settings_from_args(args, vocab_size=max(args.draft_vocab or 1, 1))  # TrainSettings' own checks
+    check_apart(args.out, [("--base", args.base), ("--data", args.data), ("--init-head", args.init_head),
+                           ("--tokenizer", args.tokenizer)], "--out")
+    out = Path(os.path.expanduser(args.out))
+    if (out / "config.json").is_file() and not (out / "run.json").is_file():
+        raise InputError(f"--out {args.out} holds a model or head (config.json) and is no training run (no run.json): "
+                         "training would write its checkpoints and head there. Pass a fresh folder.")

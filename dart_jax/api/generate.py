@@ -15,14 +15,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from dart_jax.decoding.settings import GenerationSettings
-from dart_jax.errors import InputError, MissingFileError, check_text, cli_boundary, not_utf8
+from dart_jax.errors import InputError, MissingFileError, check_text, cli_boundary, read_json
 from dart_jax.models.multihost import is_writer
 
 from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
 from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
-from .options import HelpFormatter, add_model_options, parse_args, tree_size  # noqa: F401 (importable here)
-from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_options, demo_paths, length_notice
+from .options import DEFAULT_BATCH_SIZE, HelpFormatter, add_model_options, parse_args, tree_size  # noqa: F401 (importable here)
+from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths, length_notice
 
 DEMO = DEMO_DIR
 # a held-out prompt of each demo (not in its head's training data nor in its trie)
@@ -94,8 +94,9 @@ def read_requests(path: str | Path, defaults: GenerationSettings) -> list[dict]:
 
 def run_batch(args) -> list[dict]:
     """--prompts: decode every line, in batches of --batch-size, and write one result line per prompt."""
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}.")
+    batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}.")
     _check_modes(args)
     if args.output:
         check_output(args.output)
@@ -105,7 +106,7 @@ def run_batch(args) -> list[dict]:
     with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
         try:
             results = model.generate_many(prompts, [r["settings"] for r in requests], chat=not args.no_chat,
-                                          batch_size=args.batch_size, stop=args.stop, stop_token_ids=args.stop_id,
+                                          batch_size=batch_size, stop=args.stop, stop_token_ids=args.stop_id,
                                           on_done=bar.update, method=_method(args, model))
         except ValueError as e:  # "prompt i of the batch: ..." → the line of the file
             message = str(e)
@@ -162,12 +163,7 @@ def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"--messages file {path} not found; pass a JSON file holding a list of "
                                 "{\"role\": ..., \"content\": ...} objects.")
-    try:
-        messages = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise not_utf8(path, e) from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not JSON ({e}); expected a list of {{\"role\": ..., \"content\": ...}} objects.") from None
+    messages = read_json(path, "a list of {\"role\": ..., \"content\": ...} objects.")
     if isinstance(messages, dict) and isinstance(messages.get("messages"), list):
         messages = messages["messages"]  # an OpenAI request body
     if not isinstance(messages, list) or not messages:
@@ -204,6 +200,20 @@ def _check_modes(args) -> None:
         raise InputError("--output takes the results of --prompts; add --prompts FILE.jsonl or drop --output.")
     if args.no_chat and args.messages:
         raise InputError("--messages goes through the chat template; drop --no-chat.")
+    # flags that would do nothing in this combination
+    if args.no_chat and args.system is not None:
+        raise InputError("--system is a message of the chat template, which --no-chat leaves out; drop one of them.")
+    if args.batch_size is not None and not args.prompts:
+        raise InputError("--batch-size sets how many --prompts lines are decoded together; add --prompts FILE.jsonl "
+                         "or drop --batch-size.")
+    if args.compare_ar and args.method == decoding_methods.baseline().name:
+        raise InputError(f"--compare-ar compares --method {args.method} with plain decoding, which --method "
+                         f"{args.method} already is; drop --compare-ar, or use --method dart (or --compare).")
+    eagle3_flags = [f"--{k.replace('_', '-')}" for k in ("eagle3_total_token", "eagle3_depth", "eagle3_top_k")
+                    if getattr(args, k) is not None]
+    if eagle3_flags and not args.eagle3 and (args.ckpt is not None or demo_eagle3(args.demo) is None):
+        raise InputError(f"{', '.join(eagle3_flags)}: EAGLE-3 tree sizes, but no EAGLE-3 head is loaded; add "
+                         "--eagle3 PATH or drop them.")
 
 
 def _summary(result, label: str = "[DART]") -> str:

@@ -32,9 +32,9 @@ from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import InputError, MissingFileError, check_text
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
-from dart_jax.models.qwen3 import check_attention, check_verify_gemms
+from dart_jax.models.qwen3 import check_attention, check_dtype, check_verify_gemms
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
-from dart_jax.ngram import TreeSettings
+from dart_jax.ngram import TreeSettings, check_trie_vocab
 
 from . import methods as _methods
 from .options import DEMOS  # DartModel.demo(name) / --demo: smollm2 (default) and the embedded toy
@@ -45,7 +45,8 @@ from .text import check_stops, split_thinking, StopText
 # importable from here (docs and tests import them from dart_jax.api.model)
 from .resolution import (BASE_PATTERNS, DEFAULT_NGRAM, PUBLISHED_PAIRS, _converted_path, _eos_ids, _trie_file,  # noqa: F401
                          load_trie, published_base)
-from .results import GenerationResult, _check_ids, _finish_reason, figures, is_batch, length_notice  # noqa: F401
+from .results import (GenerationResult, _check_ids, _finish_reason, check_prompt_kind, figures, is_batch,  # noqa: F401
+                      length_notice)
 from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, check_tree_size,  # noqa: F401
                        fit_tree, reference_names, split_options)
 
@@ -175,6 +176,7 @@ class DartModel:
         ngram_model_name_or_path, is_small_ngram, torch_dtype (see `reference_names`).
         """
         base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
+        check_dtype(dtype)
         check_verify_gemms(verify_gemms)  # before any file is read
         check_attention(attention, dtype, mesh)
         opts, adaptive = adaptive_keep(opts, tree)
@@ -210,9 +212,12 @@ class DartModel:
             trie = None
         else:
             trie = load_trie(DEFAULT_NGRAM if ngram is None else ngram, small=small_ngram, cache_dir=trie_cache_dir)
+            check_trie_vocab(trie, target_config.vocab_size, DEFAULT_NGRAM if ngram is None else ngram)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(base_folder))
-        except (OSError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - the tokenizers library's errors (a damaged tokenizer.json) are bare
+            if not isinstance(e, (OSError, ValueError)) and type(e) is not Exception:
+                raise
             raise FileNotFoundError(f"no usable tokenizer in the base folder {base_folder} ({e}); it needs the HF "
                                     "tokenizer files (tokenizer.json / tokenizer_config.json).") from e
         if len(tokenizer) > target_config.vocab_size:
@@ -239,6 +244,8 @@ class DartModel:
         opts, adaptive = adaptive_keep(opts, tree)
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         groups["tree"] = fit_tree(groups["tree"], head.config.num_rows, head.config.draft_vocab_size, adaptive)
+        if trie is not None:
+            check_trie_vocab(trie, target.config.vocab_size, "given")
         return cls(target, head, tokenizer, trie, eos_ids=eos_ids, mesh=make_mesh(mesh, option="mesh (--mesh)"),
                    adaptive=adaptive, device_steps=device_steps, verify_gemms=verify_gemms, attention=attention,
                    **groups)
@@ -272,6 +279,7 @@ class DartModel:
         system prompt if one is set); a `messages` list of {role, content} dicts (system, user and
         assistant turns) always goes through the chat template; token ids are used as is.
         `enable_thinking` (default: the model's ChatSettings) is Qwen3's thinking switch."""
+        check_prompt_kind(prompt)
         if isinstance(prompt, str):
             check_text(prompt, "the prompt")
         items = None if isinstance(prompt, str) else list(prompt)
@@ -295,7 +303,13 @@ class DartModel:
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        """The text of token ids (special tokens left out); ids outside the vocabulary are an InputError."""
+        ids = _check_ids(list(ids))
+        vocab = self.engine.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"token id {bad[0]} lies outside the vocabulary [0, {vocab}); pass ids the model gave.")
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def get_tokenizer(self):
         """The base model's tokenizer (the reference's name)."""
@@ -317,6 +331,8 @@ class DartModel:
                 reason: str | None = None, wall_s: float | None = None,
                 warm: tuple[int, float] | None = None) -> GenerationResult:
         out = list(follow.ids)
+        # a stop string cut the rest of its step: a speculative one (more than one token) or plain tokens
+        stats.uncount(stats.new_tokens - len(out), plain=stats.accept_lengths[-1:] == [1])
         if follow.stopped and not (out and out[-1] in self.engine.eos_ids and out[-1] not in follow.stop_ids):
             reason = "stop"
         elif reason in (None, "cancelled"):

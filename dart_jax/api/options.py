@@ -33,6 +33,7 @@ from . import methods as decoding_methods
 # --attention: `dart_jax.models.qwen3.ATTENTION_KERNELS`, which this light module cannot import (jax)
 ATTENTION_CHOICES = ("xla", "cudnn", "pallas")
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
+DEFAULT_BATCH_SIZE = 8  # --batch-size of --prompts
 INT32_MAX = 2**31 - 1  # top_k and token counts are int32 on the device
 
 
@@ -165,7 +166,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "temperature, top_p, top_k, seed (the command's options are the defaults)")
     ap.add_argument("--output", metavar="OUT.jsonl", help="with --prompts: where the results go, one line per prompt "
                                                           "in input order (default: standard output)")
-    ap.add_argument("--batch-size", type=int, default=8,
-                    help="with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
-                         "power of two; a finished sequence's slot takes the next prompt at once)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help=f"with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
+                         f"power of two; a finished sequence's slot takes the next prompt at once) "
+                         f"(default: {DEFAULT_BATCH_SIZE})%(default).0s")
     return ap.parse_args(argv)

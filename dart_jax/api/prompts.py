@@ -7,11 +7,10 @@ prompt, an unknown field, text that is not valid Unicode, a message with an unkn
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable
 
-from dart_jax.errors import InputError, MissingFileError, check_text, not_utf8
+from dart_jax.errors import InputError, MissingFileError, check_text, not_utf8, parse_json
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -69,10 +68,7 @@ def read_prompt_file(path: str | Path, *, fields: Iterable[str] | None = (), mes
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{n}: not valid JSON ({e}); each line must be one JSON object, {example}") from None
+        item = parse_json(line, f"{path}:{n}", f"each line must be one JSON object, {example}")
         try:
             _check_line(item, fields, messages, token_ids)
         except InputError as e:

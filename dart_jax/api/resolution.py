@@ -4,13 +4,13 @@ base model. `DartModel.from_pretrained` reads these; `dart_jax.api.model` re-exp
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Sequence
 
 from dart_jax.convert.base_files import check_generation_eos
 from dart_jax.convert.hub import resolve
+from dart_jax.errors import read_json
 from dart_jax.ngram import Trie, load_any, trie_format
 
 # docs/spec.md §1: the published DART heads and the base model each was trained for
@@ -88,7 +88,7 @@ def _eos_ids(tokenizer, base_folder: Path, config_eos: Sequence[int], vocab_size
     gen = base_folder / "generation_config.json"
     if gen.is_file():
         check_generation_eos(gen, vocab_size)
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        eos = read_json(gen, "a JSON object").get("eos_token_id")
         if eos is not None:
             ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]))
     return sorted(ids)

@@ -12,6 +12,11 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 def check_stops(stop, stop_token_ids, vocab_size: int) -> tuple[list[str], frozenset[int]]:
     """`stop` (a string or strings) and `stop_token_ids` as checked values; empty strings are an error
     (they would match at once), as are ids outside the vocabulary."""
+    if stop is not None and not isinstance(stop, (str, list, tuple)):
+        raise InputError(f"stop must be a string or a list of strings, got {type(stop).__name__} {stop!r:.40}.")
+    if stop_token_ids is not None and not isinstance(stop_token_ids, (list, tuple)):
+        raise InputError(f"stop_token_ids must be a list of token ids, got {type(stop_token_ids).__name__} "
+                         f"{stop_token_ids!r:.40}; wrap one id in a list: [{stop_token_ids!r:.20}].")
     strings = [stop] if isinstance(stop, str) else list(stop or ())
     bad = [s for s in strings if not isinstance(s, str) or not s]
     if bad:

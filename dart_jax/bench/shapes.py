@@ -7,7 +7,6 @@ Attention is dense over the static shapes, so the timing does not depend on the 
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from dart_jax.bench.util import progress, summary_ms, time_calls
+from dart_jax.convert.configs import read_json_object
 from dart_jax.convert.qwen3 import target_config_from_hf
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_window, split_flat
 from dart_jax.decoding.engine import verify_tree
@@ -64,7 +64,7 @@ def shape_fields(*, model: str | None = None, config_path: str | None = None, ti
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found; pass a Qwen3 config.json or its folder")
-        fields, label = json.loads(path.read_text()), str(path)
+        fields, label = read_json_object(path, "a Qwen3 config.json"), str(path)
     elif tiny:
         fields, label = dict(TINY_SHAPE), "tiny"
     else:

@@ -222,6 +222,7 @@ class SlotPool:
     def _take(self, request: Request, ids: list[int], accepted: int, plain: bool = False,
               same_call: bool = False) -> StepEvent:
         kept = request.budget.take(ids)
+        request.stats.uncount(len(ids) - len(kept), plain)
         request.stats.new_tokens = len(request.token_ids)
         if request.done:
             request.stats.total_s = time.perf_counter() - request._started

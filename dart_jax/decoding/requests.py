@@ -97,6 +97,7 @@ class Stats:
     accept_lengths: list[int] = dataclasses.field(default_factory=list)
     tree_sizes: list[int] = dataclasses.field(default_factory=list)  # per speculative step, nodes besides the root
     token_ids: list[int] = dataclasses.field(default_factory=list)  # the generated ids so far
+    cut: int = 0  # tokens in accept_lengths that the budget or a stop string cut off (`uncount`)
 
     @property
     def host_s(self) -> float:
@@ -108,7 +109,22 @@ class Stats:
 
     @property
     def mean_accept_length(self) -> float:
-        return float(np.mean(self.accept_lengths)) if self.accept_lengths else 0.0
+        """τ: the tokens the steps gave that were kept, per step (`cut` ones left out)."""
+        return (sum(self.accept_lengths) - self.cut) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+    def uncount(self, n: int, plain: bool = False) -> None:
+        """The last `n` tokens of the steps were cut off (max_new_tokens, max_length, an EOS, a stop
+        string). Of a speculative step they stay in its accepted length (what the target accepted)
+        and count in `cut`, which τ leaves out; plain-decoding steps (one token each) that were cut
+        are no steps at all."""
+        if not plain:
+            self.cut += n
+            return
+        for _ in range(min(n, len(self.accept_lengths))):
+            if len(self.tree_sizes) == len(self.accept_lengths):
+                self.tree_sizes.pop()
+            self.accept_lengths.pop()
+            self.steps -= 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"new_tokens": self.new_tokens, "steps": self.steps, "prompt_tokens": self.prompt_tokens,

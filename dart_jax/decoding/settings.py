@@ -11,6 +11,10 @@ import numpy as np
 from .sampling import SamplingParams, is_greedy
 
 
+# Past it the kept tokens are all but equally likely; far past it logits / temperature leaves float32.
+MAX_TEMPERATURE = 100.0
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationSettings:
     """One generation's limits and sampling (temperature 0 = greedy; top_p 1 and top_k 0 disable
@@ -38,8 +42,8 @@ class GenerationSettings:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if int(self.max_length) < 2:
             raise ValueError(f"max_length must be >= 2 (a prompt token and a new one), got {self.max_length}.")
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:  # NaN fails too
+            raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature}.")
         if not (0 < self.top_p <= 1):
             raise ValueError(f"top_p must lie in (0, 1] (1 disables it), got {self.top_p}.")
         if int(self.top_k) < 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import re
 import signal
@@ -37,6 +38,27 @@ PROG = "dart_jax.launch"
 _OPTION_WITH_VALUE = {"-X", "-W", "--check-hash-based-pycs"}
 
 
+def _seconds(minimum: float, strict: bool, kind=float):
+    """An argparse type: a finite number of seconds > `minimum` (`strict`) or >= it."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum:g} seconds, got {text}")
+        return value
+    return parse
+
+
+def _host_port(text: str) -> str:
+    """An argparse type: HOST:PORT with a port in 1 … 65535."""
+    match = re.fullmatch(r"\[?[\w.:-]+\]?:(\d{1,5})", text)
+    if not match or not 1 <= int(match.group(1)) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port in 1 … 65535, e.g. 10.0.0.1:1234; got {text!r}")
+    return text
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m dart_jax.launch", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -45,18 +67,18 @@ def parse_args(argv):
     p.add_argument("--processes", "-n", type=int, default=None, help="number of processes in the run (all hosts)")
     p.add_argument("--devices-per-process", type=int, default=None, metavar="K",
                    help="K forced CPU devices per process (sets JAX_PLATFORMS=cpu and XLA_FLAGS)")
-    p.add_argument("--coordinator", metavar="HOST:PORT", default=None,
+    p.add_argument("--coordinator", metavar="HOST:PORT", default=None, type=_host_port,
                    help="process 0's coordinator (default: 127.0.0.1 and a free port, all processes on this host)")
     p.add_argument("--process-id", type=int, default=None, metavar="I",
                    help="run only process I here (one per host on a cluster; needs --coordinator)")
     p.add_argument("--cluster", action="store_true",
                    help="run one process here and let JAX find its peers (TPU pods, SLURM, Open MPI)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop the whole run after S seconds")
-    p.add_argument("--init-timeout", type=int, default=60, metavar="S",
+    p.add_argument("--timeout", type=_seconds(0, strict=True), default=None, metavar="S", help="stop the whole run after S seconds")
+    p.add_argument("--init-timeout", type=_seconds(1, strict=False, kind=int), default=60, metavar="S",
                    help="seconds to wait for every process to join (default 60)")
-    p.add_argument("--heartbeat", type=int, default=10, metavar="S",
+    p.add_argument("--heartbeat", type=_seconds(1, strict=False, kind=int), default=10, metavar="S",
                    help="seconds after which a silent process counts as dead and the others stop (default 10)")
-    p.add_argument("--grace", type=float, default=3.0, metavar="S",
+    p.add_argument("--grace", type=_seconds(0, strict=False), default=3.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping processes (default 3)")
     p.add_argument("--all-output", action="store_true",
                    help="also pass on the standard output of processes 1 … N-1 (prefixed); by default only "
@@ -83,8 +105,6 @@ def parse_args(argv):
         if not 0 <= args.process_id < args.processes:
             raise InputError(f"--process-id {args.process_id} is outside 0 … {args.processes - 1} "
                              f"(--processes {args.processes}).")
-    if args.coordinator is not None and not re.fullmatch(r"\[?[\w.:-]+\]?:\d{1,5}", args.coordinator):
-        raise InputError(f"--coordinator {args.coordinator!r}: expected HOST:PORT, e.g. 10.0.0.1:1234.")
     return args
 
 

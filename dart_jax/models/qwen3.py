@@ -43,6 +43,23 @@ _NO_TRITON_GEMMS = {"xla_gpu_enable_triton_gemm": False}
 ATTENTION_KERNELS = ("xla", "cudnn", "pallas")
 
 
+MODEL_DTYPES = ("float32", "bfloat16", "float16")  # what the models compute in
+
+
+def check_dtype(dtype) -> None:
+    """An InputError naming MODEL_DTYPES unless `dtype` (a name or a NumPy/JAX dtype) is one of
+    them, or None (`default_dtype()`)."""
+    if dtype is None:
+        return
+    try:
+        name = jnp.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in MODEL_DTYPES:
+        raise InputError(f"dtype must be one of {', '.join(MODEL_DTYPES)} (or None: float32 on a CPU, bfloat16 on "
+                         f"a GPU or TPU), got {dtype!r}; weights are loaded and computed in it.")
+
+
 def default_dtype():
     """float32 on CPU (XLA's bf16 matmuls are slow there), bfloat16 on GPU and TPU."""
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
