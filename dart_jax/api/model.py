@@ -27,8 +27,8 @@ from dart_jax.convert.gguf import is_gguf
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots  # noqa: F401 (PlainBatcher: a public name here)
 from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafter
-from dart_jax.decoding.engine import Engine
-from dart_jax.decoding.requests import Stats
+from dart_jax.decoding.engine import Continued, Engine
+from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import InputError, MissingFileError, check_text
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
@@ -349,8 +349,8 @@ class DartModel:
         follow = self._follow(stop, stop_token_ids)
         stats = stats if stats is not None else Stats()
         timer = CompileTimer()
-        warm = [0, 0.0]  # tokens and seconds of the steps that compiled nothing
-        call_warm = False  # whether the device call of the last step compiled nothing
+        clock = WarmTime()  # only its warm calls: the compilation is the timer's
+        compiled = False  # whether the device call of the last step compiled
         steps = steps_fn(ids, settings, stats=stats)
         with contextlib.closing(steps):
             while not follow.stopped:
@@ -361,18 +361,16 @@ class DartModel:
                 kept, accepted = step
                 before = len(follow.ids)
                 piece = follow.feed(kept)
-                continued = getattr(step, "continued", False)  # the same call as the step before (device_steps)
+                continued = isinstance(step, Continued)  # the same device call as the step before
                 if not continued:
-                    call_warm = timer.last_seconds == 0
-                if call_warm:
-                    warm[0] += len(follow.ids) - before
-                    warm[1] += 0.0 if continued else timer.last_wall
+                    compiled = timer.last_seconds > 0
+                clock.moved(len(follow.ids) - before, timer.last_wall, compiled=compiled, same_call=continued)
                 yield piece, accepted
         rest = follow.finish()
         if rest:
             yield rest, 0
         result = self._finish(ids, follow, stats, timer.seconds, self._split(prompt, chat), wall_s=timer.wall,
-                              warm=tuple(warm))
+                              warm=(clock.tokens, clock.seconds))
         notice = length_notice(result, settings)
         if notice:
             warnings.warn(notice, stacklevel=4)
@@ -455,8 +453,7 @@ class DartModel:
                 raise ValueError(f"prompt {i} of the batch: {e}") from None
         follows = [self._follow(stop, stop_token_ids) for _ in prompts]
         timer = CompileTimer()
-        compiled = [0.0] * len(prompts)  # the compilation of a pool step counts for each sequence in it
-        warm = [[0, 0.0] for _ in prompts]  # per sequence: tokens and seconds of its steps that compiled nothing
+        clocks = [WarmTime() for _ in prompts]  # the compilation of a pool step counts for each sequence in it
         batcher = self.batcher(slots, max(s.max_length for s in settings), method)
         try:
             requests = []
@@ -470,21 +467,18 @@ class DartModel:
                 with timer:
                     moved = batcher.step()
                 if timer.seconds > before:
-                    for request in {r for r, _, _ in moved} | {r for r in batcher.busy if r is not None}:
-                        compiled[request.index] += timer.seconds - before
-                timed = set()  # a call may move a request by several steps (device_steps): its time counts once
-                for request, kept, _ in moved:
+                    for request in {e.request for e in moved} | {r for r in batcher.busy if r is not None}:
+                        clocks[request.index].waited(timer.seconds - before)
+                for event in moved:
+                    request = event.request
                     follow = follows[request.index]
                     count = len(follow.ids)
-                    follow.feed(kept)
-                    if timer.last_seconds == 0:
-                        warm[request.index][0] += len(follow.ids) - count
-                        if request.index not in timed:
-                            warm[request.index][1] += timer.last_wall
-                            timed.add(request.index)
+                    follow.feed(event.ids)
+                    clocks[request.index].moved(len(follow.ids) - count, timer.last_wall,
+                                                compiled=timer.last_seconds > 0, same_call=event.same_call)
                     if follow.stopped:
                         batcher.cancel(request)
-                finished = len({request.index for request, _, _ in moved if request.done})
+                finished = len({e.request.index for e in moved if e.request.done})
                 if on_done is not None and finished:
                     on_done(finished)
         finally:
@@ -492,8 +486,9 @@ class DartModel:
         results = []
         for prompt, p, r, follow, s in zip(prompts, ids, requests, follows, settings):
             follow.finish()
-            result = self._finish(p, follow, r.stats, compiled[r.index], self._split(prompt, chat), r.finish_reason,
-                                  warm=tuple(warm[r.index]))
+            clock = clocks[r.index]
+            result = self._finish(p, follow, r.stats, clock.compile_s, self._split(prompt, chat), r.finish_reason,
+                                  warm=(clock.tokens, clock.seconds))
             notice = length_notice(result, s)
             if notice:
                 warnings.warn(f"prompt {r.index} of the batch: {notice}", stacklevel=3)

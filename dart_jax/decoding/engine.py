@@ -356,9 +356,7 @@ def _pinned(fn, mesh):
 
 class Continued(tuple):
     """(new ids, accepted length) of a step that came from the same device call as the step before
-    it (an engine with `device_steps`): its time was the first step's."""
-
-    continued = True
+    it (an engine with `device_steps`; a `StepEvent` with `same_call`): its time was the first step's."""
 
 
 class Engine:
