@@ -37,8 +37,10 @@ from .data import Dataset, encode_dataset, load_tokenizer, read_conversations
 from .eagle3 import eagle3_loss, new_eagle3_head, save_eagle3_head
 from .loop import Trainer, batches_per_epoch, data_mesh, head_config_for, save_npz_atomic, set_vocab, train_loop, \
     write_json_atomic
+from .profile import profile, table as profile_table
 from .regenerate import Regenerator
 from .settings import TrainSettings
+from .taps import TapsCache, build_cache, choose_mode, state_width, target_identity
 from .vocab import build_draft_vocab, used_from_d2t
 
 # what a run folder holds that was derived from its inputs (rebuilt when they change before training began)
@@ -116,6 +118,21 @@ class _DropBars:
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
+
+
+def open_taps(args, out: Path, data: Dataset, target, settings: TrainSettings, mesh, pad_id: int, progress: bool,
+              needed: bool) -> TapsCache | None:
+    """The taps cache of this run (built or completed first) when --taps picks it, else None."""
+    folder = Path(args.taps_dir) if args.taps_dir else out / "taps"
+    mode, why = choose_mode(args.taps, data, state_width(target.config), args.taps_dtype, folder, settings.epochs)
+    if mode == "online" or not needed:
+        print(f"taps: online ({why})" if needed else "taps: nothing left to train", file=sys.stderr)
+        return None
+    print(f"taps: {why} in {folder}", file=sys.stderr)
+    return build_cache(folder, data, target, target_identity(target, args.base), dtype=args.taps_dtype,
+                       batch_size=settings.batch_size, max_length=settings.max_length, mesh=mesh, pad_id=pad_id,
+                       shard_bytes=int(args.taps_shard_mb * 2**20), progress=progress,
+                       log=lambda line: print(line, file=sys.stderr))
 
 
 def run(args) -> Path:
@@ -210,9 +227,16 @@ def run(args) -> Path:
         end = total if args.stop_after is None else min(total, args.stop_after)
         print(f"{len(data)} samples, {per_epoch} batches/epoch, {total} micro-batches, draft vocab {len(used)}, "
               f"{n_dev} device(s) ({jax.default_backend()})", file=sys.stderr)
+        taps = open_taps(args, out, data, target, settings, mesh, pad_id, progress, start < end or args.profile is not None)
+        if args.profile:
+            report = profile(trainer, data, settings, start_step=start, steps=args.profile, pad_id=pad_id, taps=taps,
+                             mode="online" if taps is None else "cache")
+            print(profile_table(report))
+            write_json_atomic(Path(args.profile_json or out / "profile.json"), report)
+            return out
         train_loop(trainer, data, settings, checkpoints, start_step=start, end_step=end, save_every=args.save_every,
                    log_every=args.log_every, pad_id=pad_id, progress=progress,
-                   log=lambda line: print(line, file=sys.stderr), metrics_file=out / "metrics.json")
+                   log=lambda line: print(line, file=sys.stderr), metrics_file=out / "metrics.json", taps=taps)
     finally:
         checkpoints.close()
     if end < total:
