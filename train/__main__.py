@@ -15,7 +15,6 @@ if __name__ == "__main__" and cli_boundary(lambda: check_args(build_parser().par
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from dart_jax.errors import InputError
+from dart_jax.files import file_sha256
 from dart_jax.convert.target import target_folder
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target, save_dart_head
 from dart_jax.models.head import DartHead
@@ -54,15 +54,6 @@ def main(argv=None) -> int:
     check_args(args)
     run(args)
     return 0
-
-
-def file_digest(path: str | Path) -> str:
-    """sha256 of a file's bytes (what the run's data was made from)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def differences(previous: dict, recorded: dict) -> list[str]:
@@ -164,7 +155,7 @@ def run(args) -> Path:
                              f"{init.config.draft_length}")
         settings = dataclasses.replace(settings, draft_vocab=init.config.draft_vocab_size)
     recorded = {"settings": dataclasses.asdict(settings), "base": str(args.base), "data": str(Path(args.data).absolute()),
-                "data_sha256": file_digest(args.data), "init_head": args.init_head, "regenerate": args.regenerate}
+                "data_sha256": file_sha256(args.data), "init_head": args.init_head, "regenerate": args.regenerate}
     checkpoints = Checkpoints(out / "ckpt", args.keep_last)
     try:  # a failed run still closes its checkpoint manager
         if is_writer():  # one process writes the run's files (python -m dart_jax.launch: several)

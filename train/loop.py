@@ -6,6 +6,8 @@ Run layout under `--out`:
   vocab.npz     the draft vocabulary (`used` target ids)
   ckpt/<step>/  orbax checkpoints of (params, optimizer state) after `step` micro-batches
   head/         the exported head (reference layout: `save_dart_head`, or `eagle3.save_eagle3_head`)
+  taps/         the target's taps cache (`--taps cache`, train/taps.py; `--taps-dir` puts it elsewhere)
+  profile.json  what `--profile N` measured (train/profile.py)
 A micro-step index fixes the data position: epoch = step // batches_per_epoch, batch = the rest.
 """
 from __future__ import annotations

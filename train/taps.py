@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -38,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from dart_jax.errors import InputError, ResourceError
-from dart_jax.files import PREFIX, atomic_path
+from dart_jax.files import PREFIX, atomic_path, file_sha256
 
 from .data import Dataset, pad_length
 from .loop import target_states
@@ -91,14 +90,6 @@ def plan_shards(data: Dataset, row_bytes: int, shard_bytes: int) -> list[dict]:
     return shards
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def choose_mode(mode: str, data: Dataset, width: int, dtype: str, folder: Path, epochs: int) -> tuple[str, str]:
     """(the mode to run, why): `auto` caches when there is more than one epoch, one process, and
     the cache takes at most AUTO_DISK_SHARE of the free space of the disk it goes to."""
@@ -127,11 +118,15 @@ def choose_mode(mode: str, data: Dataset, width: int, dtype: str, folder: Path, 
 
 
 class TapsCache:
-    """A finished cache: its shards memory-mapped, rows fetched per sample."""
+    """A finished cache: its shards memory-mapped, rows fetched per sample and returned in
+    `out_dtype` (default the stored dtype). Rows are widened on the host, not in the jitted step:
+    XLA:CPU moves a bfloat16 → float32 conversion into the head's matmuls, which then run in
+    bfloat16, its slow path."""
 
-    def __init__(self, folder: Path, manifest: dict):
+    def __init__(self, folder: Path, manifest: dict, out_dtype=None):
         self.folder, self.manifest = folder, manifest
         self.width, self.dtype = manifest["width"], DTYPES[manifest["dtype"]]
+        self.out_dtype = np.dtype(out_dtype or self.dtype)
         self.maps, self.where = [], {}
         for n, shard in enumerate(manifest["shards"]):
             rows = np.memmap(folder / shard["file"], dtype=np.uint16 if self.dtype is ml_dtypes.bfloat16 else self.dtype,
@@ -143,9 +138,9 @@ class TapsCache:
                 offset += length
 
     def states(self, samples: np.ndarray, batch_size: int, t: int) -> np.ndarray:
-        """[batch_size, t, width] in the cache's dtype: the rows of `samples` (row order), zeros past
-        each sample's end and in rows beyond len(samples) (positions the loss never reads)."""
-        out = np.zeros((batch_size, t, self.width), self.dtype)
+        """[batch_size, t, width] in `out_dtype`: the rows of `samples` (row order), zeros past each
+        sample's end and in rows beyond len(samples) (positions the loss never reads)."""
+        out = np.zeros((batch_size, t, self.width), self.out_dtype)
         for row, i in enumerate(samples):
             n, offset, length = self.where[int(i)]
             out[row, :length] = self.maps[n][offset:offset + length]
@@ -202,7 +197,7 @@ def build_cache(folder: Path, data: Dataset, target, identity: dict, *, dtype: s
                 log: Callable[[str], None] = print) -> TapsCache:
     """Compute the taps of every sample (batches of `batch_size` consecutive samples, padded like
     the training batches) into `folder`, reusing the finished shards of an interrupted or earlier
-    pass with the same plan; returns the finished cache."""
+    pass with the same plan; returns the finished cache, its rows read in the target's dtype."""
     folder.mkdir(parents=True, exist_ok=True)
     _check_folder(folder)
     width = state_width(target.config)
@@ -240,4 +235,4 @@ def build_cache(folder: Path, data: Dataset, target, identity: dict, *, dtype: s
         shard["sha256"] = digest.hexdigest()
         _write_json(folder / MANIFEST, manifest)
     bar.close()
-    return TapsCache(folder, manifest)
+    return TapsCache(folder, manifest, np.dtype(target.dtype))
