@@ -68,23 +68,24 @@ def check_rows(cache, target, data):
         hidden, taps = target.forward_hidden(jnp.asarray(ids)[None], return_taps=True)
         want = np.concatenate([np.asarray(taps[0]), np.asarray(hidden[0])], axis=-1)
         got = cache.states(np.asarray([i]), 1, len(ids) + 3)[0]
-        np.testing.assert_allclose(got[:len(ids)], want, rtol=1e-5, atol=1e-5, err_msg=f"sample {i}")
+        np.testing.assert_allclose(got[:len(ids)], want, rtol=1e-4, atol=1e-4, err_msg=f"sample {i}")
         assert not got[len(ids):].any()
 
 
 def test_cache_holds_the_targets_taps_and_rebuilds_what_is_damaged_or_stale(base, tmp_path):
     target = load_target(base, dtype="float32")
     identity, logs = target_identity(target, str(base)), []
-    data = dataset(base, 7, seed=0)
+    data = dataset(base, 12, seed=0)
     folder = tmp_path / "taps"
 
     def build(data):
         return build_cache(folder, data, target, identity, dtype="float32", batch_size=2, max_length=48,
-                           mesh=data_mesh(), pad_id=0, shard_bytes=40 * 128 * 4, progress=False, log=logs.append)
+                           mesh=data_mesh(), pad_id=0, shard_bytes=64 * 128 * 4, progress=False, log=logs.append)
 
     cache = build(data)
     shards = cache.manifest["shards"]
     assert len(shards) >= 3 and sum(s["count"] for s in shards) == len(data)
+    assert any(s["count"] >= 2 for s in shards)  # rows of several samples one after the other
     check_rows(cache, target, data)
     stats = {s["file"]: (folder / s["file"]).stat().st_mtime_ns for s in shards}
 
