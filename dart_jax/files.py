@@ -17,6 +17,7 @@ imports nothing of dart_jax but the errors, nor jax.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -28,6 +29,15 @@ from typing import Iterable, Iterator
 from dart_jax.errors import InputError, MissingFileError
 
 PREFIX = ".dart-jax-trie-"  # atomic_path's temporary files and scratch_dir's folders
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in blocks (a checksum to compare with a recorded one)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # -- leftovers of killed writers -------------------------------------------------------------------

@@ -15,7 +15,6 @@ if __name__ == "__main__" and cli_boundary(lambda: check_args(build_parser().par
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from dart_jax.errors import FileFormatError, InputError, read_json
+from dart_jax.files import file_sha256
 from dart_jax.convert.target import target_folder
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target, save_dart_head
 from dart_jax.models.head import DartHead
@@ -37,8 +37,10 @@ from .data import Dataset, encode_dataset, load_tokenizer, read_conversations
 from .eagle3 import eagle3_loss, new_eagle3_head, save_eagle3_head
 from .loop import Trainer, batches_per_epoch, data_mesh, head_config_for, save_npz_atomic, set_vocab, train_loop, \
     write_json_atomic
+from .profile import profile, table as profile_table
 from .regenerate import Regenerator
 from .settings import TrainSettings
+from .taps import TapsCache, build_cache, choose_mode, state_width, target_identity
 from .vocab import build_draft_vocab, used_from_d2t
 
 # what a run folder holds that was derived from its inputs (rebuilt when they change before training began)
@@ -52,15 +54,6 @@ def main(argv=None) -> int:
     check_args(args)
     run(args)
     return 0
-
-
-def file_digest(path: str | Path) -> str:
-    """sha256 of a file's bytes (what the run's data was made from)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def differences(previous: dict, recorded: dict) -> list[str]:
@@ -120,6 +113,21 @@ class _DropBars:
         return getattr(self.stream, name)
 
 
+def open_taps(args, out: Path, data: Dataset, target, settings: TrainSettings, mesh, pad_id: int, progress: bool,
+              needed: bool) -> TapsCache | None:
+    """The taps cache of this run (built or completed first) when --taps picks it, else None."""
+    folder = Path(args.taps_dir) if args.taps_dir else out / "taps"
+    mode, why = choose_mode(args.taps, data, state_width(target.config), args.taps_dtype, folder, settings.epochs)
+    if mode == "online" or not needed:
+        print(f"taps: online ({why})" if needed else "taps: nothing left to train", file=sys.stderr)
+        return None
+    print(f"taps: {why} in {folder}", file=sys.stderr)
+    return build_cache(folder, data, target, target_identity(target, args.base), dtype=args.taps_dtype,
+                       batch_size=settings.batch_size, max_length=settings.max_length, mesh=mesh, pad_id=pad_id,
+                       shard_bytes=int(args.taps_shard_mb * 2**20), progress=progress,
+                       log=lambda line: print(line, file=sys.stderr))
+
+
 def run(args) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,7 +157,7 @@ def run(args) -> Path:
                              f"{init.config.draft_length}")
         settings = dataclasses.replace(settings, draft_vocab=init.config.draft_vocab_size)
     recorded = {"settings": dataclasses.asdict(settings), "base": str(args.base), "data": str(Path(args.data).absolute()),
-                "data_sha256": file_digest(args.data), "init_head": args.init_head, "regenerate": args.regenerate}
+                "data_sha256": file_sha256(args.data), "init_head": args.init_head, "regenerate": args.regenerate}
     checkpoints = Checkpoints(out / "ckpt", args.keep_last)
     try:  # a failed run still closes its checkpoint manager
         if is_writer():  # one process writes the run's files (python -m dart_jax.launch: several)
@@ -212,9 +220,16 @@ def run(args) -> Path:
         end = total if args.stop_after is None else min(total, args.stop_after)
         print(f"{len(data)} samples, {per_epoch} batches/epoch, {total} micro-batches, draft vocab {len(used)}, "
               f"{n_dev} device(s) ({jax.default_backend()})", file=sys.stderr)
+        taps = open_taps(args, out, data, target, settings, mesh, pad_id, progress, start < end or args.profile is not None)
+        if args.profile:
+            report = profile(trainer, data, settings, start_step=start, steps=args.profile, pad_id=pad_id, taps=taps,
+                             mode="online" if taps is None else "cache")
+            print(profile_table(report))
+            write_json_atomic(Path(args.profile_json or out / "profile.json"), report)
+            return out
         train_loop(trainer, data, settings, checkpoints, start_step=start, end_step=end, save_every=args.save_every,
                    log_every=args.log_every, pad_id=pad_id, progress=progress,
-                   log=lambda line: print(line, file=sys.stderr), metrics_file=out / "metrics.json")
+                   log=lambda line: print(line, file=sys.stderr), metrics_file=out / "metrics.json", taps=taps)
     finally:
         checkpoints.close()
     if end < total:

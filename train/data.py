@@ -8,6 +8,7 @@ Accepted lines (one JSON object each; blank lines are ignored):
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,13 @@ class Dataset:
                  loss_mask=np.concatenate(self.loss_mask) if self.ids else np.zeros(0, bool))
         os.replace(tmp, path)
 
+    def digest(self) -> str:
+        """sha256 of the token ids, sample by sample (what the target's taps depend on)."""
+        h = hashlib.sha256(np.asarray([len(x) for x in self.ids], np.int64).tobytes())
+        for x in self.ids:
+            h.update(np.ascontiguousarray(x, np.int32).tobytes())
+        return h.hexdigest()
+
     @classmethod
     def load(cls, path) -> "Dataset":
         with np.load(path, allow_pickle=False) as f:
@@ -196,6 +204,11 @@ def epoch_order(n: int, epoch: int, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
+def batch_samples(n: int, epoch: int, index: int, batch_size: int, seed: int) -> np.ndarray:
+    """The samples of batch `index` of `epoch`, in row order (fewer than batch_size in the last)."""
+    return epoch_order(n, epoch, seed)[index * batch_size:(index + 1) * batch_size]
+
+
 def pad_length(longest: int, max_length: int, multiple: int = 64) -> int:
     """Batches are padded to a multiple of `multiple` (at most max_length) to bound recompilation."""
     return int(min(max_length, -(-longest // multiple) * multiple))
@@ -205,7 +218,7 @@ def make_batch(data: Dataset, epoch: int, index: int, *, batch_size: int, anchor
                pad_id: int = 0) -> dict[str, np.ndarray]:
     """Batch `index` of `epoch`: ids int32[B,T], loss_mask bool[B,T], anchors int32[B,K],
     anchor_valid bool[B,K]. The last batch of an epoch is filled with empty rows (no anchors)."""
-    order = epoch_order(len(data), epoch, seed)[index * batch_size:(index + 1) * batch_size]
+    order = batch_samples(len(data), epoch, index, batch_size, seed)
     t = pad_length(max(len(data.ids[i]) for i in order), max_length)
     batch = {"ids": np.full((batch_size, t), pad_id, np.int32), "loss_mask": np.zeros((batch_size, t), bool),
              "anchors": np.zeros((batch_size, anchors), np.int32), "anchor_valid": np.zeros((batch_size, anchors), bool)}

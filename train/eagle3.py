@@ -32,7 +32,7 @@ from dart_jax.convert.eagle3 import Eagle3Config, tensor_table, write_eagle3_hea
 from dart_jax.models.eagle3 import Eagle3Head
 from dart_jax.models.layers import attention
 
-from .loop import teacher_logits
+from .loop import batch_states, teacher_logits
 
 
 def eagle3_config_for(target_config, draft_vocab: int, rope_theta: float) -> Eagle3Config:
@@ -124,8 +124,7 @@ def eagle3_loss(head: Eagle3Head, target, batch: dict, used: jax.Array, *, gamma
     Each step is rematerialised in the backward pass (`jax.checkpoint`): only its inputs are kept,
     not its [B,T,Vd] logits nor its [T,T] attention, so memory does not grow with the steps' size."""
     ids, loss_mask = batch["ids"], batch["loss_mask"]
-    hidden, taps = target.forward_hidden(ids, return_taps=True)  # [B,T,H], [B,T,3Ht]
-    hidden, taps = jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(taps)
+    hidden, taps = batch_states(target, batch)  # [B,T,H], [B,T,3Ht]
     teacher = teacher_logits(target, hidden, used)  # [B,T,Vd]: row p = the distribution of token p+1
     in_draft = jnp.zeros(target.config.vocab_size, bool).at[used].set(True)
     drafts_top = in_draft[jnp.argmax(target.lm_logits(hidden), axis=-1)]  # [B,T]

@@ -6,6 +6,8 @@ Run layout under `--out`:
   vocab.npz     the draft vocabulary (`used` target ids)
   ckpt/<step>/  orbax checkpoints of (params, optimizer state) after `step` micro-batches
   head/         the exported head (reference layout: `save_dart_head`, or `eagle3.save_eagle3_head`)
+  taps/         the target's taps cache (`--taps cache`, train/taps.py; `--taps-dir` puts it elsewhere)
+  profile.json  what `--profile N` measured (train/profile.py)
 A micro-step index fixes the data position: epoch = step // batches_per_epoch, batch = the rest.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +31,7 @@ from dart_jax.convert.dart_head import DartHeadConfig
 from dart_jax.models.head import TRAINABLE, DartHead
 from dart_jax.models.multihost import is_writer
 
-from .data import Dataset, batches_per_epoch, make_batch
+from .data import Dataset, batch_samples, batches_per_epoch, make_batch
 from .forward import shifted_ids, train_draft_logits
 from .loss import annealed_kl, expected_length, row_accuracy
 from .settings import TrainSettings
@@ -72,13 +75,29 @@ def teacher_logits(target, hidden_rows: jax.Array, used: jax.Array) -> jax.Array
     return jnp.einsum("...h,hv->...v", h, w, preferred_element_type=jnp.float32)
 
 
+def target_states(target, ids: jax.Array, dtype=None) -> jax.Array:
+    """The target's frozen forward over ids [B,T]: its three taps and its final hidden state side by
+    side, [B,T,3H+H] (what the head and the teacher read; what a taps cache stores), in `dtype`."""
+    hidden, taps = target.forward_hidden(ids, return_taps=True)  # [B,T,H], [B,T,3H]
+    states = jax.lax.stop_gradient(jnp.concatenate([taps, hidden], axis=-1))
+    return states if dtype is None else states.astype(dtype)
+
+
+def batch_states(target, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """(hidden [B,T,H], taps [B,T,3H]) of a batch: read from its "states" when a taps cache (or a
+    separate call of `target_states`) supplied them, else the target's forward runs here."""
+    states = batch["states"] if "states" in batch else target_states(target, batch["ids"])
+    states = states.astype(target.dtype)
+    h = target.config.hidden_size
+    return states[..., 3 * h:], states[..., :3 * h]
+
+
 def batch_loss(head: DartHead, target, batch: dict, used: jax.Array, gamma: float):
-    """Loss and metric sums of one batch; the target supplies the taps and the teacher."""
+    """Loss and metric sums of one batch; the target supplies the taps (or the batch holds them) and the teacher."""
     ids, anchors = batch["ids"], batch["anchors"]
     b, t = ids.shape
     d = head.config.num_rows
-    hidden, taps = target.forward_hidden(ids, return_taps=True)  # [B,T,H], [B,T,3H]
-    taps, hidden = jax.lax.stop_gradient(taps), jax.lax.stop_gradient(hidden)
+    hidden, taps = batch_states(target, batch)  # [B,T,H], [B,T,3H]
     # row r of anchor a predicts the token at a+2+r from the target's distribution at a+1+r
     goal = anchors[..., None] + 2 + jnp.arange(d)  # [B,K,d]
     inside = goal < t
@@ -112,19 +131,32 @@ class Trainer:
         used = self.used
         head_graph, head_rest, optimizer = self.head_graph, self.head_rest, self.optimizer
 
-        def step(params, opt_state, target_state, batch):
-            def loss_of(p):
-                head = nnx.merge(head_graph, p, head_rest)
-                return loss_fn(head, nnx.merge(target_graph, target_state), batch, used)
+        def loss_of(params, target_state, batch):
+            head = nnx.merge(head_graph, params, head_rest)
+            return loss_fn(head, nnx.merge(target_graph, target_state), batch, used)
 
-            (loss, sums), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+        grads_of = jax.value_and_grad(loss_of, has_aux=True)
+
+        def update(params, opt_state, grads):
             updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss, sums
+            return optax.apply_updates(params, updates), opt_state
+
+        def step(params, opt_state, target_state, batch):
+            (loss, sums), grads = grads_of(params, target_state, batch)
+            return *update(params, opt_state, grads), loss, sums
 
         self._step = jax.jit(step, donate_argnums=(0, 1))
+        # the step's three parts, jitted apart for the profile (train/profile.py)
+        self.states = jax.jit(lambda target_state, ids: target_states(nnx.merge(target_graph, target_state), ids))
+        self.grads = jax.jit(grads_of)
+        self.update = jax.jit(update, donate_argnums=(0, 1))
+
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """The batch on the devices, split over the mesh's data axis."""
+        return {k: jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
 
     def step(self, batch: dict[str, np.ndarray]):
-        batch = {k: jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
+        batch = self.put(batch)
         self.params, self.opt_state, loss, sums = self._step(self.params, self.opt_state, self.target_state, batch)
         return loss, sums
 
@@ -147,27 +179,29 @@ def data_mesh() -> Mesh:
 
 def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpoints, *, start_step: int,
                end_step: int | None = None, save_every: int, log_every: int = 50, pad_id: int,
-               progress: bool = True, log=print, metrics_file: Path | None = None) -> dict:
+               progress: bool = True, log=print, metrics_file: Path | None = None, taps=None) -> dict:
     """Run micro-steps start_step … end_step (default: all epochs), checkpointing every `save_every`
     and at the end. Metrics are averaged over windows of `log_every` micro-steps and logged as JSON
-    lines; returns those of the last window, which also go to `metrics_file` (atomically) with
-    every checkpoint, so that a resumed run finds the figures of the state it resumes from."""
+    lines (with the window's real tokens per second, checkpoint saves included); returns those of
+    the last window, which also go to `metrics_file` (atomically) with every checkpoint, so that a
+    resumed run finds the figures of the state it resumes from. `taps` (a `train.taps.TapsCache`)
+    supplies the target's taps instead of its forward."""
     per_epoch = batches_per_epoch(len(data), settings.batch_size)
     total = settings.epochs * per_epoch
     end_step = total if end_step is None else end_step
     window = {"loss": [], "kl": 0.0, "correct": 0.0, "count": 0.0}
     bar = tqdm(total=end_step, initial=start_step, desc="train", disable=not progress, dynamic_ncols=True)
     metrics = {}
+    tokens, started = 0, time.perf_counter()
     for step in range(start_step, end_step):
-        epoch, index = divmod(step, per_epoch)
-        batch = make_batch(data, epoch, index, batch_size=settings.batch_size, anchors=settings.anchors_per_seq,
-                           max_length=settings.max_length, seed=settings.seed, pad_id=pad_id)
+        batch, n_tokens = load_batch(data, settings, step, pad_id, taps)
         loss, sums = trainer.step(batch)
+        tokens += n_tokens
         window["loss"].append(float(loss))
         for key in ("kl", "correct", "count"):
             window[key] = window[key] + np.asarray(sums[key], np.float64)
         alpha = row_accuracy(window["correct"], window["count"])
-        metrics = {"step": step + 1, "epoch": epoch, "loss": float(np.mean(window["loss"])),
+        metrics = {"step": step + 1, "epoch": step // per_epoch, "loss": float(np.mean(window["loss"])),
                    "alpha": [round(float(a), 4) for a in alpha], "tau_chain": expected_length(alpha),
                    "kl": [round(float(x), 4) for x in window["kl"] / np.maximum(window["count"], 1.0)]}
         bar.set_postfix(loss=f"{metrics['loss']:.4f}", a1=f"{alpha[0]:.3f}", tau=f"{metrics['tau_chain']:.2f}")
@@ -178,10 +212,25 @@ def train_loop(trainer: Trainer, data: Dataset, settings: TrainSettings, checkpo
             if metrics_file is not None:
                 write_json_atomic(metrics_file, metrics)
         if done % log_every == 0 or done == end_step:
-            log(json.dumps(metrics))
+            now = time.perf_counter()
+            log(json.dumps({**metrics, "tokens_per_s": round(tokens / (now - started), 1)}))
             window = {"loss": [], "kl": 0.0, "correct": 0.0, "count": 0.0}
+            tokens, started = 0, now
     bar.close()
     return metrics
+
+
+def load_batch(data: Dataset, settings: TrainSettings, step: int, pad_id: int, taps=None) \
+        -> tuple[dict[str, np.ndarray], int]:
+    """(micro-step `step`'s batch (`data.make_batch`), with its "states" read from the taps cache
+    when there is one; the number of its real tokens, padding left out)."""
+    epoch, index = divmod(step, batches_per_epoch(len(data), settings.batch_size))
+    batch = make_batch(data, epoch, index, batch_size=settings.batch_size, anchors=settings.anchors_per_seq,
+                       max_length=settings.max_length, seed=settings.seed, pad_id=pad_id)
+    samples = batch_samples(len(data), epoch, index, settings.batch_size, settings.seed)
+    if taps is not None:
+        batch["states"] = taps.states(samples, settings.batch_size, batch["ids"].shape[1])
+    return batch, int(sum(len(data.ids[i]) for i in samples))
 
 
 def write_json_atomic(path: Path, obj) -> None:

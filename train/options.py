@@ -61,6 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", metavar="SPEC", default=None,
                    help="devices: 'data=N' data parallel over N devices (default: all local devices), "
                         "'data=2,model=2' also shards the frozen target over 'model' (heads, MLP, vocabulary)")
+    p.add_argument("--taps", choices=("auto", "cache", "online"), default="auto",
+                   help="cache: a first pass stores the target's taps (its three hidden-state taps and final hidden "
+                        "state) for every sequence in --taps-dir and every step reads them instead of running the "
+                        "target (resumable, checksummed); online: the target runs every step (for data too big to "
+                        "cache); auto: cache when there are 2 or more epochs, one process, and the cache takes at "
+                        "most half the free disk space there, else online (the choice is printed)")
+    p.add_argument("--taps-dir", default=None, help="the taps cache's folder (default OUT/taps)")
+    p.add_argument("--taps-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="the cache's dtype (bfloat16 halves its size; the effect on the loss is in README)")
+    p.add_argument("--taps-shard-mb", type=float, default=256.0,
+                   help="size of one cache file: a killed cache pass resumes from the last finished one")
+    p.add_argument("--profile", type=int, default=None, metavar="N",
+                   help="time N training steps split into data loading, host work, the target's forward, the "
+                        "head's forward+backward and the optimizer (separately jitted pieces, each timed with "
+                        "block_until_ready; the fused step is timed too), print the table, write it as JSON to "
+                        "--profile-json and stop (no checkpoint is saved)")
+    p.add_argument("--profile-json", default=None, help="where --profile writes its JSON (default OUT/profile.json)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     return p
 
@@ -82,6 +99,10 @@ def check_args(args) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.stop_after is not None and args.stop_after < 1:
         raise InputError(f"--stop-after must be >= 1 (micro-batches), got {args.stop_after}.")
+    if args.profile is not None and args.profile < 1:
+        raise InputError(f"--profile must be >= 1 (steps to time), got {args.profile}.")
+    if not (math.isfinite(args.taps_shard_mb) and args.taps_shard_mb > 0):
+        raise InputError(f"--taps-shard-mb must be a finite number > 0, got {args.taps_shard_mb}.")
     if args.draft_vocab is not None and args.draft_vocab < 1:
         raise InputError(f"--draft-vocab must be >= 1, got {args.draft_vocab}.")
     if not (math.isfinite(args.regen_temperature) and args.regen_temperature >= 0):
