@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dart_jax.api.model import DartModel
+from dart_jax.api.generate import load_model
 from dart_jax.api.options import parse_args
 from dart_jax.bench.tiny import make_tiny_setup
 from dart_jax.decoding.engine import Stats
@@ -117,11 +118,25 @@ def test_options_override_the_backend_defaults(tiny, monkeypatch):
         DartModel.from_pretrained(base, head, trie, keep="auto", device_steps=4)
 
 
-def test_the_cli_leaves_unset_options_to_the_backend():
-    args = parse_args([])
-    assert (args.keep, args.device_steps, args.verify_gemms, args.attention, args.fused_projections) == \
-        (None, None, None, None, "auto")
-    assert parse_args(["--fused-projections", "off", "--device-steps", "0"]).fused_projections == "off"
+def test_the_cli_leaves_unset_options_to_the_backend(monkeypatch):
+    """generate's flags reach from_pretrained only where given (else None: the backend's default),
+    and the SmolLM2 demo keeps its 7-node tree on a CPU only."""
+    asked = []
+    monkeypatch.setattr(DartModel, "from_pretrained", lambda *a, **kw: asked.append(kw))
+    fake_backend(monkeypatch, "cpu")
+    load_model(parse_args(["--no-compile-cache"]))
+    load_model(parse_args(["--no-compile-cache", "--demo", "tiny"]))
+    load_model(parse_args(["--no-compile-cache", "--fused-projections", "off", "--device-steps", "0",
+                           "--keep", "12", "--verify-gemms", "xla", "--attention", "xla"]))
+    fake_backend(monkeypatch, "gpu")
+    load_model(parse_args(["--no-compile-cache"]))
+    smollm2_cpu, tiny_cpu, given, smollm2_gpu = asked
+    assert smollm2_cpu["keep"] == 7 and "device_steps" not in smollm2_cpu
+    assert smollm2_cpu["fused_projections"] is None and smollm2_cpu["eagle3_total_token"] == 8
+    assert not {"keep", "device_steps", "verify_gemms", "attention"} & set(tiny_cpu)
+    assert (given["keep"], given["device_steps"], given["fused_projections"], given["verify_gemms"],
+            given["attention"]) == (12, 0, False, "xla", "xla")
+    assert not {"keep", "device_steps", "eagle3_total_token"} & set(smollm2_gpu), smollm2_gpu
 
 
 def test_device_info_prints_the_backend_its_devices_and_its_defaults():

@@ -31,6 +31,7 @@ from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import InputError, MissingFileError, check_text
+from dart_jax.models import backend as backends
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.qwen3 import check_attention, check_verify_gemms
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
@@ -98,7 +99,7 @@ def demo_options(name: str, opts: dict[str, Any], folder: Path = DEMO_DIR) -> di
     DEMO_CPU_KEEP nodes unless a tree size (keep) or max_keep is given; its shipped EAGLE-3 head
     is loaded beside the DART head (method "eagle3") unless `opts` names one."""
     opts = dict(opts)
-    cpu = jax.default_backend() == "cpu"
+    cpu = backends.current_backend() == "cpu"
     auto = str(opts.get("keep", "auto")).strip().lower() == "auto"
     if name == "smollm2" and auto and opts.get("max_keep") is None and cpu:
         opts["keep"] = DEMO_CPU_KEEP
