@@ -114,6 +114,8 @@ def test_options_override_the_backend_defaults(tiny, monkeypatch):
     assert auto.engine.adaptive and auto.engine.device_steps == 0
     mesh = DartModel.from_pretrained(base, head, trie, min_bucket=64, mesh="model=1")
     assert mesh.engine.device_steps == 0 and not mesh.target.fused_projections
+    with pytest.raises(InputError, match="fused_projections .* one device"):
+        DartModel.from_pretrained(base, head, trie, mesh="model=1", fused_projections=True)
     with pytest.raises(InputError, match="device_steps.*not \"auto\""):
         DartModel.from_pretrained(base, head, trie, keep="auto", device_steps=4)
 

@@ -51,6 +51,9 @@ def backend_options(opts: dict[str, Any], tree: TreeSettings | None, mesh, **giv
     neither keep, max_keep nor a `tree` object gives one, those choices). The device loop needs a
     fixed tree size on one device: where "auto" or a mesh applies, its default is the host loop."""
     choices = defaults_for().override(**given)
+    if mesh is not None and given.get("fused_projections"):
+        raise InputError("fused_projections (--fused-projections on) lays a model out for one device, a mesh keeps "
+                         "the checkpoint's layout: drop one of them.")
     opts = dict(opts)
     if tree is None and "keep" not in opts and "max_keep" not in opts:
         opts["keep"] = choices.keep
