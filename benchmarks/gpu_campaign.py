@@ -430,8 +430,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / VERSION_FILE).write_text(CAMPAIGN_VERSION + "\n")
     info = subprocess.run([sys.executable, "-c", "import jax, flax, numba; print(jax.__version__, flax.__version__, "
-                           "numba.__version__, jax.devices()); from dart_jax.models.qwen3 import fused_projections_wanted; "
-                           "print('fused projections (the default layout here):', fused_projections_wanted())"],
+                           "numba.__version__, jax.devices()); from dart_jax.models.backend import defaults_for; "
+                           "print('the defaults here:', defaults_for())"],
                           capture_output=True, text=True)
     smi = shutil.which("nvidia-smi")
     gpu = subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.strip() if smi else "(no nvidia-smi)"

@@ -5,8 +5,6 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# the backend's own weight layout (qwen3.fused_projections_wanted); a test that wants another sets it
-os.environ.pop("DART_JAX_FUSED_PROJECTIONS", None)
 # The suite compiles hundreds of small programs and runs each on tiny shapes: less LLVM optimisation
 # makes compiling about a third faster (subprocesses inherit it); the results are the same.
 _FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"

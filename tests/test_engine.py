@@ -117,11 +117,11 @@ def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
         assert stats.steps == len(counts) and stats.new_tokens == len(dart)
 
 
-def test_fused_projections_keep_greedy_decoding_exact(tiny, monkeypatch):
+def test_fused_projections_keep_greedy_decoding_exact(tiny):
     """With the GPU's fused layout (forced here), DART (with a trie that makes long accepted runs,
     so trees of many nodes commit several keys a step) and plain decoding give transformers' tokens."""
-    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "1")
-    model = DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, min_bucket=64, keep=60)
+    model = DartModel.from_pretrained(tiny.base, tiny.head, tiny.trie_path, min_bucket=64, keep=60,
+                                      fused_projections=True)
     assert model.target.fused_projections
     engine = Engine(model.target, DartDrafter(model.head), cheating_trie(tiny), eos_ids=(EOS,), tree_eos_id=EOS,
                     tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64))

@@ -77,11 +77,10 @@ def test_llama_logits_and_taps_match_transformers(tmp_path, variant):
     np.testing.assert_allclose(np.asarray(taps), expected, atol=1e-4, rtol=0)
 
 
-def test_llama_with_biases_fused_matches_transformers(tmp_path, monkeypatch):
+def test_llama_with_biases_fused_matches_transformers(tmp_path):
     """The fused q/k/v kernel (a GPU's default layout, forced here) carries the attention biases too."""
-    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "1")
     folder = make_tiny_llama(tmp_path / "llama", seed=4, attention_bias=True)
-    ours = load_target(folder, dtype=jnp.float32)
+    ours = load_target(folder, dtype=jnp.float32, fused_projections=True)
     assert ours.fused_projections and ours.layers[0].self_attn.qkv_proj.bias is not None
     ids = np.random.default_rng(2).integers(0, 256, (2, 33))
     np.testing.assert_allclose(np.asarray(ours(jnp.asarray(ids))), logits_hf(folder, ids), atol=1e-4, rtol=0)

@@ -17,12 +17,13 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from dart_jax.api.model import DartModel
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
 from dart_jax.convert.qwen3 import load_qwen3_config
+from dart_jax.models import backend
 from dart_jax.models.checkpoints import load_qwen3
 from dart_jax.convert.safetensors_io import read_tensors, write_tensors
 from dart_jax.convert.qwen3 import Qwen3Config
 from dart_jax.errors import InputError
 from dart_jax.models.qwen3 import (KVCache, check_attention, cudnn_device_problem, default_dtype,
-                                   fused_projections_wanted, init_cache, verify_compiler_options, write_cache)
+                                   init_cache, verify_compiler_options, write_cache)
 from dart_jax.models.sharding import DEFAULT_RULES, logical_to_spec, shard_cache, shard_module
 
 CONFIGS = {
@@ -137,12 +138,11 @@ def test_cpu_loader_gives_tied_models_a_transposed_lm_head(full_runs):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_fused_projections_match_transformers(ckpts, name, monkeypatch):
-    """$DART_JAX_FUSED_PROJECTIONS=1 (a GPU's default layout) gives each layer one q/k/v kernel and one
+def test_fused_projections_match_transformers(ckpts, name):
+    """fused_projections=True (a GPU's default layout) gives each layer one q/k/v kernel and one
     gate/up kernel in place of the separate ones; a plain forward, a cached prefill and a chain
     verified against the cache all give transformers' logits."""
-    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "1")
-    model = load_qwen3(ckpts[name], dtype=jnp.float32)
+    model = load_qwen3(ckpts[name], dtype=jnp.float32, fused_projections=True)
     cfg = model.config
     assert model.fused_projections
     names = {".".join(map(str, path)) for path, _ in nnx.iter_graph(model)}
@@ -272,18 +272,16 @@ def test_verify_gemms_switch():
         verify_compiler_options(61, "gpu", choice="triton")
 
 
-def test_fused_projections_switch(ckpts, monkeypatch):
-    """Unset: fused on a GPU only; "0": never; anything else is refused, naming the variable, before
-    any weight is read."""
-    monkeypatch.delenv("DART_JAX_FUSED_PROJECTIONS", raising=False)
-    assert fused_projections_wanted("gpu") and not fused_projections_wanted("cpu")
-    assert not fused_projections_wanted("tpu")
-    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "0")
-    assert not fused_projections_wanted("gpu")
-    assert not load_qwen3(next(iter(ckpts.values())), dtype=jnp.float32).fused_projections
-    monkeypatch.setenv("DART_JAX_FUSED_PROJECTIONS", "yes")
-    with pytest.raises(ValueError, match="DART_JAX_FUSED_PROJECTIONS must be 0 or 1"):
-        load_qwen3(next(iter(ckpts.values())), dtype=jnp.float32)
+def test_fused_projections_option_overrides_the_backend_default(ckpts, monkeypatch):
+    """The loader fuses the projections where the backend's defaults say so (here a faked GPU), and
+    fused_projections=False / True overrides that either way."""
+    path = next(iter(ckpts.values()))
+    monkeypatch.setattr(backend, "current_backend", lambda: "gpu")
+    assert load_qwen3(path, dtype=jnp.float32).fused_projections
+    assert not load_qwen3(path, dtype=jnp.float32, fused_projections=False).fused_projections
+    monkeypatch.setattr(backend, "current_backend", lambda: "cpu")
+    assert not load_qwen3(path, dtype=jnp.float32).fused_projections
+    assert load_qwen3(path, dtype=jnp.float32, fused_projections=True).fused_projections
 
 
 PREFILL, CACHE_SLOTS = 24, 64

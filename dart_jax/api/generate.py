@@ -12,17 +12,20 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import jax
 from tqdm.auto import tqdm
 
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import InputError, MissingFileError, check_text, cli_boundary, read_json
+from dart_jax.models.backend import defaults_for
 from dart_jax.models.multihost import is_writer
 
 from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
 from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
-from .options import DEFAULT_BATCH_SIZE, HelpFormatter, add_model_options, parse_args, tree_size  # noqa: F401 (importable here)
-from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths, length_notice
+from .options import DEFAULT_BATCH_SIZE, FUSED_CHOICES, HelpFormatter, add_model_options, parse_args, tree_size  # noqa: F401 (importable here)
+from .model import (DEMO_CPU_KEEP, DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths,
+                    length_notice)
 
 DEMO = DEMO_DIR
 # a held-out prompt of each demo (not in its head's training data nor in its trie)
@@ -41,19 +44,17 @@ def load_model(args) -> DartModel:
     Turns on the persistent compilation cache first, unless --no-compile-cache."""
     if not getattr(args, "no_compile_cache", True):
         use_compile_cache()
-    opts = dict(keep=args.keep, **({"max_keep": args.max_keep} if args.max_keep is not None else {}), beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
+    opts = dict(beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
                 enable_thinking=args.thinking, system_prompt=getattr(args, "system", None))
+    # options left unset take the backend's defaults (from_pretrained, `models.backend.defaults_for`)
+    opts.update({k: getattr(args, k) for k in ("keep", "max_keep", "device_steps", "verify_gemms", "attention")
+                 if getattr(args, k, None) is not None})
+    opts["fused_projections"] = FUSED_CHOICES[getattr(args, "fused_projections", "auto")]
     # EAGLE-3 tree sizes given on the command line (else the defaults of from_pretrained or the demo's)
     opts.update({k: getattr(args, k) for k in ("eagle3_total_token", "eagle3_depth", "eagle3_top_k")
                  if getattr(args, k, None) is not None})
     if getattr(args, "eagle3", None):
         opts["eagle3"] = args.eagle3
-    if getattr(args, "device_steps", 0):
-        opts["device_steps"] = args.device_steps
-    if getattr(args, "verify_gemms", "auto") != "auto":
-        opts["verify_gemms"] = args.verify_gemms
-    if getattr(args, "attention", "xla") != "xla":
-        opts["attention"] = args.attention
     if args.ckpt is None:
         base, head, trie = _demo_paths(getattr(args, "demo", "smollm2"))
         opts = demo_options(getattr(args, "demo", "smollm2"), opts)
@@ -429,10 +430,45 @@ def chat_loop(args, inp=None, out=None) -> list[dict]:
     return history
 
 
+# where each backend default is overridden: (BackendDefaults field, the command's flag)
+_BACKEND_FLAGS = (("device_steps", "--device-steps"), ("keep", "--keep"), ("attention", "--attention"),
+                  ("verify_gemms", "--verify-gemms"), ("fused_projections", "--fused-projections"),
+                  ("untied_lm_head", "DartModel.from_pretrained(untied_lm_head=)"))
+
+
+def device_info() -> str:
+    """--device-info: the backend, its devices (kind, count, memory where JAX reports it) and the
+    defaults `from_pretrained` takes there (`models.backend.defaults_for`)."""
+    devices = jax.devices()
+    kinds: dict[str, int] = {}
+    for device in devices:
+        kinds[device.device_kind] = kinds.get(device.device_kind, 0) + 1
+    lines = [f"backend: {jax.default_backend()}",
+             "devices: " + ", ".join(f"{n} x {kind}" for kind, n in kinds.items())]
+    for device in devices:
+        stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+        limit = (stats or {}).get("bytes_limit")
+        memory = f"{limit / 2**30:.1f} GiB" if limit else "not reported by JAX on this backend"
+        lines.append(f"  {device.id}: {device.device_kind}, memory {memory}")
+    defaults = defaults_for(jax.default_backend())
+    lines.append(f"defaults on {defaults.backend} (each overridden by its option):")
+    for field, flag in _BACKEND_FLAGS:
+        value = getattr(defaults, field)
+        if field == "device_steps" and value:
+            value = f"{value} (0 where keep is 'auto' or --mesh is given)"
+        if field == "keep" and value == "auto":
+            value = f"auto (the SmolLM2 demo: {DEMO_CPU_KEEP})"
+        lines.append(f"  {field}: {value}  [{flag}]")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
 
     def body() -> None:
+        if args.device_info:
+            print(device_info())
+            return
         folder = None if args.no_compile_cache else default_cache_dir()
         with warnings.catch_warnings(), CompileNotice(cache=folder):
             # the command prints its own note when max_length cuts an answer short

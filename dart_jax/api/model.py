@@ -31,6 +31,7 @@ from dart_jax.decoding.engine import Continued, Engine
 from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import InputError, MissingFileError, check_text
+from dart_jax.models import backend as backends
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.qwen3 import check_attention, check_dtype, check_verify_gemms
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
@@ -47,7 +48,7 @@ from .resolution import (BASE_PATTERNS, DEFAULT_NGRAM, PUBLISHED_PAIRS, _convert
                          load_trie, published_base)
 from .results import (GenerationResult, _check_ids, _finish_reason, check_prompt_kind, figures, is_batch,  # noqa: F401
                       length_notice)
-from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, check_tree_size,  # noqa: F401
+from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, backend_options, check_tree_size,  # noqa: F401
                        fit_tree, reference_names, split_options)
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"  # the embedded demo: base/, head/, ngram.trie
@@ -98,7 +99,7 @@ def demo_options(name: str, opts: dict[str, Any], folder: Path = DEMO_DIR) -> di
     DEMO_CPU_KEEP nodes unless a tree size (keep) or max_keep is given; its shipped EAGLE-3 head
     is loaded beside the DART head (method "eagle3") unless `opts` names one."""
     opts = dict(opts)
-    cpu = jax.default_backend() == "cpu"
+    cpu = backends.current_backend() == "cpu"
     auto = str(opts.get("keep", "auto")).strip().lower() == "auto"
     if name == "smollm2" and auto and opts.get("max_keep") is None and cpu:
         opts["keep"] = DEMO_CPU_KEEP
@@ -149,20 +150,28 @@ class DartModel:
                         tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
                         chat: ChatSettings | None = None, trie_cache_dir: str | os.PathLike | None = None,
                         eagle3=None, eagle3_total_token: int = 60, eagle3_depth: int = EAGLE3_DEPTH,
-                        eagle3_top_k: int = 10, device_steps: int = 0, verify_gemms: str = "auto",
-                        attention: str = "xla", **opts) -> "DartModel":
+                        eagle3_top_k: int = 10, device_steps: int | None = None, verify_gemms: str | None = None,
+                        attention: str | None = None, fused_projections: bool | None = None,
+                        untied_lm_head: bool | None = None, **opts) -> "DartModel":
         """Load base (Qwen3), DART head and n-gram trie (hub ids or local paths), and with
         `eagle3` (hub id or folder of an EAGLE-3 head in the published layout) EAGLE-3 beside
         DART over the same target; its tree: `eagle3_total_token` nodes (root included),
         `eagle3_depth` draft steps, `eagle3_top_k` children per expanded node (the reference's
         defaults 60, 7, 10). `generate(..., method="eagle3")` then drafts with it.
+        The backend choices below are None by default: the backend's (`models.backend.defaults_for`;
+        on a GPU or TPU the device loop of 32 steps over a fixed 60-node tree and fused projections,
+        on a CPU the host loop with keep "auto" and an untied LM head); a value given overrides it.
         `device_steps` N > 0: DART runs N steps per device call, its trees searched on the device
-        (the same trees as the host's search; needs a fixed `keep`, no mesh; see the README).
+        (the same trees as the host's search; needs a fixed `keep`, no mesh; see the README); 0: the
+        host loop (the default where keep is "auto" or a mesh is given).
         `verify_gemms` ("auto", "xla", "cublas"): which GEMMs a GPU compiles the verification with
         (`qwen3.verify_compiler_options`; "auto": cuBLAS for trees of 32 rows or more).
         `attention` ("xla", "cudnn", "pallas"): how the target attends over its cache, plain decoding
         included (`Qwen3.use_attention`; "cudnn": cuDNN's fused kernel, a bfloat16 model on an NVIDIA
         GPU; "pallas": our Pallas kernel, on one device, in Pallas' slow interpret mode on a CPU).
+        `fused_projections`: each layer's q/k/v and gate/up kernels fused into one matmul each
+        (`Qwen3.fuse_projections`; one device only). `untied_lm_head`: a tied embedding copied into an
+        [H, V] LM head (`Qwen3.untie_lm_head`).
 
         base=None resolves the base of a published head. ngram=None takes DEFAULT_NGRAM;
         ngram=False (or "none") searches with the head's logits only. `small_ngram` picks
@@ -177,8 +186,11 @@ class DartModel:
         """
         base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
         check_dtype(dtype)
-        check_verify_gemms(verify_gemms)  # before any file is read
-        check_attention(attention, dtype, mesh)
+        opts, backend = backend_options(opts, tree, mesh, device_steps=device_steps, verify_gemms=verify_gemms,
+                                        attention=attention, fused_projections=fused_projections,
+                                        untied_lm_head=untied_lm_head)
+        check_verify_gemms(backend.verify_gemms)  # before any file is read
+        check_attention(backend.attention, dtype, mesh)
         opts, adaptive = adaptive_keep(opts, tree)
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         if dart is None:
@@ -223,14 +235,15 @@ class DartModel:
         if len(tokenizer) > target_config.vocab_size:
             raise ValueError(f"the tokenizer in {base_folder} has {len(tokenizer)} tokens but the model's vocab_size is "
                              f"{target_config.vocab_size}: tokenizer and weights do not belong together.")
-        target = load_target(base_folder, dtype=dtype, mesh=mesh)
+        target = load_target(base_folder, dtype=dtype, mesh=mesh, fused_projections=backend.fused_projections,
+                             untied_lm_head=backend.untied_lm_head)
         head = load_dart_head(head_dir, target, dtype=dtype, mesh=mesh)
         if eagle3 is not None:
             eagle3_opts["eagle3"] = load_eagle3_head(eagle3_dir, target, dtype=dtype, mesh=mesh)
         return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids,
                                                                  target_config.vocab_size),
-                   mesh=mesh, adaptive=adaptive, device_steps=device_steps, verify_gemms=verify_gemms,
-                   attention=attention, **groups, **eagle3_opts)
+                   mesh=mesh, adaptive=adaptive, device_steps=backend.device_steps, verify_gemms=backend.verify_gemms,
+                   attention=backend.attention, **groups, **eagle3_opts)
 
     @classmethod
     def from_modules(cls, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int], mesh=None,

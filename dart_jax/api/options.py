@@ -3,6 +3,7 @@
     python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --small-ngram --prompt "Write a haiku"
     python -m dart_jax.generate                       # the embedded demo model, offline
     python -m dart_jax.generate --compare-ar --json   # DART vs plain decoding, machine-readable
+    python -m dart_jax.generate --device-info         # the devices JAX sees and the defaults used there
     python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --eagle3 AngelSlim/Qwen3-4B_eagle3 --compare
                                                       # DART, EAGLE-3 and plain decoding on one prompt
     python -m dart_jax.generate --prompts in.jsonl --output out.jsonl --batch-size 8   # many prompts
@@ -33,6 +34,8 @@ from . import methods as decoding_methods
 # --attention: `dart_jax.models.qwen3.ATTENTION_KERNELS`, which this light module cannot import (jax)
 ATTENTION_CHOICES = ("xla", "cudnn", "pallas")
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
+# --fused-projections → from_pretrained's fused_projections (None: the backend's default)
+FUSED_CHOICES = {"auto": None, "on": True, "off": False}
 DEFAULT_BATCH_SIZE = 8  # --batch-size of --prompts
 INT32_MAX = 2**31 - 1  # top_k and token counts are int32 on the device
 
@@ -80,27 +83,33 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
     group.add_argument("--thinking", action="store_true",
                        help="let Qwen3 think (enable_thinking=True in the chat template; the thinking is reported "
                             "apart from the answer); an error for templates without that switch")
-    group.add_argument("--keep", type=tree_size, default="auto",
+    group.add_argument("--keep", type=tree_size, default=None,
                        help="draft tree size (nodes besides the root), at most what the tree search can fill "
                             "(draft rows x beam width x candidates); 'auto' picks the fastest of a few sizes up to "
-                            "--max-keep each step, plain decoding included, from timings on this device (the "
-                            "SmolLM2 demo on a CPU, when neither --keep nor --max-keep is given: a fixed 7)")
+                            "--max-keep each step, plain decoding included, from timings on this device (default: "
+                            "the backend's, see --device-info: 60 on a GPU or TPU, 'auto' on a CPU, where the "
+                            "SmolLM2 demo, when neither --keep nor --max-keep is given, uses a fixed 7)%(default).0s")
     # "%(default).0s" prints nothing: it stops argparse from adding "(default: None)" where None means
     # "not given" (the demo's CPU settings apply) and the text names the real default
     group.add_argument("--max-keep", type=int, default=None,
                        help="the largest tree 'auto' may use, the reference's size (default: 60)%(default).0s")
-    group.add_argument("--device-steps", type=int, default=0, metavar="N",
+    group.add_argument("--device-steps", type=int, default=None, metavar="N",
                        help="run N DART steps per device call, the draft trees searched on the device (the same "
-                            "trees; for accelerators: slower on a CPU); needs a fixed --keep. Default 0: one device "
-                            "call a step, the host searching")
-    group.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
+                            "trees; for accelerators: slower on a CPU); needs a fixed --keep; 0: one device call a "
+                            "step, the host searching (default: the backend's, see --device-info: 32 on a GPU or "
+                            "TPU with a fixed tree on one device, else 0)%(default).0s")
+    group.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default=None,
                        help="GEMMs a GPU compiles the tree verification with: auto (cuBLAS for trees of 32 rows or "
                             "more, XLA's own below and for plain decoding), xla (XLA's everywhere) or cublas (every "
-                            "tree); other devices ignore it (default auto)")
-    group.add_argument("--attention", choices=ATTENTION_CHOICES, default="xla",
-                       help="how the target attends over its cache, plain decoding included: xla (default), cudnn "
+                            "tree); other devices ignore it (default: the backend's, auto)%(default).0s")
+    group.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
+                       help="how the target attends over its cache, plain decoding included: xla, cudnn "
                             "(cuDNN's fused attention kernel; a bfloat16 model on an NVIDIA GPU) or pallas (our "
-                            "Pallas kernel: Triton on a GPU, Mosaic on a TPU, slow interpret mode on a CPU)")
+                            "Pallas kernel: Triton on a GPU, Mosaic on a TPU, slow interpret mode on a CPU) "
+                            "(default: the backend's, xla)%(default).0s")
+    group.add_argument("--fused-projections", choices=FUSED_CHOICES, default="auto",
+                       help="each layer's q/k/v and gate/up kernels fused into one matmul each (one device only): "
+                            "on, off, or auto (the backend's, see --device-info: on for a GPU or TPU, off on a CPU)")
     group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
     group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
     group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")
@@ -158,6 +167,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--compare", nargs="?", const="all", metavar="METHODS",
                     help="run several methods on the same prompt and print them side by side: a comma list of "
                          f"{', '.join(names)} (no value: all that are loaded)")
+    ap.add_argument("--device-info", action="store_true",
+                    help="print the backend JAX runs on, its devices with their memory, and the defaults the "
+                         "options above take there; then exit without loading a model")
     ap.add_argument("--no-warmup", action="store_true", help="time the first run, compilation included")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     ap.add_argument("--prompts", metavar="FILE.jsonl",

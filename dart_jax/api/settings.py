@@ -9,6 +9,7 @@ from typing import Any
 
 from dart_jax.decoding.settings import ShapeSettings
 from dart_jax.errors import InputError
+from dart_jax.models.backend import BackendDefaults, defaults_for
 from dart_jax.ngram import TreeSettings
 
 from . import methods as _methods
@@ -42,6 +43,25 @@ def adaptive_keep(opts: dict[str, Any], tree: TreeSettings | None) -> tuple[dict
         raise ValueError(f"keep must be an integer tree size or 'auto', got {keep!r}.")
     opts["keep"] = keep
     return opts, False
+
+
+def backend_options(opts: dict[str, Any], tree: TreeSettings | None, mesh, **given) -> tuple[dict[str, Any], BackendDefaults]:
+    """The backend choices of a model (`models.backend.defaults_for` this backend, overridden by
+    every option in `given` that is not None) → (`opts` with the default tree size filled in when
+    neither keep, max_keep nor a `tree` object gives one, those choices). The device loop needs a
+    fixed tree size on one device: where "auto" or a mesh applies, its default is the host loop."""
+    choices = defaults_for().override(**given)
+    if mesh is not None and given.get("fused_projections"):
+        raise InputError("fused_projections (--fused-projections on) lays a model out for one device, a mesh keeps "
+                         "the checkpoint's layout: drop one of them.")
+    opts = dict(opts)
+    if tree is None and "keep" not in opts and "max_keep" not in opts:
+        opts["keep"] = choices.keep
+    keep = opts.get("keep", tree.keep if tree is not None else None)
+    auto = isinstance(keep, str) and keep.strip().lower() == "auto"
+    if given.get("device_steps") is None and (auto or mesh is not None):
+        choices = dataclasses.replace(choices, device_steps=0)
+    return opts, choices
 
 
 def split_options(opts: dict[str, Any], **given) -> dict[str, Any]:

@@ -233,10 +233,9 @@ def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
 def open_model(models: ModelSet, seed: int) -> Iterator[tuple[DartModel, dict[str, Any]]]:
     """Yield (DartModel, description of the model set); a random set lives as long as the block."""
     m = models
-    opts = {} if m.keep is None else {"keep": m.keep}
+    # the bench's own defaults (keep "auto", the host loop) on every backend, not the backend's
+    opts = {"keep": "auto" if m.keep is None else m.keep, "device_steps": m.device_steps}
     opts.update(m.eagle3_sizes())
-    if m.device_steps:
-        opts["device_steps"] = m.device_steps
     if m.verify_gemms != "auto":
         opts["verify_gemms"] = m.verify_gemms
     if m.attention != "xla":

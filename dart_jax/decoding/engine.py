@@ -380,8 +380,8 @@ class Engine:
         if self.mesh is not None and target.fused_projections:
             raise InputError("the target's projections are fused (the one-device layout a GPU loads, "
                              "Qwen3.fuse_projections), which a mesh would copy whole onto every device: load the "
-                             "target with the mesh (load_target(..., mesh=...) keeps the checkpoint's layout), or set "
-                             "DART_JAX_FUSED_PROJECTIONS=0 before loading it.")
+                             "target with the mesh (load_target(..., mesh=...) keeps the checkpoint's layout), or load "
+                             "it with fused_projections=False (--fused-projections off).")
         if self.mesh is not None:  # loaders place the weights already (then this moves nothing)
             shard_module(target, self.mesh)
             shard_module(drafter.module, self.mesh)

@@ -27,7 +27,7 @@ from dart_jax.errors import FileFormatError, InputError
 from .eagle3 import Eagle3Head, eagle3_rope
 from .head import DartHead, head_rope
 from .layers import rope_inv_freq
-from .qwen3 import Qwen3, default_dtype, fused_projections_wanted, use_backend_layout
+from .qwen3 import Qwen3, default_dtype, use_backend_layout
 from .sharding import DEFAULT_RULES, check_fits, make_mesh, model_sizes, named_sharding, place
 
 
@@ -57,7 +57,8 @@ def _put(var: nnx.Variable, array: np.ndarray, mesh, rules) -> jax.Array:
 
 
 def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mesh | str | None = None,
-               rules=DEFAULT_RULES) -> Qwen3:
+               rules=DEFAULT_RULES, *, fused_projections: bool | None = None,
+               untied_lm_head: bool | None = None) -> Qwen3:
     """A `Qwen3` with the weights of a HF Qwen3 checkpoint (local folder or hub id).
 
     Parameters are stored in `dtype` (default: `default_dtype()`), which is also the compute dtype.
@@ -68,24 +69,27 @@ def load_qwen3(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mes
     Everything about the files is checked before the model is built (config values, tensor
     names, shapes, float dtypes, from the headers) and each weight as it is read (finite values,
     also after conversion to `dtype`); a problem is a FileFormatError naming the file.
+    On one device the model is laid out for the backend (`qwen3.use_backend_layout`):
+    `fused_projections` and `untied_lm_head`, None for the backend's default (`backend.defaults_for`).
     """
     folder = qwen3_format.checkpoint_folder(path_or_id)
-    return _load_target(folder, qwen3_format.load_qwen3_config(folder), dtype, mesh, rules)
+    return _load_target(folder, qwen3_format.load_qwen3_config(folder), dtype, mesh, rules,
+                        fused_projections, untied_lm_head)
 
 
 def load_target(path_or_id: str | os.PathLike, dtype=None, mesh: jax.sharding.Mesh | str | None = None,
-                rules=DEFAULT_RULES) -> Qwen3:
+                rules=DEFAULT_RULES, *, fused_projections: bool | None = None,
+                untied_lm_head: bool | None = None) -> Qwen3:
     """The target module of any supported family (Qwen3, or a Llama-family base such as SmolLM2)
     from a HF folder, a hub id or a Llama `.gguf` file (dequantized to float32 and converted once
     into the cache, `dart_jax.convert.gguf`); otherwise as `load_qwen3`."""
     folder = target_folder(path_or_id)
-    return _load_target(folder, load_target_config(folder), dtype, mesh, rules)
+    return _load_target(folder, load_target_config(folder), dtype, mesh, rules, fused_projections, untied_lm_head)
 
 
-def _load_target(folder: Path, config, dtype, mesh, rules) -> Qwen3:
+def _load_target(folder: Path, config, dtype, mesh, rules, fused_projections, untied_lm_head) -> Qwen3:
     mesh = make_mesh(mesh)
     check_fits(mesh, model_sizes(config), rules=rules)
-    fused_projections_wanted()  # a bad $DART_JAX_FUSED_PROJECTIONS fails before any read
     # a bad RoPE fails before any read
     with np.errstate(all="ignore"):
         tables = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling_dict)
@@ -110,7 +114,7 @@ def _load_target(folder: Path, config, dtype, mesh, rules) -> Qwen3:
                     else:
                         var.set_value(_place_tensor(fh, f, name, transpose, var, dtype, mesh, rules))
                     bar.update()
-    return model if mesh is not None else use_backend_layout(model)
+    return model if mesh is not None else use_backend_layout(model, fused_projections, untied_lm_head)
 
 
 def _place_tensor(fh, f: Path, name: str, transpose: bool, var: nnx.Variable, dtype, mesh, rules) -> jax.Array:

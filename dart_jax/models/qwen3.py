@@ -14,7 +14,6 @@ The three DART taps (docs/spec.md §2) are the residual-stream inputs of layers 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable
 
 import jax
@@ -25,13 +24,12 @@ from flax import nnx, struct
 from dart_jax.convert.qwen3 import Qwen3Config
 from dart_jax.errors import InputError
 
+from .backend import defaults_for
 from .layers import (Linear, RMSNorm, apply_rope, attention, fused_attention, group_mask, group_queries, param,
                      rope_cos_sin, rope_inv_freq, ungroup_queries)
 from .pallas_attention import attention_rows, tree_attention
 
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
-# "1": fused projections on every backend, "0": on none; unset: on a GPU only (`use_backend_layout`)
-FUSED_PROJECTIONS_ENV = "DART_JAX_FUSED_PROJECTIONS"
 # which GEMMs XLA compiles a tree verification with on a GPU (`verify_compiler_options`)
 VERIFY_GEMMS = ("auto", "xla", "cublas")
 # "auto": a verification of at least this many query rows (sequences x tree nodes) with cuBLAS
@@ -394,15 +392,6 @@ class Qwen3(nnx.Module):
         return (logits, taps) if return_taps else logits
 
 
-def fused_projections_wanted(backend: str | None = None) -> bool:
-    """Whether `use_backend_layout` fuses the projections on `backend` (default: JAX's):
-    $DART_JAX_FUSED_PROJECTIONS "1" everywhere, "0" nowhere, unset on a GPU only."""
-    flag = os.environ.get(FUSED_PROJECTIONS_ENV, "").strip()
-    if flag not in ("", "0", "1"):
-        raise InputError(f"${FUSED_PROJECTIONS_ENV} must be 0 or 1 (or unset: fused on a GPU only), got {flag!r}.")
-    return flag == "1" if flag else (backend or jax.default_backend()) == "gpu"
-
-
 def check_attention(kernel: str, dtype=None, mesh=None) -> str:
     """`kernel` if it is one of ATTENTION_KERNELS (see `Qwen3.use_attention`) and this process can
     run it ("cudnn" and "pallas": one device, no `mesh`, whose sharding a custom kernel does not
@@ -462,14 +451,16 @@ def verify_compiler_options(rows: int, backend: str | None = None, choice: str =
     return dict(_NO_TRITON_GEMMS) if choice == "cublas" or rows >= CUBLAS_MIN_ROWS else None
 
 
-def use_backend_layout(model: Qwen3) -> Qwen3:
-    """The target as the engine runs it on this backend: on a CPU, with its own [H, V] LM head
-    (`Qwen3.untie_lm_head`); on a GPU, with fused projections (`Qwen3.fuse_projections`; see
-    `fused_projections_wanted` for the switch). For a model whose weights are placed on one
+def use_backend_layout(model: Qwen3, fused_projections: bool | None = None,
+                       untied_lm_head: bool | None = None) -> Qwen3:
+    """The target as the engine runs it on this backend (`backend.defaults_for`; an option given
+    overrides it): on a CPU, with its own [H, V] LM head (`Qwen3.untie_lm_head`); on a GPU or TPU,
+    with fused projections (`Qwen3.fuse_projections`). For a model whose weights are placed on one
     device (the loaders, the benchmarks' random models), not over a mesh."""
-    if jax.default_backend() == "cpu":
+    layout = defaults_for().override(fused_projections=fused_projections, untied_lm_head=untied_lm_head)
+    if layout.untied_lm_head:
         model.untie_lm_head()
-    if fused_projections_wanted():
+    if layout.fused_projections:
         model.fuse_projections()
     return model
 

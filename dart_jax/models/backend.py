@@ -1,0 +1,69 @@
+"""The one place that decides how dart_jax runs on a backend: `BackendDefaults`, the choices that
+depend on the device (attention kernel, GEMM choice, weight layout, device loop, tree size), and
+`defaults_for(backend)`, the fastest known path per backend (benchmarks/RESULTS.md). Every
+option of `DartModel.from_pretrained` and the loaders that is None takes its value from here;
+one that is given overrides it (`BackendDefaults.override`).
+
+It lives in `models` because the loaders lay a model out with it (fused projections, an untied
+LM head); the engine's choices (device loop, tree size) are plain values here, read above."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from dart_jax.errors import InputError
+
+# the reference's draft tree size (nodes besides the root)
+REFERENCE_KEEP = 60
+# DART steps a device call on an accelerator: the device loop of 32 steps beat the host loop and
+# smaller loops at the Qwen3-8B shape on an H200 (benchmarks/RESULTS.md)
+ACCELERATOR_DEVICE_STEPS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendDefaults:
+    """The backend choices of one model (None in an option means: this object's value).
+
+    attention: how the target attends over its cache (`Qwen3.use_attention`).
+    verify_gemms: which GEMMs a GPU compiles a tree verification with (`qwen3.verify_compiler_options`).
+    fused_projections: each layer's q/k/v and gate/up kernels fused into one matmul each (`Qwen3.fuse_projections`).
+    untied_lm_head: a tied embedding copied into an [H, V] LM head (`Qwen3.untie_lm_head`).
+    device_steps: DART steps a device call, the trees searched on the device (0: the host loop).
+    keep: the draft tree size, an integer or "auto" (chosen per step by measured speed).
+    """
+
+    backend: str
+    attention: str = "xla"
+    verify_gemms: str = "auto"
+    fused_projections: bool = False
+    untied_lm_head: bool = False
+    device_steps: int = 0
+    keep: int | str = "auto"
+
+    def override(self, **given) -> "BackendDefaults":
+        """These defaults with every option in `given` that is not None put in their place."""
+        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(self)} - {"backend"})
+        if unknown:
+            raise InputError(f"unknown backend option(s) {unknown}; valid: "
+                             f"{[f.name for f in dataclasses.fields(self) if f.name != 'backend']}.")
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
+
+def current_backend() -> str:
+    """The backend JAX runs on ("cpu", "gpu", "tpu"): the one function that asks (tests fake it)."""
+    return jax.default_backend()
+
+
+def defaults_for(backend: str | None = None) -> BackendDefaults:
+    """The defaults on `backend` (None: `current_backend()`). On a GPU or a TPU: the device loop of
+    ACCELERATOR_DEVICE_STEPS steps a call over the reference's fixed tree of REFERENCE_KEEP nodes,
+    fused projections, the GEMM choice "auto". On a CPU (and any other backend): the host loop with
+    keep "auto" (the SmolLM2 demo fixes its own CPU tree, `api.model.demo_options`), the layout the
+    loaders give it, and an untied LM head (XLA:CPU multiplies a tree's rows by an [H, V] head
+    faster than by the [V, H] embedding)."""
+    backend = backend or current_backend()
+    if backend in ("gpu", "tpu"):
+        return BackendDefaults(backend, fused_projections=True, device_steps=ACCELERATOR_DEVICE_STEPS,
+                               keep=REFERENCE_KEEP)
+    return BackendDefaults(backend, untied_lm_head=backend == "cpu")
