@@ -337,9 +337,9 @@ class Qwen3(nnx.Module):
     def untie_lm_head(self) -> None:
         """Give a model with tied embeddings an LM head of its own: a copy of the embedding
         transposed to [H, V], the layout XLA:CPU multiplies fastest when several rows meet the
-        LM head at once (a draft tree: 3.9 instead of 4.7 ms for 8 rows of SmolLM2's 49 k
-        vocabulary; one row costs the same either way). The logits are the same products; the
-        copy costs the embedding's memory once more. On a CPU the loaders do this (`use_backend_layout`)."""
+        LM head at once (a draft tree; one row costs the same either way; benchmarks/RESULTS.md).
+        The logits are the same products; the copy costs the embedding's memory once more. On a
+        CPU the loaders do this (`use_backend_layout`)."""
         if self.lm_head is not None:
             return
         c = self.config
@@ -364,9 +364,8 @@ class Qwen3(nnx.Module):
     def fuse_projections(self) -> None:
         """Each layer's q, k and v projections as one matmul, and its gate and up projections as
         another (the same products, in fewer and wider matmuls): in a 61-row verify at Qwen3-8B's
-        widths on an H200 the attention's projections read their weights at 1.3-1.4 TB/s against
-        2.9-3.3 for the MLP's (benchmarks/RESULTS.md, the 2026-11-26 profile). The separate weights are
-        replaced, not kept. For one device: a model sharded over a mesh keeps them separate."""
+        widths on a GPU the attention's separate projections read their weights at well under the
+        MLP's rate (benchmarks/RESULTS.md, the profiles). The separate weights are replaced, not kept. For one device: a model sharded over a mesh keeps them separate."""
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
@@ -439,9 +438,8 @@ def verify_compiler_options(rows: int, backend: str | None = None, choice: str =
     """XLA options to compile a tree verification of `rows` query rows with (sequences × tree
     nodes), None for XLA's defaults. On a GPU, XLA's Triton GEMMs serve one-row decoding best, but
     at a tree's few dozen rows they split the attention projections' reduction into f32 partial sums
-    (1.3 TB/s on an H200, against 3.8 TB/s for cuBLAS; a 62-row verify at the Qwen3-8B shape took
-    10.4 ms in Triton, 7.4 ms in cuBLAS; benchmarks/RESULTS.md, 2026-11-26 fifth session). So
-    steps whose verification has at least `CUBLAS_MIN_ROWS` rows compile with Triton's GEMMs off
+    that read the weights much slower than cuBLAS does (benchmarks/RESULTS.md has the verify's
+    times by GEMM kind). So steps whose verification has at least `CUBLAS_MIN_ROWS` rows compile with Triton's GEMMs off
     (the whole step: the draft head's matmuls in it too), and plain decoding keeps XLA's choice.
     `choice` (VERIFY_GEMMS; an engine's `verify_gemms`, `--verify-gemms`): "auto" that rule, "xla"
     never, "cublas" for every tree. Other backends: None."""
