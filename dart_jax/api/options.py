@@ -26,8 +26,9 @@ from __future__ import annotations
 # registry's names: a bad flag or value is refused, and --help answered, before jax loads.
 
 import argparse
-import os
 from pathlib import Path
+
+from dart_jax.files import cache_root
 
 from . import methods as decoding_methods
 
@@ -54,8 +55,7 @@ def top_k_value(text: str) -> int:
 def default_cache_dir() -> Path:
     """Where the command lines keep compiled executables: $XDG_CACHE_HOME/dart_jax/xla
     (~/.cache/dart_jax/xla when XDG_CACHE_HOME is unset)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "dart_jax" / "xla"
+    return cache_root() / "xla"
 
 
 def tree_size(text: str) -> int | str:

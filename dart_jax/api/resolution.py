@@ -11,6 +11,7 @@ from typing import Sequence
 from dart_jax.convert.base_files import check_generation_eos
 from dart_jax.convert.hub import resolve
 from dart_jax.errors import read_json
+from dart_jax.files import cache_root
 from dart_jax.ngram import Trie, load_any, trie_format
 
 # docs/spec.md §1: the published DART heads and the base model each was trained for
@@ -60,7 +61,7 @@ def _trie_file(ngram, small: bool) -> Path:
 def _converted_path(source: Path, cache_dir: str | os.PathLike | None) -> Path:
     if cache_dir is None and os.access(source.resolve().parent, os.W_OK) and os.access(source.parent, os.W_OK):
         return source.with_name(source.name + ".dart_jax")
-    cache = Path(cache_dir) if cache_dir else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dart_jax"
+    cache = Path(cache_dir) if cache_dir else cache_root()
     st = source.stat()
     digest = hashlib.sha1(f"{source.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache / f"{source.name}.{digest}.dart_jax"
