@@ -109,7 +109,7 @@ TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
 PER_CALL_TAU = "1"  # stages 6 and 10: the step's cost is what they compare
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
-# tree nodes besides the root (`bench shapes --budgets`): 60 is the engine's keep 60 (61 rows), the
+# tree nodes besides the root (`bench shapes --keeps`): 60 is the engine's keep 60 (61 rows), the
 # others give 2, 4, 16, 32 and 64 rows
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
@@ -144,7 +144,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str], tuple[str, ...]]] = {
     "cublas": ("every verify with cuBLAS", {}, ("--verify-gemms", "cublas")),
     "ctx2048": ("2048 tokens in the cache", {}, ("--context", "2048")),  # bench shapes only
 }
-# in the shapes table, in this order, with the tree sizes each measures (`--budgets`: nodes besides
+# in the shapes table, in this order, with the tree sizes each measures (`--keeps`: nodes besides
 # the root, one sequence): with the default (cuBLAS from CUBLAS_MIN_ROWS = 32 rows up, XLA's GEMMs
 # below) they give both kinds at 4 to 64 rows
 SHAPE_VARIANTS = {"xla": "31,60,63", "cublas": "3,15", "ctx2048": "1,60"}
@@ -281,8 +281,8 @@ class Campaign:
                 min_device_gib=DEPTH[shape][1] if deep else 0.0, gpu_only=gpu_only)
 
         def shapes_stage(shape: str, variant: str = "") -> Stage:
-            model = (["--tiny", "--reps", "2", "--warmup", "1", "--budgets", "1,4"] if smoke else
-                     ["--model", shape, "--dtype", "bfloat16", "--reps", "20", "--warmup", "3", "--budgets",
+            model = (["--tiny", "--reps", "2", "--warmup", "1", "--keeps", "1,4"] if smoke else
+                     ["--model", shape, "--dtype", "bfloat16", "--reps", "20", "--warmup", "3", "--keeps",
                       SHAPE_VARIANTS[variant] if variant else BUDGETS])
             name = f"shapes-{shape}" + (f"-{variant}" if variant else "")
             return Stage(name, f"{name}.json", lambda: bench + [

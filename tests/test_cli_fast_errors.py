@@ -7,6 +7,7 @@ Checked without timing: the command runs in a fresh interpreter (as `python -m`)
 `sys.modules` holds when it exits says what was imported."""
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -71,3 +72,22 @@ def test_help_answers_without_the_model_code(command, tmp_path):
     assert got["code"] == 0 and f"usage: python -m dart_jax.{command}" in out, err
     assert not got["loaded"], got
 
+
+
+def test_one_name_per_flag_and_the_old_spellings_still_work():
+    """The head is --ckpt in every command (bench's --dart an alias), the tree search's candidates per
+    row --topk (generate's --tree-topk an alias), bench's lists of tree sizes --keeps (shapes'
+    --budgets an alias): each spelling lands on the same value."""
+    from dart_jax.api import options as api_options
+    from dart_jax.bench.options import build_parser
+
+    bench = build_parser()
+    for flag in ("--ckpt", "--dart"):
+        assert bench.parse_args(["e2e", flag, "some/head"]).dart == "some/head"
+    for flag in ("--keeps", "--budgets"):
+        assert bench.parse_args(["shapes", "--tiny", flag, "3,5"]).budgets == "3,5"
+    for flag in ("--topk", "--tree-topk"):
+        assert bench.parse_args(["search", flag, "7"]).topk == 7
+        ap = argparse.ArgumentParser()
+        api_options.add_model_options(ap)
+        assert ap.parse_args([flag, "7"]).tree_topk == 7

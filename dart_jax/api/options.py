@@ -111,7 +111,8 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
                        help="each layer's q/k/v and gate/up kernels fused into one matmul each (one device only): "
                             "on, off, or auto (the backend's, see --device-info: on for a GPU or TPU, off on a CPU)")
     group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
-    group.add_argument("--tree-topk", type=int, default=25, help="draft candidates per row for the tree search")
+    group.add_argument("--topk", "--tree-topk", dest="tree_topk", type=int, default=25,
+                       help="draft candidates per row for the tree search (--tree-topk: the old spelling)")
     group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")
     group.add_argument("--eagle3", metavar="PATH", help="an EAGLE-3 head (hub id or folder, published layout) "
                                                         "loaded beside DART over the same target (--method eagle3)")

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, on_rows: Callable[[dict[str, Any]], None] | No
                          root_table=args.root_table, convert=args.convert, **trie, **common)
     if args.mode == "shapes":
         return run_shapes(model=args.model, config_path=args.config_path, tiny=args.tiny, layers=args.layers,
-                          vocab=args.vocab, budgets=parse_int_list(args.budgets, name="--budgets"),
+                          vocab=args.vocab, budgets=parse_int_list(args.budgets, name="--keeps"),
                           context=args.context, batch=args.batch, dtype=args.dtype, mesh=args.mesh,
                           verify_gemms=args.verify_gemms, attention=args.attention, **common)
     models = ModelSet(base=args.base, dart=args.dart, ngram=args.ngram, small_ngram=args.small_ngram,

@@ -76,8 +76,9 @@ def _attention_option(p: argparse.ArgumentParser) -> None:
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base", help="target checkpoint (hub id or folder); with --dart")
-    p.add_argument("--dart", help="DART head checkpoint (hub id or folder)")
+    p.add_argument("--base", help="target checkpoint (hub id or folder); with --ckpt")
+    p.add_argument("--ckpt", "--dart", dest="dart", metavar="CKPT",
+                   help="DART head checkpoint (hub id or folder), as generate's --ckpt (--dart: the old spelling)")
     p.add_argument("--ngram", help="n-gram trie (hub id, folder or file)")
     p.add_argument("--small-ngram", action="store_true", help="use the hub repo's small.trie")
     p.add_argument("--demo", choices=["smollm2", "tiny"], default="smollm2",
@@ -182,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keeps", default="8,16,32,60", help="tree sizes, comma-separated (default 8,16,32,60)")
     p.add_argument("--beams", default="5,10,20", help="beam widths, comma-separated (default 5,10,20)")
     p.add_argument("--draft-length", type=int, default=8, help="draft rows d (default 8)")
-    p.add_argument("--topk", type=int, default=25, help="candidates per row (default 25)")
+    p.add_argument("--topk", "--tree-topk", dest="topk", type=int, default=25, help="candidates per row (default 25)")
     p.add_argument("--samples", type=int, default=16, help="distinct random inputs cycled through (default 16)")
     p.add_argument("--no-ngram", action="store_true", help="search on the logits alone (no trie)")
     p.add_argument("--ngram-weight", type=float, default=0.5, help="weight of the n-gram term (default 0.5)")
@@ -226,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="a tiny shape that runs in seconds on a CPU")
     p.add_argument("--layers", type=int, help="cut the depth to N layers")
     p.add_argument("--vocab", type=int, help="cut the vocabulary to N tokens")
-    p.add_argument("--budgets", default="1,8,16,32,60", help="tree budgets (default 1,8,16,32,60)")
+    p.add_argument("--keeps", "--budgets", dest="budgets", default="1,8,16,32,60",
+                   help="tree sizes (nodes besides the root), comma-separated, as search's --keeps (--budgets: the old "
+                        "spelling; default 1,8,16,32,60)")
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default 512)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 elsewhere")
