@@ -40,7 +40,7 @@ from dart_jax.ngram import TreeSettings, check_trie_vocab
 from . import methods as _methods
 from .options import DEMOS  # DartModel.demo(name) / --demo: smollm2 (default) and the embedded toy
 from .compiling import CompileTimer
-from .methods import max_tree_nodes  # noqa: F401 (importable from here)
+from .methods import check_tree_size, max_tree_nodes  # noqa: F401 (importable from here)
 from .text import check_stops, split_thinking, StopText
 # the model's loading, options and results live in modules of their own; their public names stay
 # importable from here (docs and tests import them from dart_jax.api.model)
@@ -48,7 +48,7 @@ from .resolution import (BASE_PATTERNS, DEFAULT_NGRAM, PUBLISHED_PAIRS, _convert
                          load_trie, published_base)
 from .results import (GenerationResult, _check_ids, _finish_reason, check_prompt_kind, figures, is_batch,  # noqa: F401
                       length_notice)
-from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, backend_options, check_tree_size,  # noqa: F401
+from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, backend_options,  # noqa: F401
                        fit_tree, reference_names, split_options)
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"  # the embedded demo: base/, head/, ngram.trie
@@ -546,7 +546,7 @@ class DartModel:
         if remain_total is not None and int(remain_total) != engine.tree.keep:
             if int(remain_total) not in self._engines:
                 tree = dataclasses.replace(engine.tree, keep=int(remain_total))
-                check_tree_size(tree, engine.drafter.rows, option="remain_total")
+                check_tree_size(tree.keep, tree, engine.drafter.rows, option="remain_total")
                 self._engines[int(remain_total)] = engine.with_tree(tree, adaptive=False)
             engine = self._engines[int(remain_total)]
         out = self._run(engine.generate_steps, prompt, False, settings).token_ids

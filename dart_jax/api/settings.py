@@ -112,10 +112,5 @@ def fit_tree(tree: TreeSettings, rows: int, draft_vocab: int, adaptive: bool) ->
     tree.check_fits(rows, draft_vocab)
     if adaptive:
         tree = dataclasses.replace(tree, keep=min(tree.keep, _methods.max_tree_nodes(tree, rows)))
-    check_tree_size(tree, rows)
+    _methods.check_tree_size(tree.keep, tree, rows)
     return tree
-
-
-def check_tree_size(tree: TreeSettings, rows: int, option: str = "keep (--keep)") -> None:
-    """`tree.keep` checked by `dart_jax.api.methods.check_tree_size` (the one check of a tree size)."""
-    _methods.check_tree_size(tree.keep, tree, rows, option)
