@@ -302,3 +302,23 @@ def test_batch_mode_random_model_and_plot(capsys, tmp_path, prompt_file):
         assert 1 <= r["new_tokens"] <= 6 * r["batch"]
         assert r["speedup"] == pytest.approx(r["dart_tok_s"] / r["ar_tok_s"])
     assert (tmp_path / "b.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bench_compare_defaults_to_the_demos_held_out_prompts():
+    """`bench compare` alone runs what the README says: the SmolLM2 demo's 20 held-out prompts (10
+    per category) at 128 new tokens; given options and other models keep theirs."""
+    from dart_jax.bench.cli import demo_workload
+    from dart_jax.bench.options import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["compare"])
+    demo_workload(args)
+    rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    kept = {c: [r for r in rows if r["category"] == c][:args.limit] for c in ("code", "chat")}
+    assert args.limit == 10 and sum(map(len, kept.values())) == 20 and args.max_new_tokens == 128
+    args = parser.parse_args(["compare", "--max-new-tokens", "32", "--limit", "3"])
+    demo_workload(args)
+    assert (args.max_new_tokens, args.limit) == (32, 3)
+    args = parser.parse_args(["compare", "--random"])
+    demo_workload(args)
+    assert args.prompts is None and args.max_new_tokens == 64

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=None, help="warm-up updates (default 2%% of all updates)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
     p.add_argument("--clip", type=float, default=d.clip, help="gradient clipping (global norm)")
-    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the data (default {d.epochs})")
     p.add_argument("--gamma", type=float, default=argparse.SUPPRESS,
                    help="loss weight γ^r of row r (dart) or of unrolled step r (eagle3) "
                         f"(default: {DEFAULT_GAMMA['dart']} for dart, {DEFAULT_GAMMA['eagle3']} for eagle3)")

@@ -40,7 +40,7 @@ def _demo_paths(name: str = "smollm2") -> tuple[Path, Path, Path]:
 
 
 def load_model(args) -> DartModel:
-    """The model that `add_model_options`' values name (the embedded demo when --ckpt is absent).
+    """The model that `add_model_options`' values name (the demo, --demo, when --ckpt is absent).
     Turns on the persistent compilation cache first, unless --no-compile-cache."""
     if not getattr(args, "no_compile_cache", True):
         use_compile_cache()

@@ -1,7 +1,8 @@
 """Generate text with DART from the command line.
 
     python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --small-ngram --prompt "Write a haiku"
-    python -m dart_jax.generate                       # the embedded demo model, offline
+    python -m dart_jax.generate                       # the SmolLM2 demo (its GGUF downloaded once, then cached)
+    python -m dart_jax.generate --demo tiny           # the embedded 1 M-parameter toy, offline
     python -m dart_jax.generate --compare-ar --json   # DART vs plain decoding, machine-readable
     python -m dart_jax.generate --device-info         # the devices JAX sees and the defaults used there
     python -m dart_jax.generate --ckpt fvliang/qwen4b-dart --eagle3 AngelSlim/Qwen3-4B_eagle3 --compare

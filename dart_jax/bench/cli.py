@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dart_jax.api import methods as decoding_methods
+from dart_jax.api.model import DEMO_DIR
 from dart_jax.bench.compare import COLUMNS as COMPARE_COLUMNS, format_compare, run_compare
 from dart_jax.bench.e2e import ModelSet, Workload, run_batch, run_e2e, run_phases
 from dart_jax.bench.forced import parse_taus, run_forced
@@ -40,6 +41,19 @@ TABLE_COLUMNS = {
 
 # ngram mode: the synthetic vocabulary's ids fill a Zipf table (8 bytes each) and must be trie token ids
 NGRAM_MAX_VOCAB = 1 << 24
+
+
+def demo_workload(args: argparse.Namespace) -> None:
+    """`bench compare`'s workload where it was not given: on the SmolLM2 demo (no --ckpt, no
+    --random) without --prompts, its 20 held-out prompts (the first 10 of each category of
+    demo/smollm2/prompts_eval.jsonl) at 128 new tokens; elsewhere the shipped prompts at 64."""
+    on_demo = args.dart is None and not args.random and (args.demo or "smollm2") == "smollm2"
+    if on_demo and args.prompts is None:
+        args.prompts = str(DEMO_DIR / "smollm2" / "prompts_eval.jsonl")
+        args.limit = 10 if args.limit is None else args.limit
+        args.max_new_tokens = 128 if args.max_new_tokens is None else args.max_new_tokens
+    elif args.max_new_tokens is None:
+        args.max_new_tokens = 64
 
 
 def check_ngram_args(args: argparse.Namespace) -> None:
@@ -79,6 +93,8 @@ def run(args: argparse.Namespace, on_rows: Callable[[dict[str, Any]], None] | No
                       eagle3_depth=getattr(args, "eagle3_depth", None), eagle3_top_k=getattr(args, "eagle3_top_k", None),
                       device_steps=getattr(args, "device_steps", 0),
                       verify_gemms=getattr(args, "verify_gemms", "auto"), attention=getattr(args, "attention", "xla"))
+    if args.mode == "compare":
+        demo_workload(args)
     work = Workload(prompts=args.prompts, categories=args.categories, limit=args.limit,
                     max_new_tokens=args.max_new_tokens, max_length=args.max_length, temperature=args.temperature,
                     chat=not args.no_chat)

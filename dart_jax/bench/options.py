@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "decoding (median, min, max, per category), τ, acceptance per draft depth, the "
                                    "drafter's device time per step (timed alone), the host tree search per step, and "
                                    "how many outputs equal plain decoding. Default: the SmolLM2 demo with the DART and "
-                                   "EAGLE-3 heads we trained for it, on its held-out prompts.")
+                                   "EAGLE-3 heads we trained for it, on its 20 held-out prompts (10 code, 10 chat) "
+                                   "at 128 new tokens; --prompts, --limit and --max-new-tokens change that.")
     _model_options(p)
     p.add_argument("--methods", default="dart,eagle3,ar", help="methods, comma-separated (default dart,eagle3,ar)")
     p.add_argument("--eagle3", metavar="PATH", help="EAGLE-3 head (hub id or folder); default: the demo's own")
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eagle3-top-k", type=int, help="EAGLE-3 children per expanded node (default 10; demo on a CPU: 8)")
     p.add_argument("--draft-reps", type=int, default=20, help="timed calls of each drafter alone (default 20)")
     _common(p, reps=1, warmup=1)
+    # on the SmolLM2 demo without --prompts: its 20 held-out prompts (10 code, 10 chat) at 128 new
+    # tokens, the README's and benchmarks/RESULTS.md's comparison (bench.cli.demo_workload)
+    p.set_defaults(max_new_tokens=None)
 
     p = sub.add_parser("phases", help="per-step time of each phase of a DART step",
                        description="Generate the prompts with DART and split each decoding step into its phases "

@@ -1,6 +1,7 @@
 """Serve a DART model: an OpenAI-compatible HTTP API and a chat UI in one process.
 
-    python -m dart_jax.serve                                   # the embedded demo model, offline
+    python -m dart_jax.serve                                   # the SmolLM2 demo (downloaded once, then cached)
+    python -m dart_jax.serve --demo tiny                       # the embedded toy, offline
     python -m dart_jax.serve --ckpt fvliang/qwen4b-dart --small-ngram --port 8000
     python -m dart_jax.serve --no-ui --api-key "$KEY"          # the API alone, behind a bearer key
 
@@ -26,14 +27,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(ap)
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     ap.add_argument("--no-ui", action="store_true", help="serve the API only")
     ap.add_argument("--api-key", default=os.environ.get("DART_JAX_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on /v1, /docs and /openapi.json, and a login with the "
                          "key as the password on /ui (default: $DART_JAX_API_KEY; unset = open)")
     ap.add_argument("--model-name", help="the model id clients send (default: the head's folder or hub id; "
                                          "'dart-jax-demo' for the demo)")
-    ap.add_argument("--slots", type=int, default=8, help="sequences decoded together per method (the pool size)")
+    ap.add_argument("--slots", type=int, default=8, help="sequences decoded together per method (the pool size; default 8)")
     ap.add_argument("--max-length", type=int, default=None,
                     help="context per request: prompt + answer tokens (default: the model's max_position_embeddings, "
                          "at most 2048)")
@@ -42,5 +43,5 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "requests at once), 'quick' one request per method (more concurrent requests compile on "
                          "first use), 'none' nothing (the first requests wait for compilation)")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0,
-                    help="seconds that running requests get to finish at shutdown")
+                    help="seconds that running requests get to finish at shutdown (default 10)")
     return ap.parse_args(argv)
