@@ -172,3 +172,13 @@ def test_help_shows_each_backend_options_default():
                           ("--verify-gemms", "(default: the backend's, auto)"),
                           ("--attention", "(default: the backend's, xla)"), ("--fused-projections", "(default: auto)")):
         assert default in entries[flag], entries[flag]
+
+
+def test_the_light_flag_choices_are_the_librarys():
+    """The CLI declares --attention and --verify-gemms once (api.options.add_backend_flags, for
+    generate, serve and bench) with choices it cannot import from the models (jax): they must be
+    the library's own lists."""
+    from dart_jax.api.options import ATTENTION_CHOICES, VERIFY_GEMMS_CHOICES
+    from dart_jax.models.qwen3 import ATTENTION_KERNELS, VERIFY_GEMMS
+
+    assert ATTENTION_CHOICES == ATTENTION_KERNELS and VERIFY_GEMMS_CHOICES == VERIFY_GEMMS

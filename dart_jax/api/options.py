@@ -35,6 +35,7 @@ from . import methods as decoding_methods
 
 # --attention: `dart_jax.models.qwen3.ATTENTION_KERNELS`, which this light module cannot import (jax)
 ATTENTION_CHOICES = ("xla", "cudnn", "pallas")
+VERIFY_GEMMS_CHOICES = ("auto", "xla", "cublas")  # `dart_jax.models.qwen3.VERIFY_GEMMS`, likewise
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
 # --fused-projections → from_pretrained's fused_projections (None: the backend's default)
 FUSED_CHOICES = {"auto": None, "on": True, "off": False}
@@ -69,6 +70,29 @@ def tree_size(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
 
 
+def add_backend_flags(p, *, fixed: bool = False) -> None:
+    """--verify-gemms, --attention and --mesh, declared once for generate, serve and bench. Their
+    defaults are None, the backend's (`models.backend.BackendDefaults`), unless `fixed` (bench,
+    whose figures must not follow the backend): XLA's attention and the automatic GEMM rule."""
+    def default(value: str):
+        return value if fixed else None
+
+    def says(value: str) -> str:  # "%(default).0s" prints nothing: argparse then adds no "(default: None)"
+        return f" (default {value})" if fixed else f" (default: the backend's, {value})%(default).0s"
+
+    p.add_argument("--verify-gemms", choices=VERIFY_GEMMS_CHOICES, default=default("auto"),
+                   help="GEMMs a GPU compiles the tree verification with: auto (cuBLAS for trees of 32 rows or more, "
+                        "XLA's own below and for plain decoding), xla (XLA's everywhere) or cublas (every tree); "
+                        "other devices ignore it" + says("auto"))
+    p.add_argument("--attention", choices=ATTENTION_CHOICES, default=default("xla"),
+                   help="how the target attends over its cache, plain decoding included: xla, cudnn (cuDNN's fused "
+                        "attention kernel; a bfloat16 model on an NVIDIA GPU) or pallas (our Pallas kernel: Triton "
+                        "on a GPU, Mosaic on a TPU, slow interpret mode on a CPU)" + says("xla"))
+    p.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="shard the model over devices: 'model=4' (tensor parallel over heads, MLP and vocabulary), "
+                        "'data=2,model=4' (also the batch over 2 groups); default: one device")
+
+
 def add_model_options(ap: argparse.ArgumentParser) -> None:
     """The options that choose and shape the model (shared by `generate` and `serve`)."""
     group = ap.add_argument_group("model")
@@ -99,15 +123,7 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
                             "trees; for accelerators: slower on a CPU); needs a fixed --keep; 0: one device call a "
                             "step, the host searching (default: the backend's, see --device-info: 32 on a GPU or "
                             "TPU with a fixed tree on one device, else 0)%(default).0s")
-    group.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default=None,
-                       help="GEMMs a GPU compiles the tree verification with: auto (cuBLAS for trees of 32 rows or "
-                            "more, XLA's own below and for plain decoding), xla (XLA's everywhere) or cublas (every "
-                            "tree); other devices ignore it (default: the backend's, auto)%(default).0s")
-    group.add_argument("--attention", choices=ATTENTION_CHOICES, default=None,
-                       help="how the target attends over its cache, plain decoding included: xla, cudnn "
-                            "(cuDNN's fused attention kernel; a bfloat16 model on an NVIDIA GPU) or pallas (our "
-                            "Pallas kernel: Triton on a GPU, Mosaic on a TPU, slow interpret mode on a CPU) "
-                            "(default: the backend's, xla)%(default).0s")
+    add_backend_flags(group)
     group.add_argument("--fused-projections", choices=FUSED_CHOICES, default="auto",
                        help="each layer's q/k/v and gate/up kernels fused into one matmul each (one device only): "
                             "on, off, or auto (the backend's, see --device-info: on for a GPU or TPU, off on a CPU)")
@@ -125,9 +141,6 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
                                                         "(default: 10)%(default).0s")
     group.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                        help="parameter/compute dtype (None: float32 on CPU, bfloat16 on accelerators)")
-    group.add_argument("--mesh", default=None, metavar="SPEC",
-                       help="shard the model over devices: 'model=4' (tensor parallel over heads, MLP and "
-                            "vocabulary), 'data=2,model=4' (also the batch over 2 groups); default: one device")
     group.add_argument("--no-compile-cache", action="store_true",
                        help=f"do not keep compiled steps on disk (default: kept in {default_cache_dir()}, "
                             "so a second run of the same shapes starts in seconds)")

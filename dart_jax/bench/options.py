@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from dart_jax.api.options import ATTENTION_CHOICES, tree_size
+from dart_jax.api.options import add_backend_flags, tree_size
 
 # what --clock picks: wall time, or this process's CPU time (steadier on a machine shared with
 # other work, but it counts every thread, so only for single-threaded host code)
@@ -68,13 +68,6 @@ def _trie_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", type=int, default=3, help="order of the synthetic trie (default 3)")
 
 
-def _attention_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--attention", choices=ATTENTION_CHOICES, default="xla",
-                   help="how the target attends over its cache, plain decoding included: xla (default), cudnn "
-                        "(cuDNN's fused kernel; a bfloat16 model on an NVIDIA GPU) or pallas (our Pallas kernel; "
-                        "interpret mode, slow, on a CPU)")
-
-
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", help="target checkpoint (hub id or folder); with --ckpt")
     p.add_argument("--ckpt", "--dart", dest="dart", metavar="CKPT",
@@ -104,12 +97,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-steps", type=int, default=0, metavar="N",
                    help="DART runs N steps per device call, its trees searched on the device (needs a fixed --keep); "
                         "default 0: one device call a step, the host searching")
-    p.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
-                   help="GEMMs a GPU compiles the tree verification with (see the README; default auto)")
-    _attention_option(p)
+    add_backend_flags(p, fixed=True)
     p.add_argument("--no-chat", action="store_true", help="feed the prompts without the chat template")
-    p.add_argument("--mesh", metavar="SPEC", help="shard the model over devices: 'model=4' or 'data=2,model=4' "
-                                                  "(default: one device)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,11 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default 512)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 elsewhere")
-    p.add_argument("--verify-gemms", choices=("auto", "xla", "cublas"), default="auto",
-                   help="GEMMs a GPU compiles each verify with, as an engine with this verify_gemms (default auto)")
-    _attention_option(p)
-    p.add_argument("--mesh", metavar="SPEC", help="shard weights and cache over devices: 'model=4' or "
-                                                  "'data=2,model=4' (default: one device)")
+    add_backend_flags(p, fixed=True)
     _common(p, reps=10, warmup=2)
     return parser
 
