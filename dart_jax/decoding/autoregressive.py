@@ -160,6 +160,9 @@ def _decode(model: ModelDef, state, token, cache: KVCache, cache_len, keys, para
     return token.at[:m].set(new), cache, cache_len.at[:m].add(1), keys.at[:m].set(after)
 
 
+_DECODE_CARRY = ("i", "token", "view", "keys", "remaining", "count", "out", "taps")
+
+
 def decode_tokens(target, token, view: KVCache, length, keys, params: SamplingParams, remaining, eos, *, chunk: int,
                   taps: bool = False):
     """The one plain-decoding loop on the device: up to `chunk` one-token steps of B sequences over
@@ -173,8 +176,8 @@ def decode_tokens(target, token, view: KVCache, length, keys, params: SamplingPa
     b = token.shape[0]
     width = 3 * target.config.hidden_size
 
-    def body(carry):
-        i, token, view, keys, remaining, count, out, tap_rows = carry
+    def body(c: dict) -> dict:
+        i, token, view, keys, remaining, count, out, tap_rows = (c[name] for name in _DECODE_CARRY)
         active = remaining > 0
         hidden, tap, view = target.extend(token[:, None], view, length + count, return_taps=taps)
         after, now = split_rows(keys)
@@ -184,15 +187,14 @@ def decode_tokens(target, token, view: KVCache, length, keys, params: SamplingPa
             tap_rows = tap_rows.at[:, i].set(tap[:, 0])
         stop = jnp.any(new[:, None] == eos[None, :], axis=1)
         remaining = jnp.where(active, jnp.where(stop, 0, remaining - 1), 0)
-        return (i + 1, jnp.where(active, new, token), view, after, remaining, count + active.astype(jnp.int32), out,
-                tap_rows)
+        return dict(zip(_DECODE_CARRY, (i + 1, jnp.where(active, new, token), view, after, remaining,
+                                        count + active.astype(jnp.int32), out, tap_rows)))
 
-    start = (jnp.int32(0), token, view, keys, remaining, jnp.zeros((b,), jnp.int32),
-             jnp.full((b, chunk), -1, jnp.int32),
-             jnp.zeros((b, chunk, width), target.dtype) if taps else None)
-    _, token, view, keys, remaining, count, out, tap_rows = jax.lax.while_loop(
-        lambda c: (c[0] < chunk) & jnp.any(c[4] > 0), body, start)
-    return token, view, keys, remaining, count, out, tap_rows
+    start = dict(zip(_DECODE_CARRY, (jnp.int32(0), token, view, keys, remaining, jnp.zeros((b,), jnp.int32),
+                                     jnp.full((b, chunk), -1, jnp.int32),
+                                     jnp.zeros((b, chunk, width), target.dtype) if taps else None)))
+    c = jax.lax.while_loop(lambda c: (c["i"] < chunk) & jnp.any(c["remaining"] > 0), body, start)
+    return c["token"], c["view"], c["keys"], c["remaining"], c["count"], c["out"], c["taps"]
 
 
 def _decode_chunk(model: ModelDef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, remaining, eos,

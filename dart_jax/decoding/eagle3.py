@@ -114,8 +114,8 @@ def grow_tree(module: Eagle3Head, root_hidden, cache: HeadCache, committed, *, k
         return hidden, ids, scores, fed, seen, tree_k, tree_v, all_scores, all_ids, group_parent
 
     carry = (hidden, ids, scores, fed, seen, tree_k, tree_v, all_scores, all_ids, group_parent)
-    carry = jax.lax.fori_loop(0, depth, step, carry)
-    return carry[7], carry[8], carry[9]
+    *_, all_scores, all_ids, group_parent = jax.lax.fori_loop(0, depth, step, carry)
+    return all_scores, all_ids, group_parent
 
 
 def select_tree(root, all_scores, all_ids, group_parent, *, k: int, nodes: int, rows: int) -> dict:
