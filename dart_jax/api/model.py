@@ -22,7 +22,7 @@ from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head
 from dart_jax.convert.hub import resolve
 from dart_jax.convert.base_files import check_base_files
 from dart_jax.convert.packaged import smollm2_gguf
-from dart_jax.convert.target import load_target_config, target_folder
+from dart_jax.convert.target import converted_checked, load_target_config, target_folder
 from dart_jax.convert.gguf import is_gguf
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots  # noqa: F401 (PlainBatcher: a public name here)
@@ -188,7 +188,8 @@ class DartModel:
         if base is None:
             base = published_base(dart)
         head_dir = head_folder(dart)
-        base_folder = target_folder(base) if is_gguf(base) else resolve(base, BASE_PATTERNS, what="base model")
+        base_folder = target_folder(base) if is_gguf(base) else converted_checked(
+            resolve(base, BASE_PATTERNS, what="base model"))
         check_base_files(base_folder)  # its small files, before third-party code reads them
         head_config = read_head_config(head_dir)
         target_config = load_target_config(base_folder)
