@@ -2,7 +2,8 @@
 
 Fields follow OpenAI's chat and completions APIs; a few extras say how to decode (`method`,
 `top_k`, `tree_size`). Unknown fields are ignored, as OpenAI-compatible servers do, except those
-whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools): those are a 400.
+whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools, a
+`response_format` other than {"type": "text"}): those are a 400.
 Every number is bounded here by the type it takes on the device (top_k and token counts int32, the
 seed 63 bits, a finite temperature of at most 10): a value beyond is a 400 that names the limit,
 never an overflow inside the scheduler.
@@ -84,6 +85,7 @@ class _Sampling(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    response_format: Any = None
     # dart_jax extras
     # one of dart_jax.api.methods' names (the schema lists them; the server answers for those it has loaded)
     method: str = Field("dart", json_schema_extra=lambda schema: schema.update(enum=list(decoding_methods.names())))
@@ -110,6 +112,17 @@ class _Sampling(BaseModel):
         if len(stops) > 16 or any(not s for s in stops):
             raise ValueError("stop takes up to 16 non-empty strings")
         return _valid_text(stops, "a stop string")
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, response_format):
+        # JSON mode and JSON schemas would need constrained decoding: ignoring them would answer free
+        # text to a client that parses JSON
+        if response_format is not None and response_format != {"type": "text"}:
+            kind = response_format.get("type") if isinstance(response_format, dict) else response_format
+            raise ValueError(f"response_format {str(kind)[:40]!r} is not supported by this server: only "
+                             '{"type": "text"}; drop response_format and ask for the format in the prompt')
+        return response_format
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
