@@ -18,7 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dart_jax.convert.base_files import check_base_files
-from dart_jax.errors import FileFormatError, InputError, check_text, not_utf8, parse_json
+from dart_jax.errors import FileFormatError, InputError, check_text, load_tokenizer_folder, not_utf8, parse_json
 
 from .masks import sample_anchors
 
@@ -139,11 +139,9 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int) -> tup
 
 def load_tokenizer(base):
     """The target's fast tokenizer (offsets are needed for the loss mask)."""
-    from transformers import AutoTokenizer
-
     if Path(base).is_dir():
         check_base_files(base)
-    tok = AutoTokenizer.from_pretrained(str(base))
+    tok = load_tokenizer_folder(base)
     if not tok.is_fast:
         raise ValueError(f"the tokenizer of {base} has no fast (Rust) version; the loss mask needs offset mappings")
     if not tok.chat_template:

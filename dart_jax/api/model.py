@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-from transformers import AutoTokenizer
 
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
@@ -30,7 +29,7 @@ from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafte
 from dart_jax.decoding.engine import Continued, Engine
 from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
-from dart_jax.errors import InputError, MissingFileError, check_text
+from dart_jax.errors import InputError, MissingFileError, check_text, load_tokenizer_folder
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.qwen3 import check_attention, check_dtype, check_verify_gemms
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
@@ -214,13 +213,7 @@ class DartModel:
         else:
             trie = load_trie(DEFAULT_NGRAM if ngram is None else ngram, small=small_ngram, cache_dir=trie_cache_dir)
             check_trie_vocab(trie, target_config.vocab_size, DEFAULT_NGRAM if ngram is None else ngram)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(base_folder))
-        except Exception as e:  # noqa: BLE001 - the tokenizers library's errors (a damaged tokenizer.json) are bare
-            if not isinstance(e, (OSError, ValueError)) and type(e) is not Exception:
-                raise
-            raise FileNotFoundError(f"no usable tokenizer in the base folder {base_folder} ({e}); it needs the HF "
-                                    "tokenizer files (tokenizer.json / tokenizer_config.json).") from e
+        tokenizer = load_tokenizer_folder(base_folder)
         if len(tokenizer) > target_config.vocab_size:
             raise ValueError(f"the tokenizer in {base_folder} has {len(tokenizer)} tokens but the model's vocab_size is "
                              f"{target_config.vocab_size}: tokenizer and weights do not belong together.")
