@@ -178,7 +178,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
              ({"messages": [{"role": "user", "content": "word " * 2000}]}, 400, "messages"),
              ({"method": "magic"}, 400, "method"), ({"seed": 2**70}, 400, "seed"), ({"logprobs": True}, 400, "logprobs"),
              ({"response_format": {"type": "json_object"}}, 400, "response_format"),
-             ({"response_format": "json"}, 400, "response_format")]
+             ({"response_format": "json"}, 400, "response_format"), ({"max_tokens": "4"}, 400, "max_tokens"),
+             ({"top_k": "5"}, 400, "top_k")]
     for change, status, param in cases:
         r = httpx.post(url, json={**good, **change}, headers=headers, timeout=HANG)
         assert r.status_code == status, (change, r.text)

@@ -298,6 +298,8 @@ class DartModel:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of token ids (special tokens left out); ids outside the vocabulary are an InputError."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise InputError(f"decode takes a list of token ids, got {type(ids).__name__} {str(ids)[:40]!r}.")
         ids = _check_ids(list(ids))
         vocab = self.engine.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]

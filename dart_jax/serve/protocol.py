@@ -3,10 +3,10 @@
 Fields follow OpenAI's chat and completions APIs; a few extras say how to decode (`method`,
 `top_k`, `tree_size`). Unknown fields are ignored, as OpenAI-compatible servers do, except those
 whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools, a
-`response_format` other than {"type": "text"}): those are a 400.
-Every number is bounded here by the type it takes on the device (top_k and token counts int32, the
-seed 63 bits, a finite temperature of at most 10): a value beyond is a 400 that names the limit,
-never an overflow inside the scheduler.
+`response_format` other than {"type": "text"}): those are a 400. Integers are strict (a string
+"4" is a 400, as OpenAI answers). Every number is bounded here by the type it takes on the device
+(top_k and token counts int32, the seed 63 bits, a finite temperature of at most 10): a value
+beyond is a 400 that names the limit, never an overflow inside the scheduler.
 """
 from __future__ import annotations
 
@@ -76,11 +76,11 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str
-    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, strict=True)
     temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0, le=INT32_MAX)
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    top_k: int = Field(0, ge=0, le=INT32_MAX, strict=True)
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1], strict=True)
     stop: str | list[str] | None = Field(None, validate_default=True)
     n: int = 1
     stream: bool = False
@@ -130,7 +130,7 @@ class _Sampling(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, strict=True)
     logprobs: bool | None = None
     tools: list[Any] | None = None
 
