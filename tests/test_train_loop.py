@@ -139,13 +139,20 @@ def test_tiny_head_overfits_regenerated_data_and_exports_a_lossless_head(base, t
         assert np.mean(spec.accept_lengths) > 2.0, spec.accept_lengths
 
 
-def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
+def full_and_stopped_runs(base, tmp_path) -> tuple[list[str], Path]:
+    """(the arguments, the folder of a run stopped after micro-step 3) beside the whole run in
+    tmp_path/a: 6 samples, batches of 2, 2 epochs, a checkpoint every 2 micro-steps."""
     data = write_data(tmp_path / "d.jsonl", 6, seed=1)
     args = ["--base", str(base), "--data", str(data), *COMMON, "--batch-size", "2", "--grad-accum", "2",
             "--epochs", "2", "--lr", "5e-3", "--save-every", "2"]
     main([*args, "--out", str(tmp_path / "a")])
     b = tmp_path / "b"
     main([*args, "--out", str(b), "--stop-after", "3"])
+    return args, b
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
+    args, b = full_and_stopped_runs(base, tmp_path)
     assert not (b / "head").exists()
     assert json.loads((b / "metrics.json").read_text())["step"] == 3  # the figures of the state saved
     # a kill between two saves: drop the newest checkpoint, so the run resumes mid-accumulation from step 2
@@ -200,12 +207,7 @@ def test_help_lists_the_options(capsys):
 def test_a_damaged_latest_checkpoint_and_data_cache_fall_back(base, tmp_path, capsys):
     """An emptied latest checkpoint: the run resumes from the one before; a truncated data.npz and
     vocab.npz are derived again; the head is the uninterrupted run's."""
-    data = write_data(tmp_path / "d.jsonl", 6, seed=1)
-    args = ["--base", str(base), "--data", str(data), *COMMON, "--batch-size", "2", "--grad-accum", "2",
-            "--epochs", "2", "--lr", "5e-3", "--save-every", "2"]
-    main([*args, "--out", str(tmp_path / "a")])
-    b = tmp_path / "b"
-    main([*args, "--out", str(b), "--stop-after", "3"])
+    args, b = full_and_stopped_runs(base, tmp_path)
     for entry in (b / "ckpt" / "3").iterdir():  # emptied: the folder stays, its files are gone
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     for name in ("data.npz", "vocab.npz"):
