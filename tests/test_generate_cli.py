@@ -52,8 +52,11 @@ def test_cli_streams_text_and_summary(ckpt, capsys):
 ])
 def test_cli_bad_inputs(ckpt, capsys, flags, message):
     base, head, trie = ckpt
-    code = generate.main(["--ckpt", str(head), "--base", str(base), "--ngram", str(trie), "--prompt", "hello there",
-                          *flags])
+    try:
+        code = generate.main(["--ckpt", str(head), "--base", str(base), "--ngram", str(trie), "--prompt", "hello there",
+                              *flags])
+    except SystemExit as e:  # a value the flag's type refuses is argparse's error (--top-k's range)
+        code = e.code
     assert code == 2
     assert message in capsys.readouterr().err
 
