@@ -10,6 +10,10 @@
                                  PyTorch reference (fvliang/DART) as it is; a `warning:` line names
                                  anything the reference would not take although dart_jax does
 
+  gguf FILE.gguf OUT             convert a Llama-family GGUF file into a HF checkpoint folder (what
+                                 `--base FILE.gguf` caches), with each file's SHA-256 in its
+                                 gguf_source.json; rebuilds a damaged conversion
+
 BASE is a Qwen3 or Llama-family target (folder, hub id or Llama .gguf file).
 
 HEAD and BASE are local folders or hub ids. A bad file, config or argument is reported as one
@@ -31,6 +35,7 @@ from .checksums import CAN, CANNOT, check_files
 from .dart_head import (check_head, check_names, export_dart_head, head_folder, read_head_config, reference_problems,
                         tensor_files)
 from .target import load_target_config
+from .gguf import MANIFEST, gguf_to_folder
 from .int8 import write_int8_head
 from .safetensors_io import read_tensors
 
@@ -95,6 +100,12 @@ def _int8(args) -> None:
     print(f"wrote {out}/config.json and {out}/model.safetensors (int8 weights, per-row scales; {size / 1e6:.1f} MB)")
 
 
+def _gguf(args) -> None:
+    check_apart(args.out, [("", args.file)])
+    out = gguf_to_folder(args.file, args.out)
+    print(f"wrote {out} (a HF checkpoint folder; its files' SHA-256 in {out}/{MANIFEST})")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dart_jax.convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,6 +131,10 @@ def main(argv=None) -> int:
     p.add_argument("head", help="draft head folder (DART or EAGLE-3)")
     p.add_argument("out", help="output folder (created, or replaced if it holds only a head; its parent must exist)")
     p.set_defaults(run=_int8)
+    p = sub.add_parser("gguf", help="convert a Llama-family GGUF file into a HF checkpoint folder (float32)")
+    p.add_argument("file", help="the .gguf file")
+    p.add_argument("out", help="output folder (created, or replaced if it holds only a conversion)")
+    p.set_defaults(run=_gguf)
     args = parser.parse_args(argv)
     return cli_boundary(lambda: args.run(args), prog="python -m dart_jax.convert")
 

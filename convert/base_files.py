@@ -13,11 +13,9 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from dart_jax.errors import FileFormatError, read_json
+from dart_jax.errors import TOKENIZER_JSON, FileFormatError, read_json
 
 _SAMPLE = [{"role": "user", "content": "Hello"}]
-# the tokenizer's small JSON files that transformers reads (tokenizer.json is read by the tokenizers library)
-TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def _json(path: Path) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,8 +38,8 @@ except ImportError as _missing:  # tests/test_llama.py blocks the import to chec
 else:
     _GGUF_IMPORT_ERROR = None
 
-from dart_jax.errors import FileFormatError, InputError, MissingFileError
-from dart_jax.files import cache_root
+from dart_jax.errors import FileFormatError, InputError, MissingFileError, parse_json
+from dart_jax.files import cache_root, file_sha256
 
 from .files import atomic_folder
 from .qwen3 import save_qwen3
@@ -67,9 +68,11 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # tokenizer.ggml.pre → how words are split before BPE (llama.cpp's pre-tokenizer types)
 PRE_TOKENIZERS = ("default", "gpt2", "smollm", "llama-bpe", "llama3")
-FORMAT_VERSION = 1  # of the converted folder: a change rebuilds cached conversions
+FORMAT_VERSION = 2  # of the converted folder: a change rebuilds cached conversions (2: with checksums)
+MANIFEST = "gguf_source.json"  # written last: the source file, and each file's size and SHA-256
 OWNED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-         "chat_template.jinja", "gguf_source.json")
+         "chat_template.jinja", MANIFEST)
+REBUILD = "python -m dart_jax.convert gguf"  # the command that converts a GGUF file into a folder
 
 
 def _reader(path: Path):
@@ -322,9 +325,11 @@ def gguf_to_folder(gguf_path: str | os.PathLike, out: str | os.PathLike, *, prog
             (scratch / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
             generation = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
             (scratch / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-            st = path.stat()
-            (scratch / "gguf_source.json").write_text(json.dumps(
-                {"file": str(path.resolve()), "size": st.st_size, "format": FORMAT_VERSION}, indent=2) + "\n")
+            files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                     for p in sorted(scratch.iterdir()) if p.is_file()}
+            (scratch / MANIFEST).write_text(json.dumps(
+                {"file": str(path.resolve()), "size": path.stat().st_size, "format": FORMAT_VERSION, "files": files},
+                indent=2) + "\n")
     except InputError as e:
         raise FileFormatError(path, f"does not convert to a valid checkpoint: {e}") from e
     return Path(out)
@@ -339,9 +344,61 @@ def gguf_folder(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | Non
     st = path.stat()
     key = hashlib.sha1(f"{path}:{st.st_size}:{st.st_mtime_ns}:{FORMAT_VERSION}".encode()).hexdigest()[:16]
     out = Path(cache_dir or cache_root() / "gguf") / f"{path.stem}-{key}"
-    if not (out / "gguf_source.json").is_file():
+    if not (out / MANIFEST).is_file():
         gguf_to_folder(path, out)
-    return out
+        return out
+    return checked_conversion(out, path)
+
+
+def _manifest(folder: Path) -> dict | str:
+    """The manifest of a converted folder, or why it cannot be read."""
+    try:
+        manifest = parse_json((folder / MANIFEST).read_bytes(), folder / MANIFEST, "a conversion manifest")
+    except (OSError, InputError) as e:
+        return f"its {MANIFEST} cannot be read ({str(e)[-120:]})"
+    return manifest if isinstance(manifest, dict) else f"its {MANIFEST} is not a JSON object"
+
+
+def conversion_problem(folder: Path) -> str | None:
+    """What is wrong with a converted folder's files against the sizes and SHA-256 its manifest
+    recorded when it was written (None: every file as written)."""
+    manifest = _manifest(folder)
+    if isinstance(manifest, str):
+        return manifest
+    files = manifest.get("files")
+    if manifest.get("format") != FORMAT_VERSION or not isinstance(files, dict) or not files:
+        return f"its {MANIFEST} has no checksums of this format (written by another version of dart_jax)"
+    for name, entry in files.items():
+        file = folder / name
+        if not isinstance(entry, dict) or not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != entry.get("size"):
+            return f"{name} has {file.stat().st_size} bytes, {entry.get('size')} when written"
+        if file_sha256(file) != entry.get("sha256"):
+            return f"{name}'s SHA-256 differs from the one recorded when it was written"
+    return None
+
+
+def checked_conversion(folder: str | os.PathLike, source: Path | None = None) -> Path:
+    """`folder`, a converted GGUF folder, once its files match the checksums of its manifest. A
+    damaged folder is rebuilt from its GGUF file (`source`, or the one the manifest names) with a
+    one-line notice; without that file it is a FileFormatError naming the command that rebuilds it."""
+    folder = Path(folder)
+    problem = conversion_problem(folder)
+    if problem is None:
+        return folder
+    if source is None:
+        manifest = _manifest(folder)
+        named = manifest.get("file") if isinstance(manifest, dict) else None
+        source = Path(named) if isinstance(named, str) else None
+    if source is None or not source.is_file():
+        raise FileFormatError(folder, f"this GGUF conversion is damaged ({problem}) and the GGUF file it was made "
+                                      f"from{f' ({source})' if source else ''} is gone; rebuild it from the .gguf "
+                                      f"file: {REBUILD} FILE.gguf {folder} (or pass the .gguf file itself).")
+    print(f"dart_jax: the converted cache {folder} is damaged ({problem}); rebuilding it from {source}.",
+          file=sys.stderr)
+    gguf_to_folder(source, folder)
+    return folder
 
 
 def is_gguf(path_or_id: str | os.PathLike) -> bool:

@@ -6,16 +6,23 @@ import os
 from pathlib import Path
 
 from .configs import config_from_file, read_config
-from .gguf import gguf_folder, is_gguf
+from .gguf import MANIFEST, checked_conversion, gguf_folder, is_gguf
 from .qwen3 import Qwen3Config, checkpoint_folder, target_config_from_hf
 
 
 def target_folder(path_or_id: str | os.PathLike) -> Path:
     """The local HF folder of a target of any supported family: a folder, a hub id, or a Llama
-    `.gguf` file (converted once into the cache, `convert.gguf.gguf_folder`)."""
+    `.gguf` file (converted once into the cache, `convert.gguf.gguf_folder`). A folder converted
+    from a GGUF file is checked against its checksums first (`convert.gguf.checked_conversion`)."""
     if is_gguf(path_or_id):
         return gguf_folder(path_or_id)
-    return checkpoint_folder(path_or_id)
+    return converted_checked(checkpoint_folder(path_or_id))
+
+
+def converted_checked(folder: Path) -> Path:
+    """`folder` itself; when it is a GGUF conversion (it holds the manifest), once its files match
+    their checksums (a damaged one rebuilt, or refused: `convert.gguf.checked_conversion`)."""
+    return checked_conversion(folder) if (folder / MANIFEST).is_file() else folder
 
 
 def load_target_config(path_or_id: str | os.PathLike) -> Qwen3Config:

@@ -108,6 +108,45 @@ def read_json(path, expected: str) -> Any:
     return parse_json(path.read_bytes(), path, expected)
 
 
+# the tokenizer's small JSON files that transformers parses in Python (tokenizer.json is read by the tokenizers library)
+TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def load_tokenizer_folder(folder) -> Any:
+    """transformers' AutoTokenizer of a tokenizer folder, the one loader of every command (never
+    remote code). Its JSON files go through `read_json` first (transformers' own parser recurses:
+    deep nesting would be a RecursionError there); a tokenizer.json that is not a tokenizer (the
+    tokenizers library raises a bare Exception, transformers a KeyError or TypeError) is a
+    FileFormatError naming the file; a folder without usable tokenizer files is a MissingFileError."""
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    restore = "restore it from the model's repository."
+    for name in TOKENIZER_JSON:
+        if (folder / name).is_file():
+            read_json(folder / name, f"a tokenizer's JSON file; {restore}")
+    tokenizer_json = folder / "tokenizer.json"
+    if tokenizer_json.is_file():
+        content = read_json(tokenizer_json, f"a tokenizers JSON file; {restore}")
+        if not isinstance(content, dict) or not isinstance(content.get("model"), dict) \
+                or not isinstance(content.get("added_tokens", []), list):
+            raise FileFormatError(tokenizer_json, f"not a tokenizer (an object with a 'model' object and an "
+                                                  f"'added_tokens' list); the file is damaged: {restore}")
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the tokenizers library's errors are bare Exceptions
+        if type(e) is not Exception and not isinstance(e, (KeyError, TypeError, AttributeError, IndexError, ValueError,
+                                                           OSError)):
+            raise
+        if tokenizer_json.is_file():
+            raise FileFormatError(tokenizer_json, f"the tokenizer cannot be built from it ({type(e).__name__}: "
+                                                  f"{str(e)[:200]}); the file is damaged: {restore}") from None
+        raise MissingFileError(f"no usable tokenizer in {folder} ({str(e)[:200]}); it needs the HF tokenizer "
+                               "files (tokenizer.json, tokenizer_config.json).") from e
+
+
 # OSErrors that are the user's to fix: a path that is a folder, not a folder, missing, taken, not writable, full
 _USER_OS_ERRORS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.ENOSPC,
                    errno.EROFS, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EADDRINUSE, errno.EADDRNOTAVAIL}

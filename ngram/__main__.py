@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dart_jax.errors import (FileFormatError, InputError, MissingFileError, check_text, cli_boundary, parse_json,
-                             read_json)
+from dart_jax.errors import (FileFormatError, InputError, MissingFileError, check_text, cli_boundary,
+                             load_tokenizer_folder, parse_json)
 
 from ._atomic import check_apart, check_output
 from ._format import looks_like_reference, MAGIC as CSR_MAGIC
@@ -36,13 +36,7 @@ def _load_tokenizer(path):
             f"--tokenizer {path!r} is not a folder; pass a local folder with tokenizer.json "
             "(e.g. the target model's folder)."
         )
-    from transformers import AutoTokenizer
-
-    # transformers' parser recurses into these: deep nesting would be a RecursionError there
-    for name in ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
-        if os.path.isfile(os.path.join(path, name)):
-            read_json(os.path.join(path, name), "a tokenizer's JSON file; restore it from the model's repository.")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    return load_tokenizer_folder(path)
 
 
 def _input_files(paths: list[str], suffixes=_SUFFIXES) -> list[Path]:

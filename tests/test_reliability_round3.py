@@ -385,3 +385,20 @@ def test_gguf_tensors_whose_data_overlap_or_run_short_are_named(tmp_path):
                                               r"file's end"):
         gguf_to_folder(short, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# -- found by scripts/audit_bad_inputs.py ------------------------------------------------------------------
+@pytest.mark.parametrize("call, message", [
+    (lambda m: m.generate("hi", temperature=0.5, top_k=2**31), r"top_k must be at most 2147483647 \(int32"),
+    (lambda m: m.generate("hi", max_new_tokens=2**40), r"max_new_tokens must be at most 2147483647"),
+    (lambda m: m.generate("hi", max_length=2**31), r"max_length must be at most 2147483647"),
+])
+def test_numbers_past_int32_are_refused_by_the_python_api(tiny, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(tiny)
+
+
+@pytest.mark.parametrize("ids", [None, 5, "abc", b"ab"])
+def test_decode_takes_a_list_of_ids(tiny, ids):
+    with pytest.raises(InputError, match="decode takes a list of token ids"):
+        tiny.decode(ids)

@@ -176,7 +176,10 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
              ({"temperature": -0.5}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"),
              ({"top_p": 1.5}, 400, "top_p"), ({"n": 2}, 400, "n"), ({"messages": []}, 400, "messages"),
              ({"messages": [{"role": "user", "content": "word " * 2000}]}, 400, "messages"),
-             ({"method": "magic"}, 400, "method"), ({"seed": 2**70}, 400, "seed"), ({"logprobs": True}, 400, "logprobs")]
+             ({"method": "magic"}, 400, "method"), ({"seed": 2**70}, 400, "seed"), ({"logprobs": True}, 400, "logprobs"),
+             ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+             ({"response_format": "json"}, 400, "response_format"), ({"max_tokens": "4"}, 400, "max_tokens"),
+             ({"top_k": "5"}, 400, "top_k")]
     for change, status, param in cases:
         r = httpx.post(url, json={**good, **change}, headers=headers, timeout=HANG)
         assert r.status_code == status, (change, r.text)
@@ -192,7 +195,18 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
     r = httpx.post(server[0] + "/v1/completions", json={"model": NAME, "prompt": [10**9], "max_tokens": 2},
                    headers=headers, timeout=HANG)
     assert r.status_code == 400 and "vocabulary" in error_of(r)["message"]
-    ok = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=4)
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    for response_format in ({"type": "json_object"}, schema):  # constrained output: refused, not ignored
+        with pytest.raises(openai.BadRequestError, match="response_format") as refused:
+            client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                           response_format=response_format)
+        assert refused.value.body["type"] == "invalid_request_error"
+        assert refused.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        client.completions.create(model=NAME, prompt="hi", max_tokens=2,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    ok = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+                                        response_format={"type": "text"})
     assert ok.choices[0].finish_reason in ("stop", "length")
     assert server[1].poll() is None
 

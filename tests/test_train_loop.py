@@ -139,13 +139,20 @@ def test_tiny_head_overfits_regenerated_data_and_exports_a_lossless_head(base, t
         assert np.mean(spec.accept_lengths) > 2.0, spec.accept_lengths
 
 
-def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
+def full_and_stopped_runs(base, tmp_path) -> tuple[list[str], Path]:
+    """(the arguments, the folder of a run stopped after micro-step 3) beside the whole run in
+    tmp_path/a: 6 samples, batches of 2, 2 epochs, a checkpoint every 2 micro-steps."""
     data = write_data(tmp_path / "d.jsonl", 6, seed=1)
     args = ["--base", str(base), "--data", str(data), *COMMON, "--batch-size", "2", "--grad-accum", "2",
             "--epochs", "2", "--lr", "5e-3", "--save-every", "2"]
     main([*args, "--out", str(tmp_path / "a")])
     b = tmp_path / "b"
     main([*args, "--out", str(b), "--stop-after", "3"])
+    return args, b
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
+    args, b = full_and_stopped_runs(base, tmp_path)
     assert not (b / "head").exists()
     assert json.loads((b / "metrics.json").read_text())["step"] == 3  # the figures of the state saved
     # a kill between two saves: drop the newest checkpoint, so the run resumes mid-accumulation from step 2
@@ -195,3 +202,64 @@ def test_help_lists_the_options(capsys):
                    "--anchors-per-seq", "--batch-size", "--grad-accum", "--lr", "--epochs", "--gamma",
                    "--save-every", "--keep-last", "--regenerate", "--skip-bad"):
         assert option in text
+
+
+def test_a_damaged_latest_checkpoint_and_data_cache_fall_back(base, tmp_path, capsys):
+    """An emptied latest checkpoint: the run resumes from the one before; a truncated data.npz and
+    vocab.npz are derived again; the head is the uninterrupted run's."""
+    args, b = full_and_stopped_runs(base, tmp_path)
+    for entry in (b / "ckpt" / "3").iterdir():  # emptied: the folder stays, its files are gone
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for name in ("data.npz", "vocab.npz"):
+        os.truncate(b / name, (b / name).stat().st_size // 2)
+    capsys.readouterr()
+    main([*args, "--out", str(b)])
+    err = capsys.readouterr().err
+    assert "resuming from micro-step 2 of 6" in err
+    assert f"checkpoint {b / 'ckpt' / '3'} cannot be read" in err
+    assert "data.npz: cannot be read" in err and "vocab.npz: cannot be read" in err
+    assert (b / "ckpt.damaged-3").is_dir()  # moved aside, not deleted
+    want, got = load_file(tmp_path / "a" / "head" / "model.safetensors"), load_file(b / "head" / "model.safetensors")
+    assert set(want) == set(got)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_truncated_checkpoint_files_fall_back_to_the_step_before(tmp_path):
+    import jax.numpy as jnp
+
+    from dart_jax.train.checkpoint import Checkpoints
+
+    like = [jnp.arange(3.0), jnp.zeros((2, 2))]
+    ckpt = Checkpoints(tmp_path / "ckpt", 3)
+    ckpt.save(1, [x + 1 for x in like])
+    ckpt.save(2, [x + 2 for x in like])
+    ckpt.close()
+    for path in (tmp_path / "ckpt" / "2").rglob("*"):
+        if path.is_file() and path.stat().st_size:
+            os.truncate(path, path.stat().st_size // 2)
+    lines = []
+    ckpt = Checkpoints(tmp_path / "ckpt", 3)
+    step, state = ckpt.restore_latest(like, log=lines.append)
+    assert step == 1 and len(lines) == 1 and "cannot be read" in lines[0]
+    np.testing.assert_array_equal(state[0], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(state[1], np.ones((2, 2)))
+    ckpt.save(2, like)  # the step can be saved again: the damaged one is out of the way
+    ckpt.close()
+
+
+def test_a_damaged_data_cache_is_a_file_format_error(tmp_path):
+    from dart_jax.errors import FileFormatError
+    from dart_jax.train.data import Dataset
+
+    ids = [np.arange(5, dtype=np.int32), np.arange(3, dtype=np.int32)]
+    Dataset(ids, [x % 2 == 0 for x in ids]).save(tmp_path / "data.npz")
+    loaded = Dataset.load(tmp_path / "data.npz")
+    assert [x.tolist() for x in loaded.ids] == [[0, 1, 2, 3, 4], [0, 1, 2]]
+    assert [x.tolist() for x in loaded.loss_mask] == [[True, False, True, False, True], [True, False, True]]
+    os.truncate(tmp_path / "data.npz", 100)
+    with pytest.raises(FileFormatError, match="data.npz: cannot be read"):
+        Dataset.load(tmp_path / "data.npz")
+    np.savez(tmp_path / "odd.npz", lengths=np.asarray([4, 4]), ids=np.arange(5), loss_mask=np.ones(5, bool))
+    with pytest.raises(FileFormatError, match="arrays disagree"):
+        Dataset.load(tmp_path / "odd.npz")

@@ -33,7 +33,7 @@ from dart_jax.models.multihost import is_writer, wait_for_all
 from dart_jax.models.sharding import make_mesh, shard_module
 
 from .checkpoint import Checkpoints
-from .data import Dataset, encode_dataset, load_tokenizer, read_conversations
+from .data import Dataset, encode_dataset, load_tokenizer, read_conversations, read_npz
 from .eagle3 import eagle3_loss, new_eagle3_head, save_eagle3_head
 from .loop import Trainer, batches_per_epoch, data_mesh, head_config_for, save_npz_atomic, set_vocab, train_loop, \
     write_json_atomic
@@ -113,6 +113,18 @@ class _DropBars:
         return getattr(self.stream, name)
 
 
+def cached(path: Path, load):
+    """What `load` reads from a file this run folder derived before (data.npz, vocab.npz), or None
+    when there is none; a damaged one (a FileFormatError) is named in a notice and derived again."""
+    if not path.exists():
+        return None
+    try:
+        return load(path)
+    except FileFormatError as e:
+        print(f"dart_jax.train: {e} It is derived again.", file=sys.stderr)
+        return None
+
+
 def open_taps(args, out: Path, data: Dataset, target, settings: TrainSettings, mesh, pad_id: int, progress: bool,
               needed: bool) -> TapsCache | None:
     """The taps cache of this run (built or completed first) when --taps picks it, else None."""
@@ -167,9 +179,8 @@ def run(args) -> Path:
         tokenizer = load_tokenizer(args.tokenizer or target_folder(args.base))
         pad_id = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0
         data_file = out / "data.npz"
-        if data_file.exists():
-            data = Dataset.load(data_file)
-        else:
+        data = cached(data_file, Dataset.load)
+        if data is None:
             conversations, bad = read_conversations(args.data, skip_bad=args.skip_bad)
             if bad:
                 print(f"skipped {bad} malformed lines of {args.data}", file=sys.stderr)
@@ -189,12 +200,10 @@ def run(args) -> Path:
                 data.save(data_file)
 
         vocab_file = out / "vocab.npz"
-        if vocab_file.exists():
-            with np.load(vocab_file) as f:
-                used = f["used"]
-        elif init is not None:
+        used = cached(vocab_file, lambda path: read_npz(path, ("used",))["used"])
+        if used is None and init is not None:
             used = used_from_d2t(np.asarray(init.d2t.get_value()))
-        else:
+        elif used is None:
             used, _, _ = build_draft_vocab(zip(data.ids, data.loss_mask), target.config.vocab_size, settings.draft_vocab)
         save_npz_atomic(vocab_file, used=used)
 
@@ -213,9 +222,10 @@ def run(args) -> Path:
         total = settings.epochs * per_epoch
         loss_fn = functools.partial(eagle3_loss, gamma=settings.gamma, steps=settings.ttt_steps) if eagle3 else None
         trainer = Trainer(target, head, settings, total // settings.grad_accum, mesh, loss_fn)
-        start = checkpoints.latest_step() or 0
+        start, state = checkpoints.restore_latest(trainer.train_state(), writer=is_writer(),
+                                                  log=lambda line: print(line, file=sys.stderr))
         if start:
-            trainer.load_train_state(checkpoints.restore(start, trainer.train_state()))
+            trainer.load_train_state(state)
             print(f"resuming from micro-step {start} of {total}", file=sys.stderr)
         end = total if args.stop_after is None else min(total, args.stop_after)
         print(f"{len(data)} samples, {per_epoch} batches/epoch, {total} micro-batches, draft vocab {len(used)}, "

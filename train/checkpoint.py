@@ -2,16 +2,22 @@
 
 Orbax writes each step to a temporary folder and renames it when complete, so a run killed at
 any moment resumes from the latest complete step. The state is saved as its list of leaves and
-restored into the structure of a freshly initialised state (same settings, same tree).
+restored into the structure of a freshly initialised state (same settings, same tree). A step
+that does not read back (emptied, truncated files) is moved out of the way, beside the
+checkpoint folder, and the one before is used (`restore_latest`).
 """
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+
+from dart_jax.errors import InputError
 
 
 class Checkpoints:
@@ -45,11 +51,31 @@ class Checkpoints:
         leaves, treedef = jax.tree.flatten(like)
         meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         if meta["leaves"] != len(leaves):
-            raise ValueError(f"checkpoint {self.folder}/{step} holds {meta['leaves']} arrays but this run's state has "
+            raise InputError(f"checkpoint {self.folder}/{step} holds {meta['leaves']} arrays but this run's state has "
                              f"{len(leaves)}: it was written with other model settings; use a fresh --out")
         abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in leaves]
         restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         return jax.tree.unflatten(treedef, list(restored["state"]))
+
+    def restore_latest(self, like, *, log: Callable[[str], None], writer: bool = True) -> tuple[int, Any]:
+        """(step, state) of the latest checkpoint that reads back, or (0, None) when none does. A
+        damaged step is named in a notice (`log`) and moved (by the `writer` process) to
+        `ckpt.damaged-STEP` beside the checkpoint folder, where a later save of that step cannot
+        meet it; then the step before is tried."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                return step, self.restore(step, like)
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001 - orbax reports a damaged step as KeyError, JSONDecodeError, TensorStore's ValueError, ...
+                aside = self.folder.with_name(f"{self.folder.name}.damaged-{step}")
+                log(f"dart_jax.train: checkpoint {self.folder / str(step)} cannot be read ({type(e).__name__}: "
+                    f"{str(e)[:120]}); moved to {aside}, resuming from the one before.")
+                if writer:
+                    shutil.rmtree(aside, ignore_errors=True)
+                    os.rename(self.folder / str(step), aside)
+                self.manager.reload()
+        return 0, None
 
     def close(self) -> None:
         self.manager.close()

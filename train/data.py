@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dart_jax.convert.base_files import check_base_files
-from dart_jax.errors import FileFormatError, InputError, check_text, not_utf8, parse_json
+from dart_jax.errors import FileFormatError, InputError, check_text, load_tokenizer_folder, not_utf8, parse_json
 
 from .masks import sample_anchors
 
@@ -138,11 +139,9 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int) -> tup
 
 def load_tokenizer(base):
     """The target's fast tokenizer (offsets are needed for the loss mask)."""
-    from transformers import AutoTokenizer
-
     if Path(base).is_dir():
         check_base_files(base)
-    tok = AutoTokenizer.from_pretrained(str(base))
+    tok = load_tokenizer_folder(base)
     if not tok.is_fast:
         raise ValueError(f"the tokenizer of {base} has no fast (Rust) version; the loss mask needs offset mappings")
     if not tok.chat_template:
@@ -178,9 +177,28 @@ class Dataset:
 
     @classmethod
     def load(cls, path) -> "Dataset":
+        """The samples `save` wrote; a damaged file (truncated, or arrays that disagree) is a
+        FileFormatError naming it."""
+        f = read_npz(path, ("lengths", "ids", "loss_mask"))
+        lengths, ids, mask = f["lengths"], f["ids"], f["loss_mask"]
+        if (lengths.ndim != 1 or ids.ndim != 1 or mask.shape != ids.shape or not np.issubdtype(lengths.dtype, np.integer)
+                or not np.issubdtype(ids.dtype, np.integer) or (lengths < 0).any() or lengths.sum() != len(ids)):
+            raise FileFormatError(path, f"its arrays disagree (lengths {lengths.shape} summing to "
+                                        f"{int(lengths.sum()) if lengths.size else 0}, ids {ids.shape}, loss_mask "
+                                        f"{mask.shape}): the file is damaged.")
+        cut = np.cumsum(lengths)[:-1]
+        return cls(list(np.split(ids, cut)), list(np.split(mask.astype(bool), cut)))
+
+
+def read_npz(path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The arrays `names` of a .npz file the trainer wrote (never unpickled); a truncated or
+    otherwise damaged file is a FileFormatError naming it."""
+    try:
         with np.load(path, allow_pickle=False) as f:
-            cut = np.cumsum(f["lengths"])[:-1]
-            return cls(list(np.split(f["ids"], cut)), list(np.split(f["loss_mask"], cut)))
+            return {name: f[name] for name in names}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise FileFormatError(path, f"cannot be read ({type(e).__name__}: {str(e)[:120]}): the file is damaged "
+                                    "or truncated.") from None
 
 
 def encode_dataset(tokenizer, conversations, max_length: int, *, progress: bool = True) -> tuple[Dataset, int]:

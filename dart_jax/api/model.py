@@ -15,14 +15,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-from transformers import AutoTokenizer
 
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
 from dart_jax.convert.hub import resolve
 from dart_jax.convert.base_files import check_base_files
 from dart_jax.convert.packaged import smollm2_gguf
-from dart_jax.convert.target import load_target_config, target_folder
+from dart_jax.convert.target import converted_checked, load_target_config, target_folder
 from dart_jax.convert.gguf import is_gguf
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots  # noqa: F401 (PlainBatcher: a public name here)
@@ -30,7 +29,7 @@ from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafte
 from dart_jax.decoding.engine import Continued, Engine
 from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
-from dart_jax.errors import InputError, MissingFileError, check_text
+from dart_jax.errors import InputError, MissingFileError, check_text, load_tokenizer_folder
 from dart_jax.models import backend as backends
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.qwen3 import check_attention, check_dtype, check_verify_gemms
@@ -200,7 +199,8 @@ class DartModel:
         if base is None:
             base = published_base(dart)
         head_dir = head_folder(dart)
-        base_folder = target_folder(base) if is_gguf(base) else resolve(base, BASE_PATTERNS, what="base model")
+        base_folder = target_folder(base) if is_gguf(base) else converted_checked(
+            resolve(base, BASE_PATTERNS, what="base model"))
         check_base_files(base_folder)  # its small files, before third-party code reads them
         head_config = read_head_config(head_dir)
         target_config = load_target_config(base_folder)
@@ -225,13 +225,7 @@ class DartModel:
         else:
             trie = load_trie(DEFAULT_NGRAM if ngram is None else ngram, small=small_ngram, cache_dir=trie_cache_dir)
             check_trie_vocab(trie, target_config.vocab_size, DEFAULT_NGRAM if ngram is None else ngram)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(base_folder))
-        except Exception as e:  # noqa: BLE001 - the tokenizers library's errors (a damaged tokenizer.json) are bare
-            if not isinstance(e, (OSError, ValueError)) and type(e) is not Exception:
-                raise
-            raise FileNotFoundError(f"no usable tokenizer in the base folder {base_folder} ({e}); it needs the HF "
-                                    "tokenizer files (tokenizer.json / tokenizer_config.json).") from e
+        tokenizer = load_tokenizer_folder(base_folder)
         if len(tokenizer) > target_config.vocab_size:
             raise ValueError(f"the tokenizer in {base_folder} has {len(tokenizer)} tokens but the model's vocab_size is "
                              f"{target_config.vocab_size}: tokenizer and weights do not belong together.")
@@ -317,6 +311,8 @@ class DartModel:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of token ids (special tokens left out); ids outside the vocabulary are an InputError."""
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise InputError(f"decode takes a list of token ids, got {type(ids).__name__} {str(ids)[:40]!r}.")
         ids = _check_ids(list(ids))
         vocab = self.engine.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]

@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from transformers import AutoTokenizer
 
 from dart_jax.api import methods as decoding_methods
 from dart_jax.api.model import DartModel, demo_eagle3, demo_options, demo_paths
@@ -41,6 +40,7 @@ from dart_jax.ngram import Trie
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.errors import load_tokenizer_folder
 
 PHASES = ("verify_draft_device", "topk_transfer", "tree_search", "host_overhead")
 
@@ -224,7 +224,7 @@ def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
     _fill_random(head, head_tensor_table(head_config), jax.random.fold_in(key, 1), std, dtype)
     head.d2t.set_value(jnp.zeros((head_config.draft_vocab_size,), jnp.int32))
     head.t2d.set_value(jnp.arange(head_config.vocab_size) < head_config.draft_vocab_size)
-    tokenizer = AutoTokenizer.from_pretrained(str(paths["base"]))
+    tokenizer = load_tokenizer_folder(paths["base"])
     eos = json.loads((paths["base"] / "generation_config.json").read_text())["eos_token_id"]
     return DartModel.from_modules(target, head, tokenizer, Trie.load(paths["ngram"]), eos_ids=eos, **opts)
 

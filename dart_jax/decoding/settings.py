@@ -38,6 +38,10 @@ class GenerationSettings:
                 raise ValueError(f"{name} must be a number, got {value!r}.")
         if not 0 <= int(self.seed) < 2**63:
             raise ValueError(f"seed must lie in [0, 2**63), got {self.seed}.")
+        int32 = int(np.iinfo(np.int32).max)  # token counts and top_k are int32 on the device
+        for name in ("max_new_tokens", "max_length", "top_k"):
+            if int(getattr(self, name)) > int32:
+                raise ValueError(f"{name} must be at most {int32} (int32 on the device), got {getattr(self, name)}.")
         if int(self.max_new_tokens) < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
         if int(self.max_length) < 2:

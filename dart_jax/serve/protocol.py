@@ -2,10 +2,11 @@
 
 Fields follow OpenAI's chat and completions APIs; a few extras say how to decode (`method`,
 `top_k`, `tree_size`). Unknown fields are ignored, as OpenAI-compatible servers do, except those
-whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools): those are a 400.
-Every number is bounded here by the type it takes on the device (top_k and token counts int32, the
-seed 63 bits, a finite temperature of at most 10): a value beyond is a 400 that names the limit,
-never an overflow inside the scheduler.
+whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools, a
+`response_format` other than {"type": "text"}): those are a 400. Integers are strict (a string
+"4" is a 400, as OpenAI answers). Every number is bounded here by the type it takes on the device
+(top_k and token counts int32, the seed 63 bits, a finite temperature of at most 10): a value
+beyond is a 400 that names the limit, never an overflow inside the scheduler.
 """
 from __future__ import annotations
 
@@ -75,15 +76,16 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str
-    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, strict=True)
     temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0, le=INT32_MAX)
-    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    top_k: int = Field(0, ge=0, le=INT32_MAX, strict=True)
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1], strict=True)
     stop: str | list[str] | None = Field(None, validate_default=True)
     n: int = 1
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    response_format: Any = None
     # dart_jax extras
     # one of dart_jax.api.methods' names (the schema lists them; the server answers for those it has loaded)
     method: str = Field("dart", json_schema_extra=lambda schema: schema.update(enum=list(decoding_methods.names())))
@@ -111,13 +113,24 @@ class _Sampling(BaseModel):
             raise ValueError("stop takes up to 16 non-empty strings")
         return _valid_text(stops, "a stop string")
 
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, response_format):
+        # JSON mode and JSON schemas would need constrained decoding: ignoring them would answer free
+        # text to a client that parses JSON
+        if response_format is not None and response_format != {"type": "text"}:
+            kind = response_format.get("type") if isinstance(response_format, dict) else response_format
+            raise ValueError(f"response_format {str(kind)[:40]!r} is not supported by this server: only "
+                             '{"type": "text"}; drop response_format and ask for the format in the prompt')
+        return response_format
+
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, strict=True)
     logprobs: bool | None = None
     tools: list[Any] | None = None
 

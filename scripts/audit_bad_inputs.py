@@ -1,0 +1,665 @@
+"""Audit: bad inputs of every family issue 42 names, each run and its outcome classified.
+
+    python scripts/audit_bad_inputs.py [--quick] [--family NAME ...] [--verbose]
+
+Families: the command lines (generate, serve, launch, convert, ngram, train, bench; run as
+subprocesses with a timeout), the Python API (calls on the tiny demo model), the HTTP API (requests
+to a live `python -m dart_jax.serve` on 127.0.0.1, with and without --api-key), GGUF files, the
+converted GGUF cache, DART heads, n-gram tries and JSON files, all damaged copies of the tiny
+checkpoints of dart_jax/bench/tiny.py. Each outcome is one of:
+
+  clear       a user error: exit code 2 with an `error:` line, an InputError/ValueError/
+              FileNotFoundError, or an HTTP 4xx with an OpenAI-shaped error
+  recovered   a case where recovery is the right answer (a damaged cache rebuilt, a damaged
+              checkpoint passed over), and its result checked
+  traceback   a Python traceback, or an exception that is not a user error
+  5xx         an HTTP status of 500 or more (or a server that stops answering)
+  hang        no answer within the case's timeout
+  data lost   an input file changed
+  no auth     a model route answered without the key on a server that has one
+  silent      accepted without a word where an error was due (or a recovery whose result is wrong)
+
+It prints each failure, then the counts per class and per family, and exits 1 when any
+traceback, 5xx, hang, data lost, no auth or silent outcome remains. `--quick` runs a few cases
+per family (tests/test_audit_harness.py runs it).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the GGUF writer and the live-server helper of the tests
+DEMO = ROOT / "dart_jax" / "demo"
+KEY = "audit-key"
+NAME = "dart-jax-demo"
+DEEP = "[" * 100000 + "]" * 100000
+FATAL = ("traceback", "5xx", "hang", "data lost", "no auth", "silent")
+
+
+@dataclass
+class Case:
+    family: str
+    name: str
+    run: Callable[[], tuple[str, str]]  # (class, detail)
+    quick: bool = False
+    inputs: tuple = ()  # files or folders that must come out unchanged
+    parallel: bool = False  # a subprocess that may run beside another
+
+
+@dataclass
+class Audit:
+    cases: list[Case] = field(default_factory=list)
+
+    def add(self, family, name, run, *, quick=False, inputs=(), parallel=False):
+        self.cases.append(Case(family, name, run, quick, tuple(inputs), parallel))
+
+
+# -- outcomes ----------------------------------------------------------------------------------------
+def digest(paths) -> dict[str, str]:
+    out = {}
+    for p in map(Path, paths):
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p] if p.exists() else []
+        for f in files:
+            out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def run_case(case: Case) -> tuple[str, str]:
+    before = digest(case.inputs)
+    try:
+        kind, detail = case.run()
+    except Exception as e:  # noqa: BLE001 - a bug of the harness's own setup is reported, not hidden
+        kind, detail = "traceback", f"harness: {type(e).__name__}: {e}"
+    if digest(case.inputs) != before:
+        return "data lost", f"an input changed ({detail})"
+    return kind, detail
+
+
+def cli(argv: list[str], *, ok: Callable[[subprocess.CompletedProcess], bool] | None = None, timeout: float = 120,
+        env: dict | None = None):
+    """A command `python -m dart_jax.<argv>`: an error is due unless `ok` (a check of the finished
+    process) is given."""
+    def run():
+        try:
+            done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=timeout,
+                                  cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return "hang", f"no exit within {timeout} s"
+        err = done.stderr.strip()
+        last = err.splitlines()[-1] if err else ""
+        if "Traceback (most recent call last)" in err:
+            return "traceback", last[-200:]
+        if ok is not None:
+            return ("recovered", last[-120:]) if done.returncode == 0 and ok(done) else ("silent", f"rc {done.returncode}: {last[-200:]}")
+        if done.returncode == 2 and "error:" in last:
+            return "clear", last[-160:]
+        if done.returncode == 0:
+            return "silent", f"exit 0: {(done.stdout.strip().splitlines() or [''])[-1][-120:]}"
+        return "traceback", f"rc {done.returncode} without an error line: {last[-200:]}"
+    return run
+
+
+def api(call: Callable[[], object], *, ok: Callable[[object], bool] | None = None):
+    """A Python call: a user error (ValueError, FileNotFoundError) is due unless `ok` checks its result."""
+    def run():
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                result = call()
+        except (ValueError, FileNotFoundError) as e:
+            return ("clear", f"{type(e).__name__}: {str(e)[:160]}") if ok is None else ("silent", f"refused: {e}")
+        except Exception as e:  # noqa: BLE001 - counted
+            return "traceback", f"{type(e).__name__}: {str(e)[:200]}"
+        if ok is None:
+            return "silent", f"returned {str(result)[:120]!r}"
+        return ("recovered", err.getvalue().strip()[:120]) if ok(result) else ("silent", "wrong result")
+    return run
+
+
+# -- the tiny checkpoints and their damaged copies -------------------------------------------------------
+def zero(path: Path, at: int, n: int = 64) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(bytes(n))
+
+
+def copy(src: Path, dst: Path) -> Path:
+    (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
+    return dst
+
+
+def make_gguf(folder: Path, **damage) -> Path:
+    from gguf_writer import write_gguf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from dart_jax.bench.tiny import make_tiny_llama
+
+    hf = folder / "hf"
+    if not hf.exists():
+        make_tiny_llama(hf, seed=5, vocab_size=384)
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 20], trainer)
+        tok.save(str(folder / "tokenizer.json"))
+    name = "-".join(f"{k}{v}" for k, v in damage.items()) or "good"
+    return write_gguf(folder / f"{name}.gguf", hf, folder / "tokenizer.json", pre="gpt2", eos=2, **damage)
+
+
+# -- the families -------------------------------------------------------------------------------------------
+def cli_cases(a: Audit, tmp: Path) -> None:
+    gen = ["dart_jax.generate", "--demo", "tiny", "--prompt", "hi", "--max-new-tokens", "4"]
+    bad_values = {"--max-new-tokens": ["0", "-1", "abc", "1e400", str(2**70)], "--max-length": ["0", "-5", "x"],
+                  "--temperature": ["-1", "nan", "inf", "1e308"], "--top-p": ["0", "1.5", "nan"],
+                  "--top-k": ["-1", "3000000000", "abc"], "--seed": ["-1", str(2**70)], "--keep": ["0", "-3", "x"],
+                  "--device-steps": ["-1", "x"], "--dtype": ["int8"], "--mesh": ["model=abc", "nonsense"],
+                  "--stop-id": ["-1", "x"], "--beam-width": ["0"], "--tree-topk": ["0"]}
+    for flag, values in bad_values.items():
+        for i, value in enumerate(values):
+            a.add("cli generate", f"{flag} {value}", cli([*gen, f"{flag}={value}"]), quick=i == 0 and flag in
+                  ("--top-k", "--temperature"), parallel=True)
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text(DEEP + "\n")
+    messages = tmp / "messages.json"
+    messages.write_text(DEEP)
+    binary = tmp / "binary.jsonl"
+    binary.write_bytes(os.urandom(256))
+    for name, flags, inputs in [
+            ("--compare-ar --method ar", ["--compare-ar", "--method", "ar"], ()),
+            ("--batch-size without --prompts", ["--batch-size", "4"], ()),
+            ("--system with --no-chat", ["--system", "x", "--no-chat"], ()),
+            ("--eagle3-depth without a head", ["--eagle3-depth", "3"], ()),
+            ("--prompts missing", ["--prompts", str(tmp / "none.jsonl")], ()),
+            ("--prompts deep JSON", ["--prompts", str(prompts)], (prompts,)),
+            ("--prompts binary", ["--prompts", str(binary)], (binary,)),
+            ("--messages deep JSON", ["--messages", str(messages)], (messages,)),
+            ("--ckpt missing", ["--ckpt", str(tmp / "nohead")], ()),
+            ("--ngram missing", ["--ngram", str(tmp / "none.trie")], ()),
+            ("--prompts output over input", ["--prompts", str(prompts), "--output", str(prompts)], (prompts,))]:
+        argv = [a_ for a_ in gen if a_ not in ("--prompt", "hi")] if "--prompts" in flags or "--messages" in flags else gen
+        a.add("cli generate", name, cli([*argv, *flags]), quick=name.startswith("--compare"), inputs=inputs,
+              parallel=True)
+
+    serve = ["dart_jax.serve", "--demo", "tiny", "--warmup", "none"]
+    for flags in (["--port", "-1"], ["--port", "99999"], ["--slots", "0"], ["--max-length", "0"],
+                  ["--shutdown-timeout", "-1"], ["--warmup", "bogus"], ["--keep", "0"], ["--slots", "x"],
+                  ["--dtype", "int4"], ["--ckpt", str(tmp / "nohead")]):
+        a.add("cli serve", " ".join(flags), cli([*serve, *flags], timeout=120), quick=flags[0] == "--slots",
+              parallel=True)
+
+    for flags in (["--coordinator", "127.0.0.1:99999"], ["--coordinator", "127.0.0.1:0"], ["--coordinator", "nohost"],
+                  ["--timeout", "-1"], ["--timeout", "nan"], ["--grace", "-1"], ["--heartbeat", "0"],
+                  ["--init-timeout", "0"], ["--processes", "0"], ["--processes", "x"]):
+        a.add("cli launch", " ".join(flags), cli(["dart_jax.launch", "-n", "1", *flags, "--", "true"]) if
+              flags[0] != "--processes" else cli(["dart_jax.launch", *flags, "--", "true"]),
+              quick=flags[0] == "--timeout" and flags[1] == "-1", parallel=True)
+
+    bench = ["dart_jax.bench"]
+    for flags in (["bogus"], ["e2e", "--demo", "tiny", "--reps", "0"], ["e2e", "--random-shape", "Nope"],
+                  ["e2e", "--demo", "tiny", "--keep", "0"], ["e2e", "--demo", "tiny", "--prompts", str(prompts)],
+                  ["e2e", "--demo", "tiny", "--max-new-tokens", "-1"], ["e2e", "--demo", "tiny", "--temperature", "nan"]):
+        a.add("cli bench", " ".join(flags[:3]), cli([*bench, *flags]), quick=flags == ["bogus"], parallel=True,
+              inputs=(prompts,) if str(prompts) in flags else ())
+
+
+def convert_cases(a: Audit, tmp: Path) -> None:
+    head = copy(DEMO / "head", tmp / "head")
+    deep_head = copy(DEMO / "head", tmp / "deep_head")
+    (deep_head / "config.json").write_text(DEEP)
+    short_head = copy(DEMO / "head", tmp / "short_head")
+    os.truncate(short_head / "model.safetensors", 1000)
+    zero_head = copy(DEMO / "head", tmp / "zero_head")
+    zero(zero_head / "model.safetensors", 0, 16)
+    typed_head = copy(DEMO / "head", tmp / "typed_head")
+    config = json.loads((typed_head / "config.json").read_text())
+    (typed_head / "config.json").write_text(json.dumps({**config, "hidden_size": "wide"}))
+    conv = ["dart_jax.convert"]
+    for name, argv, inputs in [
+            ("inspect missing head", ["inspect", str(tmp / "nohead")], ()),
+            ("inspect deep config.json", ["inspect", str(deep_head)], (deep_head,)),
+            ("inspect truncated weights", ["inspect", str(short_head)], (short_head,)),
+            ("inspect zeroed header", ["inspect", str(zero_head)], (zero_head,)),
+            ("inspect hidden_size a string", ["inspect", str(typed_head)], (typed_head,)),
+            ("inspect --base missing", ["inspect", str(head), "--base", str(tmp / "nobase")], (head,)),
+            ("export HEAD HEAD", ["export", str(head), str(head)], (head,)),
+            ("export into HEAD", ["export", str(head), str(head / "sub")], (head,)),
+            ("export --dtype int4", ["export", str(head), str(tmp / "e"), "--dtype", "int4"], (head,)),
+            ("int8 HEAD HEAD", ["int8", str(head), str(head)], (head,)),
+            ("int8 truncated head", ["int8", str(short_head), str(tmp / "i8")], (short_head,)),
+            ("gguf missing file", ["gguf", str(tmp / "none.gguf"), str(tmp / "g")], ()),
+            ("gguf not a GGUF", ["gguf", str(DEMO / "head" / "config.json"), str(tmp / "g")], ())]:
+        a.add("cli convert", name, cli([*conv, *argv]), quick=name in ("int8 HEAD HEAD", "inspect deep config.json"),
+              inputs=inputs, parallel=True)
+
+
+def ngram_cases(a: Audit, tmp: Path) -> None:
+    trie = copy(DEMO / "ngram.trie", tmp / "good.trie")
+    short = copy(DEMO / "ngram.trie", tmp / "short.trie")
+    os.truncate(short, short.stat().st_size // 2)
+    zeroed = copy(DEMO / "ngram.trie", tmp / "zeroed.trie")
+    zero(zeroed, 0, 64)
+    noise = tmp / "noise.trie"
+    noise.write_bytes(os.urandom(4096))
+    empty = tmp / "empty.trie"
+    empty.write_bytes(b"")
+    deep = tmp / "deep.jsonl"
+    deep.write_text(DEEP + "\n")
+    text = tmp / "text.jsonl"
+    text.write_text(json.dumps({"text": "hello world"}) + "\n")
+    ids = tmp / "ids.jsonl"
+    ids.write_text("[1, 2, 3, 4, 5]\n[2, 3, 4]\n")
+    badtok = copy(DEMO / "base", tmp / "badtok")
+    (badtok / "tokenizer.json").write_text("{\"model\": 5")
+    ng = ["dart_jax.ngram"]
+    for name, argv, inputs in [
+            ("build missing input", ["build", str(tmp / "none.jsonl"), "-o", str(tmp / "o.trie")], ()),
+            ("build deep JSON", ["build", str(deep), "-o", str(tmp / "o.trie")], (deep,)),
+            ("build text without --tokenizer", ["build", str(text), "-o", str(tmp / "o.trie")], (text,)),
+            ("build --order 0", ["build", str(ids), "-o", str(tmp / "o.trie"), "--order", "0"], (ids,)),
+            ("build --order 1000", ["build", str(ids), "-o", str(tmp / "o.trie"), "--order", "1000"], (ids,)),
+            ("build output is input", ["build", str(ids), "-o", str(ids)], (ids,)),
+            ("build --eos -5", ["build", str(ids), "-o", str(tmp / "o.trie"), "--eos", "-5"], (ids,)),
+            ("build damaged tokenizer.json", ["build", str(text), "-o", str(tmp / "o.trie"), "--tokenizer", str(badtok)],
+             (text, badtok)),
+            ("info truncated", ["info", str(short)], (short,)),
+            ("info zeroed header", ["info", str(zeroed)], (zeroed,)),
+            ("info random bytes", ["info", str(noise)], (noise,)),
+            ("info empty file", ["info", str(empty)], (empty,)),
+            ("info a folder", ["info", str(tmp)], ()),
+            ("query bad tokens", ["query", str(trie), "--tokens", "a,b"], (trie,)),
+            ("query negative tokens", ["query", str(trie), "--tokens", "-1,-2"], (trie,)),
+            ("compress output is input", ["compress", str(trie), str(trie)], (trie,)),
+            ("merge output is input", ["merge", str(trie), str(trie), "-o", str(trie)], (trie,)),
+            ("convert random bytes", ["convert", str(noise), str(tmp / "c.dart_jax")], (noise,))]:
+        a.add("cli ngram", name, cli([*ng, *argv]), quick=name in ("info truncated", "build deep JSON"), inputs=inputs,
+              parallel=True)
+
+
+def train_cases(a: Audit, tmp: Path) -> None:
+    from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_tokenizer
+
+    base = tmp / "tbase"
+    make_tiny_qwen3(base, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    make_tiny_tokenizer(base, vocab_size=128)
+    data = tmp / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i} abc"},
+                                                     {"role": "assistant", "content": f"answer {i} abcdefgh"}]}) + "\n"
+                            for i in range(6)))
+    deep = tmp / "deep_chats.jsonl"
+    deep.write_text(DEEP + "\n")
+    tr = ["dart_jax.train", "--base", str(base), "--data", str(data), "--draft-vocab", "64", "--max-length", "48",
+          "--anchors-per-seq", "8", "--no-progress", "--batch-size", "2", "--epochs", "1"]
+    for flags in (["--lr", "nan"], ["--epochs", "0"], ["--batch-size", "0"], ["--max-length", "2"], ["--gamma", "2"],
+                  ["--keep-last", "0"], ["--draft-vocab", "0"], ["--seed", "-1"]):
+        a.add("cli train", " ".join(flags), cli([*tr, "--out", str(tmp / "run0"), *flags]),
+              quick=flags[0] == "--lr", inputs=(base, data), parallel=True)
+    a.add("cli train", "--data missing", cli([*tr, "--out", str(tmp / "run1"), "--data", str(tmp / "none.jsonl")]),
+          inputs=(base,), parallel=True)
+    a.add("cli train", "--data deep JSON with --skip-bad", cli([*tr, "--out", str(tmp / "run2"), "--data", str(deep),
+                                                                "--skip-bad"]), inputs=(base, deep), parallel=True)
+    a.add("cli train", "--out inside the base", cli([*tr, "--out", str(base / "run")]), inputs=(base, data),
+          parallel=True)
+    run = tmp / "run3"
+
+    def damaged_resume():
+        first = cli([*tr, "--out", str(run), "--stop-after", "2", "--save-every", "1"], ok=lambda d: True,
+                    timeout=300)()
+        if first[0] != "recovered":
+            return first
+        steps = sorted(int(p.name) for p in (run / "ckpt").iterdir() if p.name.isdigit())
+        for entry in (run / "ckpt" / str(steps[-1])).iterdir():
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        os.truncate(run / "data.npz", (run / "data.npz").stat().st_size // 2)
+        return cli([*tr, "--out", str(run), "--stop-after", "3", "--save-every", "1"], timeout=300,
+                   ok=lambda d: "cannot be read" in d.stderr and f"resuming from micro-step {steps[-2]}" in d.stderr)()
+    a.add("cli train", "resume from an emptied checkpoint and a truncated data.npz", damaged_resume,
+          inputs=(base, data))
+
+
+def gguf_cases(a: Audit, tmp: Path) -> None:
+    from dart_jax.convert import gguf_folder, gguf_to_folder
+    from dart_jax.convert.target import target_folder
+
+    folder = tmp / "gguf"
+    folder.mkdir()
+    good = make_gguf(folder)
+    damaged = {"head_count_kv 0": make_gguf(folder, head_count_kv=0),
+               "head_count_kv 3": make_gguf(folder, head_count_kv=3),
+               "merges of unknown tokens": make_gguf(folder, extra_merges=("zzq qqz",))}
+    short = copy(good, folder / "short.gguf")
+    os.truncate(short, short.stat().st_size - 4096)
+    damaged["truncated"] = short
+    magic = copy(good, folder / "magic.gguf")
+    zero(magic, 0, 4)
+    damaged["zeroed magic"] = magic
+    header = copy(good, folder / "header.gguf")
+    zero(header, 8, 512)
+    damaged["zeroed metadata"] = header
+    noise = folder / "noise.gguf"
+    noise.write_bytes(b"GGUF" + os.urandom(4000))
+    damaged["GGUF magic then noise"] = noise
+    empty = folder / "empty.gguf"
+    empty.write_bytes(b"")
+    damaged["empty file"] = empty
+    for i, (name, path) in enumerate(damaged.items()):
+        a.add("gguf", name, api(lambda p=path, n=i: gguf_to_folder(p, tmp / f"gout{n}", progress=False)),
+              quick=name in ("head_count_kv 0", "truncated"), inputs=(path,))
+    a.add("gguf", "--base of a truncated GGUF (CLI)", cli(["dart_jax.convert", "inspect", str(DEMO / "head"), "--base",
+                                                            str(short)]), inputs=(short,), parallel=True)
+
+    cache = tmp / "gcache"
+    reference = {}
+
+    def converted():
+        out = gguf_folder(good, cache_dir=cache)
+        if not reference:
+            reference.update({p.name: p.read_bytes() for p in out.iterdir()})
+        return out
+
+    def intact(out) -> bool:
+        return {p.name: p.read_bytes() for p in Path(out).iterdir()} == reference
+
+    def damage_then(fn, load):
+        def call():
+            out = converted()
+            fn(out)
+            return load(out)
+        return call
+
+    for name, fn in [("zeroed weights", lambda o: zero(o / "model.safetensors", o.joinpath("model.safetensors")
+                                                       .stat().st_size // 2)),
+                     ("truncated weights", lambda o: os.truncate(o / "model.safetensors", 1000)),
+                     ("deleted tokenizer.json", lambda o: (o / "tokenizer.json").unlink()),
+                     ("deep manifest", lambda o: (o / "gguf_source.json").write_text(DEEP)),
+                     ("zeroed config.json", lambda o: zero(o / "config.json", 0, 32))]:
+        a.add("converted cache", f"{name}: rebuilt from the GGUF file",
+              api(damage_then(fn, lambda out: gguf_folder(good, cache_dir=cache)), ok=intact), quick=name.startswith("zeroed w"),
+              inputs=(good,))
+        # a manifest that cannot be read does not name the GGUF file to rebuild from: refused
+        a.add("converted cache", f"{name}, passed as a folder: " + ("refused" if "manifest" in name else "rebuilt"),
+              api(damage_then(fn, target_folder), ok=None if "manifest" in name else intact), inputs=(good,))
+    gone = copy(good, folder / "gone.gguf")
+
+    def source_gone():
+        out = gguf_folder(gone, cache_dir=tmp / "gone-cache")
+        gone.unlink()
+        os.truncate(out / "model.safetensors", 100)
+        return target_folder(out)
+    a.add("converted cache", "damaged with its GGUF file gone: refused, naming the command", api(source_gone),
+          quick=True)
+
+
+def head_and_trie_cases(a: Audit, tmp: Path, model) -> None:
+    from dart_jax import DartModel
+
+    base, head, trie = DEMO / "base", DEMO / "head", DEMO / "ngram.trie"
+
+    def load(h=head, t=trie, b=base, **kw):
+        return lambda: DartModel.from_pretrained(b, h, t, dtype="float32", **kw)
+
+    def head_copy(name: str, change: Callable[[Path], None]) -> Path:
+        out = copy(head, tmp / f"h-{name}")
+        change(out)
+        return out
+
+    def config_edit(**values):
+        def change(folder):
+            config = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**config, **values}))
+        return change
+
+    heads = {"deep config.json": lambda f: (f / "config.json").write_text(DEEP),
+             "config.json not JSON": lambda f: (f / "config.json").write_text("{hidden"),
+             "config.json a list": lambda f: (f / "config.json").write_text("[]"),
+             "hidden_size -1": config_edit(hidden_size=-1),
+             "hidden_size a string": config_edit(hidden_size="x"),
+             "draft_vocab_size 0": config_edit(draft_vocab_size=0),
+             "vocab_size of another base": config_edit(vocab_size=999),
+             "truncated weights": lambda f: os.truncate(f / "model.safetensors", 2000),
+             "zeroed weights header": lambda f: zero(f / "model.safetensors", 0, 8),
+             "weights deleted": lambda f: (f / "model.safetensors").unlink(),
+             "a huge header length": lambda f: (f / "model.safetensors").write_bytes((2**62).to_bytes(8, "little"))}
+    for i, (name, change) in enumerate(heads.items()):
+        h = head_copy(str(i), change)
+        a.add("heads", name, api(load(h=h)), quick=name in ("deep config.json", "truncated weights"), inputs=(h,))
+
+    def trie_copy(name, change):
+        out = copy(trie, tmp / f"t-{name}")
+        change(out)
+        return out
+
+    other_vocab = tmp / "other_vocab.trie"
+    from dart_jax.ngram import Trie
+    Trie.build([[600, 700, 800, 900], [600, 700, 801]], order=3).save(other_vocab)
+    tries = {"truncated": trie_copy("short", lambda p: os.truncate(p, p.stat().st_size // 2)),
+             "zeroed header": trie_copy("zero", lambda p: zero(p, 0, 64)),
+             "random bytes": trie_copy("noise", lambda p: p.write_bytes(os.urandom(2048))),
+             "empty file": trie_copy("empty", lambda p: p.write_bytes(b"")),
+             "ids beyond the vocabulary": other_vocab,
+             "a folder": tmp}
+    for name, path in tries.items():
+        a.add("tries", name, api(load(t=path)), quick=name == "truncated", inputs=(path,) if path != tmp else ())
+    a.add("tries", "missing", api(load(t=tmp / "none.trie")))
+    base_deep = copy(base, tmp / "b-deep")
+    (base_deep / "tokenizer_config.json").write_text(DEEP)
+    base_tok = copy(base, tmp / "b-tok")
+    (base_tok / "tokenizer.json").write_text("\0" * 100)
+    base_gen = copy(base, tmp / "b-gen")
+    (base_gen / "generation_config.json").write_text(DEEP)
+    for name, b in (("deep tokenizer_config.json", base_deep), ("zeroed tokenizer.json", base_tok),
+                    ("deep generation_config.json", base_gen)):
+        a.add("heads", f"base with a {name}", api(load(b=b)), quick=name.startswith("zeroed"), inputs=(b,))
+
+
+def python_api_cases(a: Audit, model) -> None:
+    calls = {
+        "generate(None)": lambda: model.generate(None), "generate(123)": lambda: model.generate(123),
+        "generate(b'hi')": lambda: model.generate(b"hi"), "generate(1.5)": lambda: model.generate(1.5),
+        "generate(one message dict)": lambda: model.generate({"role": "user", "content": "hi"}),
+        "generate([])": lambda: model.generate([]), "generate([None])": lambda: model.generate([None]),
+        "generate([-1])": lambda: model.generate([-1]), "generate([10**9])": lambda: model.generate([10**9]),
+        "generate lone surrogate": lambda: model.generate("\ud800"),
+        "stop=5": lambda: model.generate("hi", stop=5), "stop={'a': 1}": lambda: model.generate("hi", stop={"a": 1}),
+        "stop_token_ids=5": lambda: model.generate("hi", stop_token_ids=5),
+        "stop_token_ids=[-1]": lambda: model.generate("hi", stop_token_ids=[-1]),
+        "max_new_tokens=0": lambda: model.generate("hi", max_new_tokens=0),
+        "max_new_tokens=-1": lambda: model.generate("hi", max_new_tokens=-1),
+        "max_new_tokens=2**40": lambda: model.generate("hi", max_new_tokens=2**40),
+        "max_new_tokens='4'": lambda: model.generate("hi", max_new_tokens="4"),
+        "temperature=1e308": lambda: model.generate("hi", temperature=1e308),
+        "temperature=nan": lambda: model.generate("hi", temperature=float("nan")),
+        "temperature=-1": lambda: model.generate("hi", temperature=-1.0),
+        "top_p=0": lambda: model.generate("hi", temperature=0.5, top_p=0.0),
+        "top_k=2**31": lambda: model.generate("hi", temperature=0.5, top_k=2**31),
+        "seed=-1": lambda: model.generate("hi", temperature=0.5, seed=-1),
+        "encode(None)": lambda: model.encode(None), "encode(123)": lambda: model.encode(123),
+        "decode([-1])": lambda: model.decode([-1]), "decode([512])": lambda: model.decode([512]),
+        "decode(None)": lambda: model.decode(None), "decode(['a'])": lambda: model.decode(["a"]),
+        "generate_ar(None)": lambda: model.generate_ar(None),
+    }
+    for i, (name, call) in enumerate(calls.items()):
+        a.add("python api", name, api(call), quick=i < 3)
+    from dart_jax import DartModel
+    for name, call in {"from_pretrained(dtype='int8')": lambda: DartModel.from_pretrained(
+                           DEMO / "base", DEMO / "head", DEMO / "ngram.trie", dtype="int8"),
+                       "demo('nope')": lambda: DartModel.demo("nope"),
+                       "from_pretrained(dart=None)": lambda: DartModel.from_pretrained(DEMO / "base", None),
+                       "from_pretrained(keep=0)": lambda: DartModel.from_pretrained(
+                           DEMO / "base", DEMO / "head", DEMO / "ngram.trie", keep=0)}.items():
+        a.add("python api", name, api(call))
+
+
+def http_cases(a: Audit, servers: dict) -> None:
+    import httpx
+
+    good = {"model": NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+    def request(which: str, method: str, path: str, *, body=None, raw: bytes | None = None, key: str | None = KEY,
+                expect: str = "error", timeout: float = 120):
+        def run():
+            url, proc = servers[which]
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            if raw is not None:
+                headers["content-type"] = "application/json"
+            try:
+                r = httpx.request(method, url + path, json=body if raw is None else None, content=raw, headers=headers,
+                                  timeout=timeout)
+            except httpx.TimeoutException:
+                return "hang", f"no answer within {timeout} s"
+            except httpx.TransportError as e:
+                return "5xx", f"the server stopped answering ({e})"
+            if r.status_code >= 500:
+                return "5xx", f"{r.status_code} {r.text[:160]}"
+            if expect == "unauthorized":
+                return ("clear", "401") if r.status_code == 401 else ("no auth", f"{r.status_code} without the key")
+            if expect == "ok":
+                return ("recovered", str(r.status_code)) if r.status_code == 200 else ("silent", f"{r.status_code} {r.text[:160]}")
+            if 400 <= r.status_code < 500:
+                try:
+                    message = r.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    return "silent", f"{r.status_code} without an OpenAI-shaped error: {r.text[:120]}"
+                return "clear", f"{r.status_code} {message[:140]}"
+            return "silent", f"{r.status_code}: {r.text[:160]}"
+        return run
+
+    chat = "/v1/chat/completions"
+    for path, method in ((chat, "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET")):
+        a.add("http (key)", f"{method} {path} without the key",
+              request("key", method, path, body=good if method == "POST" else None, key=None, expect="unauthorized"),
+              quick=path == chat)
+        a.add("http (key)", f"{method} {path} with a wrong key",
+              request("key", method, path, body=good if method == "POST" else None, key="wrong", expect="unauthorized"))
+    bad_bodies = {
+        "top_k 2**31": {"top_k": 2**31, "temperature": 0.7}, "top_k 3e9": {"top_k": 3 * 10**9, "temperature": 0.7},
+        "max_tokens 2**31": {"max_tokens": 2**31}, "max_tokens -1": {"max_tokens": -1}, "max_tokens 0": {"max_tokens": 0},
+        "max_tokens a string": {"max_tokens": "4"}, "temperature 1e308": {"temperature": 1e308},
+        "temperature -0.5": {"temperature": -0.5}, "top_p 0": {"top_p": 0}, "top_p 1.5": {"top_p": 1.5},
+        "seed 2**70": {"seed": 2**70}, "seed -1": {"seed": -1}, "n 2": {"n": 2}, "logprobs": {"logprobs": True},
+        "tools": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        "response_format json_object": {"response_format": {"type": "json_object"}},
+        "response_format json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "method bogus": {"method": "magic"}, "tree_size 10**9": {"tree_size": 10**9},
+        "model unknown": {"model": "gpt-4"}, "messages empty": {"messages": []}, "messages a string": {"messages": "hi"},
+        "message content a number": {"messages": [{"role": "user", "content": 5}]},
+        "message role bogus": {"messages": [{"role": "wizard", "content": "hi"}]},
+        "17 stop strings": {"stop": [f"s{i}" for i in range(17)]}, "empty stop string": {"stop": [""]},
+        "prompt beyond the context": {"messages": [{"role": "user", "content": "word " * 2000}]},
+        "stream with top_k 2**31": {"stream": True, "top_k": 2**31, "temperature": 0.7},
+    }
+    for i, (name, change) in enumerate(bad_bodies.items()):
+        a.add("http (key)", name, request("key", "POST", chat, body={**good, **change}),
+              quick=name in ("top_k 2**31", "response_format json_object"))
+    for name, raw in {"deep JSON body": DEEP.encode(), "invalid JSON": b'{"model": "x", "messages": [',
+                      "empty body": b"", "a JSON list": b"[]", "5 MB body": b'{"x": "' + b"a" * (5 << 20) + b'"}',
+                      "not UTF-8": b'{"model": "\xff\xfe"}',
+                      "a lone surrogate": json.dumps({**good, "messages": [{"role": "user", "content": "\ud800"}]})
+                      .encode()}.items():
+        a.add("http (key)", name, request("key", "POST", chat, raw=raw), quick=name == "deep JSON body")
+    completions = {"prompt ids beyond the vocabulary": {"prompt": [10**9]}, "empty prompt list": {"prompt": []},
+                   "two prompts": {"prompt": ["a", "b"]}, "echo": {"prompt": "hi", "echo": True},
+                   "best_of 2": {"prompt": "hi", "best_of": 2}, "prompt missing": {},
+                   "response_format json_object": {"prompt": "hi", "response_format": {"type": "json_object"}}}
+    for name, body in completions.items():
+        a.add("http (key)", f"completions: {name}",
+              request("key", "POST", "/v1/completions", body={"model": NAME, "max_tokens": 2, **body}))
+    a.add("http (key)", "GET on a POST route", request("key", "GET", chat))
+    a.add("http (key)", "an unknown route", request("key", "GET", "/v1/nothing"))
+    a.add("http (key)", "a good request after all of them", request("key", "POST", chat, body=good, expect="ok"),
+          quick=True)
+    for name, change in {"top_k 2**31": {"top_k": 2**31, "temperature": 0.7}, "n 2": {"n": 2},
+                         "response_format json_object": {"response_format": {"type": "json_object"}},
+                         "messages empty": {"messages": []}}.items():
+        a.add("http (no key)", name, request("open", "POST", chat, body={**good, **change}, key=None),
+              quick=name == "top_k 2**31")
+    a.add("http (no key)", "deep JSON body", request("open", "POST", chat, raw=DEEP.encode(), key=None))
+    a.add("http (no key)", "a good request after all of them",
+          request("open", "POST", chat, body=good, key=None, expect="ok"), quick=True)
+
+
+# -- running ----------------------------------------------------------------------------------------------------
+FAMILIES = ("cli", "convert", "ngram", "train", "gguf", "heads", "python", "http")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a few cases per family (the CI test)")
+    p.add_argument("--family", action="append", choices=FAMILIES, help="only these families (repeatable)")
+    p.add_argument("--verbose", action="store_true", help="print every case's outcome")
+    args = p.parse_args(argv)
+    families = set(args.family or FAMILIES)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="dart-jax-audit-") as tmp_name, contextlib.ExitStack() as stack:
+        tmp = Path(tmp_name)
+        os.environ["XDG_CACHE_HOME"] = str(tmp / "xdg")  # no cache of the user's is touched
+        a = Audit()
+        setups = {"cli": cli_cases, "convert": convert_cases, "ngram": ngram_cases, "train": train_cases,
+                  "gguf": gguf_cases}
+        for family, setup in setups.items():
+            if family in families:
+                (tmp / family).mkdir()
+                setup(a, tmp / family)
+        if families & {"heads", "python"}:
+            from dart_jax import DartModel
+
+            model = DartModel.demo("tiny", keep=16)
+            if "heads" in families:
+                (tmp / "heads").mkdir()
+                head_and_trie_cases(a, tmp / "heads", model)
+            if "python" in families:
+                python_api_cases(a, model)
+        if "http" in families:
+            from serving import live_server
+
+            common = ("--demo", "tiny", "--slots", "1", "--max-length", "256", "--warmup", "none")
+            servers = {"key": stack.enter_context(live_server(*common, "--api-key", KEY)),
+                       "open": stack.enter_context(live_server(*common))}
+            http_cases(a, servers)
+        cases = [c for c in a.cases if c.quick or not args.quick]
+        outcomes: dict[int, tuple[str, str]] = {}
+        with ThreadPoolExecutor(2) as pool:  # subprocesses two at a time, the in-process cases in order
+            futures = {i: pool.submit(run_case, c) for i, c in enumerate(cases) if c.parallel}
+            for i, c in enumerate(cases):
+                if not c.parallel:
+                    outcomes[i] = run_case(c)
+            outcomes.update({i: f.result() for i, f in futures.items()})
+        if "http" in families:
+            for which, (url, proc) in servers.items():
+                if proc.poll() is not None:
+                    outcomes[len(cases)] = ("5xx", f"the {which} server exited")
+                    cases.append(Case("http", f"the {which} server still runs", lambda: ("", "")))
+    by_class, by_family = Counter(), defaultdict(Counter)
+    for i, case in enumerate(cases):
+        kind, detail = outcomes[i]
+        by_class[kind] += 1
+        by_family[case.family][kind] += 1
+        if args.verbose or kind in FATAL:
+            print(f"{kind:10s} {case.family:16s} {case.name}: {detail}")
+    print(f"\n{len(cases)} cases in {time.monotonic() - start:.0f} s: " +
+          ", ".join(f"{k} {by_class[k]}" for k in ("clear", "recovered", *FATAL) if by_class[k] or k in FATAL))
+    for family in sorted(by_family):
+        print(f"  {family:16s} " + ", ".join(f"{k} {n}" for k, n in sorted(by_family[family].items())))
+    return 1 if any(by_class[k] for k in FATAL) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
