@@ -71,3 +71,23 @@ def test_help_answers_without_the_model_code(command, tmp_path):
     assert got["code"] == 0 and f"usage: python -m dart_jax.{command}" in out, err
     assert not got["loaded"], got
 
+
+
+def _generate_input_faults(tmp_path):
+    """(arguments, what the error must name) of faults in generate's input files and flag clashes."""
+    (tmp_path / "empty.jsonl").write_text("\n")
+    return [
+        (["--messages", str(tmp_path / "no_such.json")], f"--messages file {tmp_path / 'no_such.json'} not found"),
+        (["--prompts", str(tmp_path / "no_such.jsonl")], f"--prompts file {tmp_path / 'no_such.jsonl'} not found"),
+        (["--prompts", str(tmp_path / "empty.jsonl")], str(tmp_path / "empty.jsonl")),
+        (["--prompts", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "missing" / "out.jsonl")],
+         f"the folder {tmp_path / 'missing'} does not exist"),
+        (["--chat", "--json"], "--chat is interactive and cannot be combined with --json"),
+    ]
+
+
+def test_generate_refuses_missing_input_files_and_clashes_before_jax_loads(tmp_path):
+    for args, named in _generate_input_faults(tmp_path):
+        got, _, err = run(tmp_path, "generate", args)
+        assert got["code"] == 2 and err.startswith("error: ") and named in err, (args, err)
+        assert not got["loaded"], (args, got)

@@ -21,7 +21,8 @@ from dart_jax.models.multihost import is_writer
 from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
 from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
-from .options import DEFAULT_BATCH_SIZE, HelpFormatter, add_model_options, parse_args, tree_size  # noqa: F401 (importable here)
+from .options import (DEFAULT_BATCH_SIZE, HelpFormatter, add_model_options, check_modes, check_output,  # noqa: F401 (importable here)
+                      parse_args, tree_size)
 from .model import DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths, length_notice
 
 DEMO = DEMO_DIR
@@ -140,22 +141,6 @@ def run_batch(args) -> list[dict]:
     return lines
 
 
-def check_output(path: str | Path, flag: str = "--output") -> Path:
-    """An output file path checked before any work: its folder exists and is writable, and the
-    path is not a folder (the results would be lost after the whole run otherwise)."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{flag} {path} is a folder; pass a file name (e.g. {path / 'out.jsonl'}).")
-    folder = path.parent
-    if not folder.is_dir():
-        if folder.exists():
-            raise InputError(f"{flag} {path}: {folder} is not a folder; pass a path inside a folder.")
-        raise MissingFileError(f"{flag} {path}: the folder {folder} does not exist; create it first.")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {path}: the folder {folder} is not writable; pick another path.")
-    return path
-
-
 def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
     """A --messages file: a JSON list of {"role", "content"} objects (system, user, assistant);
     `system` (--system) goes first unless the file has a system message of its own."""
@@ -180,35 +165,7 @@ def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
 
 
 def _check_modes(args) -> None:
-    for flag, value in (("--prompt", args.prompt), ("--system", args.system)):
-        if value is not None:
-            check_text(value, flag)
-    for value in args.stop or ():
-        check_text(value, "--stop")
-    if args.prompt is not None and not args.prompt.strip():
-        raise InputError("--prompt is empty; give the text to answer, or leave --prompt out for the default prompt.")
-    if args.prompt is not None and args.messages:
-        raise InputError("--prompt and --messages both give the prompt; pass one of them.")
-    if args.chat:
-        clash = [flag for flag, on in (("--json", args.json), ("--compare-ar", args.compare_ar), ("--compare", args.compare),
-                                       ("--prompts", args.prompts), ("--no-chat", args.no_chat)) if on]
-        if clash:
-            raise InputError(f"--chat is interactive and cannot be combined with {', '.join(clash)}.")
-    if args.prompts and (args.prompt is not None or args.messages):
-        raise InputError("--prompts reads its prompts from the file; drop --prompt / --messages.")
-    if args.output and not args.prompts:
-        raise InputError("--output takes the results of --prompts; add --prompts FILE.jsonl or drop --output.")
-    if args.no_chat and args.messages:
-        raise InputError("--messages goes through the chat template; drop --no-chat.")
-    # flags that would do nothing in this combination
-    if args.no_chat and args.system is not None:
-        raise InputError("--system is a message of the chat template, which --no-chat leaves out; drop one of them.")
-    if args.batch_size is not None and not args.prompts:
-        raise InputError("--batch-size sets how many --prompts lines are decoded together; add --prompts FILE.jsonl "
-                         "or drop --batch-size.")
-    if args.compare_ar and args.method == decoding_methods.baseline().name:
-        raise InputError(f"--compare-ar compares --method {args.method} with plain decoding, which --method "
-                         f"{args.method} already is; drop --compare-ar, or use --method dart (or --compare).")
+    check_modes(args)  # the checks that need nothing loaded (the command line runs them before jax loads too)
     eagle3_flags = [f"--{k.replace('_', '-')}" for k in ("eagle3_total_token", "eagle3_depth", "eagle3_top_k")
                     if getattr(args, k) is not None]
     if eagle3_flags and not args.eagle3 and (args.ckpt is not None or demo_eagle3(args.demo) is None):
