@@ -217,8 +217,6 @@ def run(args, out=None) -> dict:
         with warmup:
             warm = dataclasses.replace(settings, max_new_tokens=min(4, args.max_new_tokens))
             model.generate(prompt_ids, chat=chat, settings=warm, method=method)
-            if args.compare_ar:
-                model.generate_ar(prompt_ids, chat=chat, settings=dataclasses.replace(settings, max_new_tokens=2))
     settle()  # the compile notice's last line before the answer
 
     sink = []
@@ -233,11 +231,16 @@ def run(args, out=None) -> dict:
     if result.thinking is not None:
         report["thinking"] = result.thinking
     if args.compare_ar:
+        if not args.no_warmup:  # after the answer, not before it: its first token waits for nothing it does not use
+            with warmup:
+                model.generate_ar(prompt_ids, chat=chat, settings=dataclasses.replace(settings, max_new_tokens=2))
+            settle()
         ar = model.generate_ar(prompt, chat=chat, settings=settings, **stops)
         report["ar"] = {"text": ar.text, "token_ids": ar.token_ids, "stats": ar.stats, "finish_reason": ar.finish_reason}
         ar_tps = ar.stats["tokens_per_s"]
         report["speedup"] = result.stats["tokens_per_s"] / ar_tps if ar_tps > 0 else None
         report["greedy_match"] = (ar.token_ids == report["token_ids"]) if args.temperature == 0 else None
+        report.update(warmup_s=warmup.wall, warmup_compile_s=warmup.seconds)  # plain decoding's warm-up too
     notice = length_notice(result, settings)
     if notice:
         report["notice"] = notice
