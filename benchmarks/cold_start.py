@@ -3,6 +3,7 @@ the first DART token, with the caches cold (a fresh persistent XLA compilation c
 Numba cache) and then warm (the same run again over the caches the cold one filled).
 
     python benchmarks/cold_start.py [--runs 2] [--tree DIR ...] [--max-new-tokens 16] [--compare-ar]
+    python benchmarks/cold_start.py --serve quick|full [--tree DIR ...]   # the server's time to ready
 
 Each run is a new Python process (this file with --child) that times the command's own path
 (`dart_jax.api.generate.run`, warm-up included, exactly as the CLI runs it): the imports, the
@@ -113,6 +114,38 @@ def run_once(tree: Path, xdg: Path, numba: Path, cli: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def serve_ready(tree: Path, xdg: Path, numba: Path, warmup: str, timeout: float) -> dict:
+    """Seconds from starting `python -m dart_jax.serve --warmup WARMUP` until GET /v1/models answers."""
+    import socket
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XDG_CACHE_HOME=str(xdg), NUMBA_CACHE_DIR=str(numba),
+               PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = xdg / "serve.log"
+    began = time.time()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "dart_jax.serve", "--port", str(port), "--no-ui",
+                                 "--warmup", warmup], cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
+    ready = None
+    try:
+        while time.time() - began < timeout and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        ready = time.time() - began
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "warm-up" in line or "compil" in line]
+    return {"ready_s": ready, "log": lines[-30:]}
+
+
 def fresh_caches(scratch: Path, n: int) -> tuple[Path, Path]:
     xdg, numba = scratch / f"xdg{n}", scratch / f"numba{n}"
     (xdg / "dart_jax").mkdir(parents=True)
@@ -131,8 +164,23 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--compare-ar", action="store_true", help="run the demo with --compare-ar, as its README suggests")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--serve", choices=["quick", "full"],
+                   help="instead: seconds until `python -m dart_jax.serve --warmup X` answers GET /v1/models")
+    p.add_argument("--timeout", type=float, default=900, help="--serve: give up after this many seconds")
     opts = p.parse_args()
     trees = [t.resolve() for t in (opts.tree or [ROOT])]
+    if opts.serve:
+        with tempfile.TemporaryDirectory(prefix="cold_start") as scratch:
+            n = 0
+            for rep in range(opts.runs):
+                for tree in trees:
+                    n += 1
+                    result = serve_ready(tree, *fresh_caches(Path(scratch), n), opts.serve, opts.timeout)
+                    ready = "not within the timeout" if result["ready_s"] is None else f"{result['ready_s']:.1f} s"
+                    print(f"{tree.name} serve --warmup {opts.serve} #{rep + 1}: /v1/models answered after {ready} "
+                          f"(load average {os.getloadavg()[0]:.1f})")
+                    print("    " + "\n    ".join(result["log"]))
+        return
     cli = ["--max-new-tokens", str(opts.max_new_tokens)] + (["--compare-ar"] if opts.compare_ar else [])
     runs: dict[tuple[str, str], list[dict]] = {}
     load = os.getloadavg()[0]
