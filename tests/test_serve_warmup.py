@@ -39,3 +39,10 @@ def test_warmup_prints_each_stage_start_and_end_numbered(scheduler):
     for n, line in enumerate(lines[1::2], 1):
         assert line.startswith(f"dart_jax: warm-up {n} of {total} done in ") and line.endswith(" s")
         float(line.split("done in ")[1].removesuffix(" s"))
+
+
+def test_compilations_are_named_in_words_or_by_their_function():
+    from dart_jax.api.compiling import describe
+    assert describe("jit(_step)") == describe("_step") == "the DART decode step"
+    assert describe("jit(_pool_step)") == "the program _pool_step"
+    assert describe("") == "a helper"
