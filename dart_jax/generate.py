@@ -1,11 +1,15 @@
 """`python -m dart_jax.generate`: the command line of `dart_jax.api.generate` (see --help)."""
 import sys
 
-from dart_jax.api.options import parse_args
+from dart_jax.api.options import check_early, parse_args
+from dart_jax.errors import cli_boundary
 
-# answer --help and bad flags before jax, flax and the model code load (seconds)
+# answer --help, bad flags and missing input files before jax, flax and the model code load (seconds)
 if __name__ == "__main__":
-    parse_args()
+    _args = parse_args()
+    _code = cli_boundary(lambda: check_early(_args), prog="dart_jax.generate")
+    if _code:
+        sys.exit(_code)
 
 from dart_jax.api.generate import main  # noqa: E402 (after the check above, on purpose)
 

@@ -8,8 +8,8 @@ _refresh_numba_cache()  # before the kernels below load their cached builds
 
 from ._format import MAX_ORDER  # noqa: E402
 from .compressed import CompressedTrie, check_trie_vocab, compress, load_any, trie_format  # noqa: E402
-from .tree import DraftTree, TreeSettings, build_tree, build_tree_batch  # noqa: E402
+from .tree import DraftTree, TreeSettings, build_tree, build_tree_batch, compile_search  # noqa: E402
 from .trie import Trie  # noqa: E402
 
 __all__ = ["Trie", "CompressedTrie", "check_trie_vocab", "compress", "load_any", "trie_format", "MAX_ORDER", "build_tree",
-           "build_tree_batch", "DraftTree", "TreeSettings"]
+           "build_tree_batch", "compile_search", "DraftTree", "TreeSettings"]

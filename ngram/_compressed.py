@@ -32,10 +32,13 @@ _META, _LEVEL_START, _TOK_WIDTH, _TOK_BIT, _TOK_COUNT, _CNT_WIDTH, _CNT_BIT, _CN
     _ESC_WIDTH, _ESC_BIT, _ESC_BEFORE, _REMAP, _KID_BLOCKS, _KID_WORDS, _TOK_WORDS, _CNT_WORDS, _ESC_MARKS, \
     _ESC_RANK, _ESC_WORDS, _TOK_TABLE, _TOK_TAB_START = range(22)
 # meta: [N, V (largest token + 1), order]
+# The small readers below are plain calls, not Numba-inlined (`inline="always"`): inlining copies
+# their typed IR into every caller, which made the tree search's first compilation about a quarter
+# longer, while LLVM inlines such calls on its own and the search ran as fast either way.
 DENSE_MAX = 1 << 24  # largest V for which the file holds the dense token -> rank tables (4 bytes per id and level)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _popcount(x):
     x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
     x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
@@ -43,7 +46,7 @@ def _popcount(x):
     return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _word(words, w):
     """words[w], or 0 outside the array (a bounds-checked read)."""
     if w < 0 or w >= words.shape[0]:
@@ -51,7 +54,7 @@ def _word(words, w):
     return words[w]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def read_bits(words, bit, width):
     """The ``width``-bit value (width <= 63) at bit offset ``bit`` of a packed array."""
     if width == 0:
@@ -64,7 +67,7 @@ def read_bits(words, bit, width):
     return np.int64(v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _read_bits_in(words, bit, width):
     """``read_bits`` without the bounds checks, for bits that ``_fits`` has vouched for."""
     w = bit >> 6
@@ -74,7 +77,7 @@ def _read_bits_in(words, bit, width):
     return np.int64(v & ((np.uint64(1) << np.uint64(width)) - np.uint64(1)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _read(words, bit, width, checked):
     """``read_bits`` where ``checked`` (a range ``_fits`` did not vouch for: a damaged file), else
     the unchecked read."""
@@ -83,7 +86,7 @@ def _read(words, bit, width, checked):
     return _read_bits_in(words, bit, width)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _fits(words, first_bit, last_bit):
     """Whether every value of a field between these bit offsets (the first bit of the first value,
     the first bit of the last one) can be read without leaving ``words`` (a value of <= 63 bits may
@@ -91,7 +94,7 @@ def _fits(words, first_bit, last_bit):
     return first_bit >= 0 and last_bit >= first_bit and (last_bit >> 6) + 1 < words.shape[0]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def kid_value(blocks, words, i):
     """child_start[i]: its block's base plus its packed difference (0 for a block's first value),
     or -1 when a read would leave the arrays (a damaged file)."""
@@ -110,13 +113,13 @@ def kid_value(blocks, words, i):
     return base + _read_bits_in(words, bit, width)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def kid_pair(blocks, words, i):
     """(child_start[i], child_start[i + 1]); -1 where damaged."""
     return kid_value(blocks, words, i), kid_value(blocks, words, i + 1)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def mark_rank(marks, mark_rank_tab, i):
     """Number of escape marks on nodes 0 .. i-1: the sampled count before node i's 256-node
     block plus the popcounts of at most four words; -1 when a read would leave the arrays."""
@@ -133,12 +136,12 @@ def mark_rank(marks, mark_rank_tab, i):
     return r
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def ct_size(tr):
     return tr[_META][0] if tr[_META].shape[0] > 0 else np.int64(0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def node_level(level_start, node):
     """Level (depth) of ``node``: the last L with level_start[L] <= node."""
     lo = 0
@@ -152,7 +155,7 @@ def node_level(level_start, node):
     return lo
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def count_rank(tr, lvl, node):
     """The rank of ``node``'s frequency in its level's table: the packed narrow field, or, where that
     holds the level's escape value (all ones), the full-width rank stored for the node's escape
@@ -174,7 +177,7 @@ def count_rank(tr, lvl, node):
     return rank
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _freq_at(tr, lvl, node):
     """freq of ``node`` of level ``lvl`` (its rank looked up in the level's table, clamped to the
     level's part of the table; 0 where damaged)."""
@@ -206,7 +209,7 @@ def ct_freq(tr, node):
     return _freq_at(tr, lvl, node)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _children_at(tr, n, node, lvl):
     """(first child, number of children) of ``node`` whose children are at depth ``lvl``, clamped
     to that level."""
@@ -222,7 +225,7 @@ def _children_at(tr, n, node, lvl):
     return lo, hi - lo
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _children(tr, n, node):
     """(first child, number of children, level of the children) of ``node``, clamped to that level."""
     if node < 0 or node >= n:
@@ -232,7 +235,7 @@ def _children(tr, n, node):
     return lo, size, lvl
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _rank_of(remap, tok_table, tok_tab_start, lvl, tok):
     """Rank of ``tok`` among the level's distinct tokens, or -1 when it never occurs there."""
     if remap.shape[1] > 0:
@@ -316,7 +319,7 @@ def ct_children_keyed(tr, n, node, lvl, ranks, out_child, out_freq, slot):
     _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot):
     """The children [lo, lo + size) of level ``lvl`` whose ranks are ``ranks`` (lockstep binary
     searches over the packed ranks), with their frequencies."""
@@ -349,7 +352,7 @@ def _search_children(tr, lo, size, lvl, ranks, out_child, out_freq, slot):
 # ------------------------------------------------------------------------------- encoding
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _put_bits(words, bit, width, value):
     """OR the ``width``-bit ``value`` into ``words`` at bit offset ``bit``."""
     v = np.uint64(value)
@@ -434,7 +437,7 @@ CHECK_MESSAGES = {
 }
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _next_rank(tr, lvl, node, e):
     """(frequency rank of ``node``, escapes used so far) for a walk through level ``lvl`` in node
     order, ``e`` escapes of the level before ``node`` (no mark counting: the walk keeps count)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import dataclasses
+import threading
 from typing import Callable, NamedTuple, Sequence, Union
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = [
     "TreeSettings",
     "build_tree",
     "build_tree_batch",
+    "compile_search",
     "default_level_weight",
     "default_logit_weight",
 ]
@@ -540,18 +542,22 @@ def _default_weights(fn: Callable[[int], float], d: int) -> np.ndarray:
     return w
 
 
+# The kernels' inputs are made writable, C-ordered arrays whatever the caller passes (a read-only
+# view of a device buffer, a slice): Numba compiles a kernel per argument type, and one type is
+# what `compile_search` compiles ahead.
+_KERNEL_INPUT = ("C", "W")
+
+
 def _as_int64(x, name: str, shape: str) -> np.ndarray:
     x = np.asarray(x)
-    if x.dtype != np.int64:
-        if x.size and x.dtype.kind not in "iu":
-            raise ValueError(f"{name} must hold integer token ids {shape}; got dtype {x.dtype}.")
-        x = x.astype(np.int64)
-    return np.ascontiguousarray(x)
+    if x.dtype != np.int64 and x.size and x.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integer token ids {shape}; got dtype {x.dtype}.")
+    return np.require(x, np.int64, _KERNEL_INPUT)
 
 
 def _check_topk(topk_ids, topk_probs, ndim: int, shape: str):
     ids = _as_int64(topk_ids, "topk_ids", shape)
-    probs = np.ascontiguousarray(topk_probs, np.float32)
+    probs = np.require(topk_probs, np.float32, _KERNEL_INPUT)
     if ids.ndim != ndim or probs.shape != ids.shape or 0 in ids.shape:
         raise ValueError(
             f"topk_ids and topk_probs must have the same non-empty shape {shape}; got "
@@ -723,6 +729,24 @@ def build_tree_batch(
     if bad.size:
         _raise_for(int(status[bad[0]]), f" of sequence {bad[0]}")
     return DraftTree(tokens, positions, parents, mask, retrieve, num_nodes, num_leaves)
+
+
+def compile_search(trie) -> threading.Thread:
+    """Compile `build_tree`'s kernel for `trie`'s arrays (or load it from Numba's cache) in a
+    daemon thread started now, so that the first search finds it ready: tens of seconds on a
+    first run, which overlap whatever the caller does meanwhile (loading weights, compiling the
+    model's steps in XLA, which leaves the GIL). A search that comes sooner waits for it at
+    Numba's compiler lock rather than compiling again. Returns the thread (join it to wait)."""
+    def run() -> None:
+        try:
+            build_tree(np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32), np.zeros(1, np.int64), trie,
+                       eos_id=0, beam_width=1, keep=1)
+        except Exception:  # noqa: BLE001 - only a head start: the first real search raises what is wrong
+            pass
+
+    thread = threading.Thread(target=run, name="dart_jax-compile-tree-search", daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclasses.dataclass(frozen=True)

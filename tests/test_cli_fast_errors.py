@@ -91,3 +91,23 @@ def test_one_name_per_flag_and_the_old_spellings_still_work():
         ap = argparse.ArgumentParser()
         api_options.add_model_options(ap)
         assert ap.parse_args([flag, "7"]).tree_topk == 7
+
+
+def _generate_input_faults(tmp_path):
+    """(arguments, what the error must name) of faults in generate's input files and flag clashes."""
+    (tmp_path / "empty.jsonl").write_text("\n")
+    return [
+        (["--messages", str(tmp_path / "no_such.json")], f"--messages file {tmp_path / 'no_such.json'} not found"),
+        (["--prompts", str(tmp_path / "no_such.jsonl")], f"--prompts file {tmp_path / 'no_such.jsonl'} not found"),
+        (["--prompts", str(tmp_path / "empty.jsonl")], str(tmp_path / "empty.jsonl")),
+        (["--prompts", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "missing" / "out.jsonl")],
+         f"the folder {tmp_path / 'missing'} does not exist"),
+        (["--chat", "--json"], "--chat is interactive and cannot be combined with --json"),
+    ]
+
+
+def test_generate_refuses_missing_input_files_and_clashes_before_jax_loads(tmp_path):
+    for args, named in _generate_input_faults(tmp_path):
+        got, _, err = run(tmp_path, "generate", args)
+        assert got["code"] == 2 and err.startswith("error: ") and named in err, (args, err)
+        assert not got["loaded"], (args, got)

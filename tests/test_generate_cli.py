@@ -32,6 +32,40 @@ def test_cli_json_with_compare_ar(ckpt, capsys):
     assert sum(report["accept_lengths"]) + 1 >= len(report["token_ids"])
 
 
+def test_cli_compare_ar_streams_the_answer_before_plain_decoding_runs(ckpt, monkeypatch):
+    """--compare-ar's plain decoding (its warm-up compiles for seconds) comes after the DART answer
+    has started, and the timed plain run after a warm-up of its own."""
+    base, head, trie = ckpt
+    events = []
+    load = generate.load_model
+
+    def recording_load(args):
+        model = load(args)
+        plain = model.generate_ar
+
+        def generate_ar(*a, **kw):
+            events.append(("plain", kw["settings"].max_new_tokens))
+            return plain(*a, **kw)
+        monkeypatch.setattr(model, "generate_ar", generate_ar)
+        return model
+
+    class Out:
+        def write(self, text):
+            if text.strip():
+                events.append(("out", None))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(generate, "load_model", recording_load)
+    args = generate.parse_args(["--ckpt", str(head), "--base", str(base), "--ngram", str(trie), "--prompt", "hello",
+                                "--max-new-tokens", "12", "--compare-ar"])
+    report = generate.run(args, out=Out())
+    plain = [i for i, (kind, _) in enumerate(events) if kind == "plain"]
+    assert events[0] == ("out", None) and [events[i][1] for i in plain] == [2, 12]  # the warm-up, then the timed run
+    assert report["greedy_match"] is True and report["ar"]["stats"]["compile_s"] < 0.05
+
+
 def test_cli_streams_text_and_summary(ckpt, capsys):
     base, head, trie = ckpt
     code = generate.main(["--ckpt", str(head), "--base", str(base), "--ngram", "none", "--prompt", "hello",

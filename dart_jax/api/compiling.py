@@ -88,6 +88,13 @@ def install() -> None:
             _installed = True
 
 
+def describe(name: str) -> str:
+    """What a compilation event's function is, in words: JAX names the lowering and compilation of
+    `f` "jit(f)", its tracing "f"; a function without words of its own is named as it is."""
+    bare = name[4:-1] if name.startswith("jit(") and name.endswith(")") else name
+    return _NAMES.get(bare) or (f"the program {bare}" if bare else "a helper")
+
+
 def compiling_in(thread_id: int | None) -> tuple[float, str] | None:
     """(seconds so far, what in words) of the compilation that thread `thread_id` runs now, or None
     (e.g. for a server's UI to show "compiling…" instead of a speed while its scheduler compiles)."""
@@ -95,7 +102,7 @@ def compiling_in(thread_id: int | None) -> tuple[float, str] | None:
     if busy is None:
         return None
     start, name = busy
-    return time.monotonic() - start, _NAMES.get(name, "a helper")
+    return time.monotonic() - start, describe(name)
 
 
 class CompileTimer:
@@ -194,8 +201,9 @@ class CompileNotice:
                 running = list(_busy.values())
                 if running:
                     self._last_busy = now
-                    start, name = min(running)
-                    what = _NAMES.get(name, "a helper")
+                    start = min(running)[0]
+                    # every compilation running now (the tree search compiles beside XLA's), oldest first
+                    what = " and ".join(dict.fromkeys(describe(name) for _, name in sorted(running)))
                     if self._shown_since is None and now - start >= self.after:
                         self._shown_since = start
                         where = f"; cached in {self.cache}" if self.cache else ""

@@ -23,7 +23,8 @@ from dart_jax.models.multihost import is_writer
 from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
 from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
-from .options import DEFAULT_BATCH_SIZE, FUSED_CHOICES, HelpFormatter, add_model_options, parse_args, tree_size  # noqa: F401 (importable here)
+from .options import (DEFAULT_BATCH_SIZE, FUSED_CHOICES, HelpFormatter, add_model_options, check_modes,  # noqa: F401
+                      check_output, parse_args, tree_size)
 from .model import (DEMO_CPU_KEEP, DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths,
                     length_notice)
 
@@ -141,22 +142,6 @@ def run_batch(args) -> list[dict]:
     return lines
 
 
-def check_output(path: str | Path, flag: str = "--output") -> Path:
-    """An output file path checked before any work: its folder exists and is writable, and the
-    path is not a folder (the results would be lost after the whole run otherwise)."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{flag} {path} is a folder; pass a file name (e.g. {path / 'out.jsonl'}).")
-    folder = path.parent
-    if not folder.is_dir():
-        if folder.exists():
-            raise InputError(f"{flag} {path}: {folder} is not a folder; pass a path inside a folder.")
-        raise MissingFileError(f"{flag} {path}: the folder {folder} does not exist; create it first.")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {path}: the folder {folder} is not writable; pick another path.")
-    return path
-
-
 def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
     """A --messages file: a JSON list of {"role", "content"} objects (system, user, assistant);
     `system` (--system) goes first unless the file has a system message of its own."""
@@ -181,35 +166,7 @@ def read_messages(path: str | Path, system: str | None = None) -> list[dict]:
 
 
 def _check_modes(args) -> None:
-    for flag, value in (("--prompt", args.prompt), ("--system", args.system)):
-        if value is not None:
-            check_text(value, flag)
-    for value in args.stop or ():
-        check_text(value, "--stop")
-    if args.prompt is not None and not args.prompt.strip():
-        raise InputError("--prompt is empty; give the text to answer, or leave --prompt out for the default prompt.")
-    if args.prompt is not None and args.messages:
-        raise InputError("--prompt and --messages both give the prompt; pass one of them.")
-    if args.chat:
-        clash = [flag for flag, on in (("--json", args.json), ("--compare-ar", args.compare_ar), ("--compare", args.compare),
-                                       ("--prompts", args.prompts), ("--no-chat", args.no_chat)) if on]
-        if clash:
-            raise InputError(f"--chat is interactive and cannot be combined with {', '.join(clash)}.")
-    if args.prompts and (args.prompt is not None or args.messages):
-        raise InputError("--prompts reads its prompts from the file; drop --prompt / --messages.")
-    if args.output and not args.prompts:
-        raise InputError("--output takes the results of --prompts; add --prompts FILE.jsonl or drop --output.")
-    if args.no_chat and args.messages:
-        raise InputError("--messages goes through the chat template; drop --no-chat.")
-    # flags that would do nothing in this combination
-    if args.no_chat and args.system is not None:
-        raise InputError("--system is a message of the chat template, which --no-chat leaves out; drop one of them.")
-    if args.batch_size is not None and not args.prompts:
-        raise InputError("--batch-size sets how many --prompts lines are decoded together; add --prompts FILE.jsonl "
-                         "or drop --batch-size.")
-    if args.compare_ar and args.method == decoding_methods.baseline().name:
-        raise InputError(f"--compare-ar compares --method {args.method} with plain decoding, which --method "
-                         f"{args.method} already is; drop --compare-ar, or use --method dart (or --compare).")
+    check_modes(args)  # the checks that need nothing loaded (the command line runs them before jax loads too)
     eagle3_flags = [f"--{k.replace('_', '-')}" for k in ("eagle3_total_token", "eagle3_depth", "eagle3_top_k")
                     if getattr(args, k) is not None]
     if eagle3_flags and not args.eagle3 and (args.ckpt is not None or demo_eagle3(args.demo) is None):
@@ -261,8 +218,6 @@ def run(args, out=None) -> dict:
         with warmup:
             warm = dataclasses.replace(settings, max_new_tokens=min(4, args.max_new_tokens))
             model.generate(prompt_ids, chat=chat, settings=warm, method=method)
-            if args.compare_ar:
-                model.generate_ar(prompt_ids, chat=chat, settings=dataclasses.replace(settings, max_new_tokens=2))
     settle()  # the compile notice's last line before the answer
 
     sink = []
@@ -277,11 +232,16 @@ def run(args, out=None) -> dict:
     if result.thinking is not None:
         report["thinking"] = result.thinking
     if args.compare_ar:
+        if not args.no_warmup:  # after the answer, not before it: its first token waits for nothing it does not use
+            with warmup:
+                model.generate_ar(prompt_ids, chat=chat, settings=dataclasses.replace(settings, max_new_tokens=2))
+            settle()
         ar = model.generate_ar(prompt, chat=chat, settings=settings, **stops)
         report["ar"] = {"text": ar.text, "token_ids": ar.token_ids, "stats": ar.stats, "finish_reason": ar.finish_reason}
         ar_tps = ar.stats["tokens_per_s"]
         report["speedup"] = result.stats["tokens_per_s"] / ar_tps if ar_tps > 0 else None
         report["greedy_match"] = (ar.token_ids == report["token_ids"]) if args.temperature == 0 else None
+        report.update(warmup_s=warmup.wall, warmup_compile_s=warmup.seconds)  # plain decoding's warm-up too
     notice = length_notice(result, settings)
     if notice:
         report["notice"] = notice

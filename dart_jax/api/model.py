@@ -34,7 +34,7 @@ from dart_jax.models import backend as backends
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.qwen3 import check_attention, check_dtype, check_verify_gemms
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes
-from dart_jax.ngram import TreeSettings, check_trie_vocab
+from dart_jax.ngram import TreeSettings, check_trie_vocab, compile_search
 
 from . import methods as _methods
 from .options import DEMOS  # DartModel.demo(name) / --demo: smollm2 (default) and the embedded toy
@@ -122,6 +122,9 @@ class DartModel:
         if attention is not None:  # before the engines: they compile the module as it is then
             check_attention(attention, target.dtype, mesh)
             target.use_attention(attention)
+        if trie is not None:
+            # the tree search's first compilation (tens of seconds on a CPU) overlaps the steps' XLA compilation
+            compile_search(trie)
         self.tokenizer = tokenizer
         self.chat_settings = chat
         tree_eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(eos_ids, default=None)

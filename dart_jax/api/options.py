@@ -23,15 +23,19 @@ compiled steps are kept in a cache folder (default $XDG_CACHE_HOME/dart_jax/xla,
 """
 from __future__ import annotations
 
-# This module (the --help text above) holds the command's options, and only argparse and the method
-# registry's names: a bad flag or value is refused, and --help answered, before jax loads.
+# This module (the --help text above) holds the command's options, and only argparse, the method
+# registry's names and light checks: a bad flag, value or input file is refused, and --help
+# answered, before jax loads.
 
 import argparse
+import os
 from pathlib import Path
 
+from dart_jax.errors import InputError, MissingFileError, check_text
 from dart_jax.files import cache_root
 
 from . import methods as decoding_methods
+from .prompts import read_prompt_file
 
 # --attention: `dart_jax.models.qwen3.ATTENTION_KERNELS`, which this light module cannot import (jax)
 ATTENTION_CHOICES = ("xla", "cudnn", "pallas")
@@ -198,3 +202,65 @@ def parse_args(argv=None) -> argparse.Namespace:
                          f"power of two; a finished sequence's slot takes the next prompt at once) "
                          f"(default: {DEFAULT_BATCH_SIZE})%(default).0s")
     return ap.parse_args(argv)
+
+
+def check_modes(args) -> None:
+    """The command's flags against each other: an error names the clash and the fix."""
+    for flag, value in (("--prompt", args.prompt), ("--system", args.system)):
+        if value is not None:
+            check_text(value, flag)
+    for value in args.stop or ():
+        check_text(value, "--stop")
+    if args.prompt is not None and not args.prompt.strip():
+        raise InputError("--prompt is empty; give the text to answer, or leave --prompt out for the default prompt.")
+    if args.prompt is not None and args.messages:
+        raise InputError("--prompt and --messages both give the prompt; pass one of them.")
+    if args.chat:
+        clash = [flag for flag, on in (("--json", args.json), ("--compare-ar", args.compare_ar), ("--compare", args.compare),
+                                       ("--prompts", args.prompts), ("--no-chat", args.no_chat)) if on]
+        if clash:
+            raise InputError(f"--chat is interactive and cannot be combined with {', '.join(clash)}.")
+    if args.prompts and (args.prompt is not None or args.messages):
+        raise InputError("--prompts reads its prompts from the file; drop --prompt / --messages.")
+    if args.output and not args.prompts:
+        raise InputError("--output takes the results of --prompts; add --prompts FILE.jsonl or drop --output.")
+    if args.no_chat and args.messages:
+        raise InputError("--messages goes through the chat template; drop --no-chat.")
+    # flags that would do nothing in this combination
+    if args.no_chat and args.system is not None:
+        raise InputError("--system is a message of the chat template, which --no-chat leaves out; drop one of them.")
+    if args.batch_size is not None and not args.prompts:
+        raise InputError("--batch-size sets how many --prompts lines are decoded together; add --prompts FILE.jsonl "
+                         "or drop --batch-size.")
+    if args.compare_ar and args.method == decoding_methods.baseline().name:
+        raise InputError(f"--compare-ar compares --method {args.method} with plain decoding, which --method "
+                         f"{args.method} already is; drop --compare-ar, or use --method dart (or --compare).")
+
+
+def check_output(path: str | Path, flag: str = "--output") -> Path:
+    """An output file path checked before any work: its folder exists and is writable, and the
+    path is not a folder (the results would be lost after the whole run otherwise)."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{flag} {path} is a folder; pass a file name (e.g. {path / 'out.jsonl'}).")
+    folder = path.parent
+    if not folder.is_dir():
+        if folder.exists():
+            raise InputError(f"{flag} {path}: {folder} is not a folder; pass a path inside a folder.")
+        raise MissingFileError(f"{flag} {path}: the folder {folder} does not exist; create it first.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: the folder {folder} is not writable; pick another path.")
+    return path
+
+
+def check_early(args) -> None:
+    """What `python -m dart_jax.generate` can refuse before jax and the model code load (seconds):
+    clashing flags, and the files that --messages, --prompts and --output name."""
+    check_modes(args)
+    if args.messages and not Path(args.messages).is_file():
+        raise MissingFileError(f"--messages file {args.messages} not found; pass a JSON file holding a list of "
+                               "{\"role\": ..., \"content\": ...} objects.")
+    if args.output:  # before the prompts, as the batch run checks them
+        check_output(args.output)
+    if args.prompts:
+        read_prompt_file(args.prompts, fields=None)

@@ -17,6 +17,7 @@ if __name__ == "__main__":
 
 import jax  # noqa: E402 (after the check above, on purpose; likewise below)
 
+from dart_jax.api.compiling import CompileNotice, settle  # noqa: E402
 from dart_jax.api.generate import DEMO_PROMPT, load_model  # noqa: E402
 from dart_jax.errors import InputError, cli_boundary
 
@@ -97,6 +98,26 @@ def _check(args) -> None:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port or --host.") from None
 
 
+def warmup_line(n: int, of: int, label: str, count: int, seconds: float | None) -> str:
+    """The line the warm-up prints as its stage `n` of `of` starts (`seconds` None) and as it ends."""
+    if seconds is not None:
+        return f"dart_jax: warm-up {n} of {of} done in {seconds:.1f} s"
+    return f"dart_jax: warm-up {n} of {of}: {label}, {count} request{'s' * (count > 1)} at once ..."
+
+
+def warm_up(scheduler, model, *, full: bool, stream=None) -> None:
+    """The scheduler's warm-up, saying on `stream` (stderr) which of its stages runs, how far it
+    is, and what compiles in it (`CompileNotice`)."""
+    stream = stream if stream is not None else sys.stderr
+
+    def on_stage(n: int, of: int, method: str, count: int, seconds: float | None) -> None:
+        settle()  # the compile notice's last line first
+        print(warmup_line(n, of, scheduler.methods[method], count, seconds), file=stream, flush=True)
+
+    with CompileNotice(stream):
+        scheduler.warmup(warmup_ids(model), full=full, on_stage=on_stage)
+
+
 def serve(args) -> int:
     _check(args)
     model = load_model(args)
@@ -111,8 +132,7 @@ def serve(args) -> int:
         scheduler = Scheduler(model, slots=args.slots, max_length=args.max_length).start()
     try:
         if args.warmup != "none":
-            print(f"dart_jax: compiling ({args.warmup} warm-up) ...", file=sys.stderr, flush=True)
-            scheduler.warmup(warmup_ids(model), full=args.warmup == "full")
+            warm_up(scheduler, model, full=args.warmup == "full")
         app = create_app(scheduler, model_name=name, api_key=args.api_key)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{host}:{args.port}"

@@ -252,31 +252,43 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def warmup(self, prompt_ids, max_new_tokens: int = 8, *, full: bool = True) -> None:
+    def warmup_stages(self, full: bool = True) -> list[tuple[str, int]]:
+        """(method, requests at once) of each stage of `warmup`, in its order."""
+        counts = [1]
+        while full and counts[-1] < self.slots:
+            counts.append(min(counts[-1] * 2, self.slots))
+        return [(method, count) for method in self.methods for count in counts]
+
+    def warmup(self, prompt_ids, max_new_tokens: int = 8, *, full: bool = True,
+               on_stage: Callable[[int, int, str, int, float | None], None] | None = None) -> None:
         """Compile the shapes of short requests in every method, so that clients wait for nothing:
         one request alone, and with `full` also 2, 4, … `slots` requests at once (a pool computes
         the rows up to its highest busy slot, a power of two: each count is its own compiled step).
         Plain decoding's request alone decodes past EOS, so that its chunk loop compiles whatever
-        the model answers."""
+        the model answers. `on_stage(n, of, method, count, seconds)` hears of each stage (see
+        `warmup_stages`) as it starts (seconds None) and as it ends (its seconds), so that a
+        warm-up of minutes shows how far it is."""
         settings = GenerationSettings(max_new_tokens=max_new_tokens, max_length=self.max_length)
-        counts = [1]
-        while full and counts[-1] < self.slots:
-            counts.append(min(counts[-1] * 2, self.slots))
-        for method in self.methods:
-            for count in counts:
-                queues = []
-                for _ in range(count):
-                    q, sink = thread_sink()
-                    # plain decoding's request alone decodes past EOS, so that its chunk loop (long to
-                    # compile) is ready even where the model ends its answer at once
-                    past_eos = count == 1 and not decoding_methods.get(method).drafts
-                    self.submit(prompt_ids, settings, sink, method=method, stop_at_eos=not past_eos)
-                    queues.append(q)
-                for q in queues:
-                    while not (event := q.get()).done:
-                        pass
-                    if event.error:
-                        raise RuntimeError(f"warm-up of method {method!r} failed: {event.error}")
+        stages = self.warmup_stages(full)
+        for n, (method, count) in enumerate(stages, 1):
+            if on_stage is not None:
+                on_stage(n, len(stages), method, count, None)
+            began = time.monotonic()
+            queues = []
+            for _ in range(count):
+                q, sink = thread_sink()
+                # plain decoding's request alone decodes past EOS, so that its chunk loop (long to
+                # compile) is ready even where the model ends its answer at once
+                past_eos = count == 1 and not decoding_methods.get(method).drafts
+                self.submit(prompt_ids, settings, sink, method=method, stop_at_eos=not past_eos)
+                queues.append(q)
+            for q in queues:
+                while not (event := q.get()).done:
+                    pass
+                if event.error:
+                    raise RuntimeError(f"warm-up of method {method!r} failed: {event.error}")
+            if on_stage is not None:
+                on_stage(n, len(stages), method, count, time.monotonic() - began)
 
     # ------------------------------------------------------------------ the scheduler thread
     def _pool(self, method: str, tree_size: int | None) -> SlotPool:
