@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -359,6 +360,18 @@ def _manifest(folder: Path) -> dict | str:
     return manifest if isinstance(manifest, dict) else f"its {MANIFEST} is not a JSON object"
 
 
+# folder → its files' (name, inode, size, mtime_ns) when this process last found them intact; one
+# loading resolves the same folder several times (the config, the tokenizer, the weights), and a
+# file is hashed again only after a write (its mtime moves). A file written less than a second
+# before it was hashed is not remembered: a coarse file clock could give a later write its mtime.
+_INTACT: dict[Path, tuple] = {}
+
+
+def _signature(folder: Path, names) -> tuple:
+    return tuple((name, st.st_ino, st.st_size, st.st_mtime_ns)
+                 for name in sorted(names) for st in [(folder / name).stat()])
+
+
 def conversion_problem(folder: Path) -> str | None:
     """What is wrong with a converted folder's files against the sizes and SHA-256 its manifest
     recorded when it was written (None: every file as written)."""
@@ -368,14 +381,23 @@ def conversion_problem(folder: Path) -> str | None:
     files = manifest.get("files")
     if manifest.get("format") != FORMAT_VERSION or not isinstance(files, dict) or not files:
         return f"its {MANIFEST} has no checksums of this format (written by another version of dart_jax)"
+    key = folder.resolve()
+    started = time.time_ns()
     for name, entry in files.items():
         file = folder / name
         if not isinstance(entry, dict) or not file.is_file():
             return f"{name} is missing"
+    signature = _signature(folder, files)
+    if _INTACT.get(key) == signature:
+        return None
+    for name, entry in files.items():
+        file = folder / name
         if file.stat().st_size != entry.get("size"):
             return f"{name} has {file.stat().st_size} bytes, {entry.get('size')} when written"
         if file_sha256(file) != entry.get("sha256"):
             return f"{name}'s SHA-256 differs from the one recorded when it was written"
+    if all(mtime < started - 10**9 for *_, mtime in signature):
+        _INTACT[key] = signature
     return None
 
 
