@@ -122,8 +122,9 @@ class DartModel:
         if attention is not None:  # before the engines: they compile the module as it is then
             check_attention(attention, target.dtype, mesh)
             target.use_attention(attention)
-        if trie is not None:
-            # the tree search's first compilation (tens of seconds on a CPU) overlaps the steps' XLA compilation
+        if trie is not None and not device_steps:
+            # the host's tree search (the device loop searches on the device): its first compilation
+            # (tens of seconds on a CPU) overlaps the steps' XLA compilation
             compile_search(trie)
         self.tokenizer = tokenizer
         self.chat_settings = chat

@@ -45,7 +45,6 @@ from typing import Any, Callable
 from dart_jax.api import methods as decoding_methods
 from dart_jax.api.compiling import CompileTimer, compiling_in
 from dart_jax.api.model import DartModel
-from dart_jax.api.options import INT32_MAX
 from dart_jax.api.methods import TREE_SIZE_RANGE, max_tree_nodes
 from dart_jax.decoding.batcher import SlotPool
 from dart_jax.decoding.requests import Stats, WarmTime
@@ -452,11 +451,8 @@ class Scheduler:
 
 
 def check_bounds(settings: GenerationSettings) -> None:
-    """Raise ValueError when a number of `settings` does not fit the type it takes on the device,
-    naming the limit (what the HTTP schema also refuses, for requests from the UI)."""
-    if int(settings.top_k) > INT32_MAX:
-        raise ValueError(f"top_k must be <= {INT32_MAX} (0 disables it), got {settings.top_k}.")
-    if int(settings.max_new_tokens) > INT32_MAX:
-        raise ValueError(f"max_new_tokens must be <= {INT32_MAX}, got {settings.max_new_tokens}.")
+    """Raise ValueError when `settings` pass the library's bounds (`GenerationSettings` checks what
+    enters a fixed-width type on the device) but not the server's stricter temperature ceiling,
+    which the HTTP schema also applies, for requests from the UI."""
     if not settings.temperature <= MAX_TEMPERATURE:
         raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {settings.temperature}.")
