@@ -365,7 +365,8 @@ class Qwen3(nnx.Module):
         """Each layer's q, k and v projections as one matmul, and its gate and up projections as
         another (the same products, in fewer and wider matmuls): in a 61-row verify at Qwen3-8B's
         widths on a GPU the attention's separate projections read their weights at well under the
-        MLP's rate (benchmarks/RESULTS.md, the profiles). The separate weights are replaced, not kept. For one device: a model sharded over a mesh keeps them separate."""
+        MLP's rate (benchmarks/RESULTS.md, the profiles). The separate weights are replaced, not
+        kept. For one device: a model sharded over a mesh keeps them separate."""
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
@@ -439,10 +440,10 @@ def verify_compiler_options(rows: int, backend: str | None = None, choice: str =
     nodes), None for XLA's defaults. On a GPU, XLA's Triton GEMMs serve one-row decoding best, but
     at a tree's few dozen rows they split the attention projections' reduction into f32 partial sums
     that read the weights much slower than cuBLAS does (benchmarks/RESULTS.md has the verify's
-    times by GEMM kind). So steps whose verification has at least `CUBLAS_MIN_ROWS` rows compile with Triton's GEMMs off
-    (the whole step: the draft head's matmuls in it too), and plain decoding keeps XLA's choice.
-    `choice` (VERIFY_GEMMS; an engine's `verify_gemms`, `--verify-gemms`): "auto" that rule, "xla"
-    never, "cublas" for every tree. Other backends: None."""
+    times by GEMM kind). So steps whose verification has at least `CUBLAS_MIN_ROWS` rows compile with
+    Triton's GEMMs off (the whole step: the draft head's matmuls in it too), and plain decoding keeps
+    XLA's choice. `choice` (VERIFY_GEMMS; an engine's `verify_gemms`, `--verify-gemms`): "auto" that
+    rule, "xla" never, "cublas" for every tree. Other backends: None."""
     check_verify_gemms(choice)
     if (backend or jax.default_backend()) != "gpu" or choice == "xla":
         return None
