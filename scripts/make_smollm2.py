@@ -62,6 +62,18 @@ QUESTIONS = ["What is {t}?", "Explain {t} in simple terms.", "Give me three inte
              "Why is {t} important?", "Write a short paragraph about {t}.", "What are the main ideas behind {t}?",
              "How would you explain {t} to a child?", "List some common misconceptions about {t}.",
              "Write a short poem about {t}.", "What are the pros and cons of {t}?"]
+# the `more` stage's chat templates (the held-out chat prompts use QUESTIONS only)
+MORE_QUESTIONS = ["Tell me about {t}.", "What should a beginner know about {t}?", "Describe {t} in a few sentences.",
+                  "How does {t} affect everyday life?", "What is the most surprising thing about {t}?",
+                  "Write a short story that involves {t}.", "Give me a step-by-step introduction to {t}.",
+                  "What questions do people often ask about {t}?", "What are the biggest challenges related to {t}?",
+                  "Summarize {t} in five bullet points.", "Write a haiku about {t}.",
+                  "What would the world be like without {t}?", "Explain {t} to a high school student.",
+                  "What key terms should someone learn about {t}?",
+                  "Write a short dialogue between two friends talking about {t}.",
+                  "What advice would you give someone interested in {t}?", "How has {t} changed over time?",
+                  "Can you give me a quick overview of {t}?", "What are some good ways to learn more about {t}?",
+                  "Write a short blog post introduction about {t}."]
 SKIP_PARTS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "ensurepip", "__pycache__",
               "pydoc_data", "venv"}
 
@@ -79,7 +91,10 @@ def summary(doc: str) -> str | None:
     return first
 
 
-def code_prompts() -> list[dict]:
+def code_prompts(other: bool = False) -> list[dict]:
+    """One prompt per documented public function or class, its template drawn at random; `other`:
+    the next template instead of the drawn one (the same draws, so the same order), for new prompts
+    about the same code."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     rng = random.Random(SEED)
     out = []
@@ -108,13 +123,14 @@ def code_prompts() -> list[dict]:
             else:
                 choices = [f"Write a Python class `{node.name}`: {lower}.",
                            f"Explain the Python class `{module}.{node.name}` and show how to use it."]
-            out.append({"domain": "code", "source": module, "prompt": rng.choice(choices)})
+            pick = choices.index(rng.choice(choices))
+            out.append({"domain": "code", "source": module, "prompt": choices[(pick + other) % len(choices)]})
     return out
 
 
-def chat_prompts() -> list[dict]:
+def chat_prompts(questions: list[str] = QUESTIONS) -> list[dict]:
     topics = [t.strip() for t in TOPICS.split(";") if t.strip()]
-    return [{"domain": "chat", "source": t, "prompt": q.format(t=t)} for t in topics for q in QUESTIONS]
+    return [{"domain": "chat", "source": t, "prompt": q.format(t=t)} for t in topics for q in questions]
 
 
 def stage_prompts(args) -> None:
