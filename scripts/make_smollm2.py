@@ -10,6 +10,8 @@ last checkpoint).
     python scripts/make_smollm2.py head       # python -m dart_jax.train on the first answers, 3 epochs (background it)
     python scripts/make_smollm2.py more       # 2 more epochs from that head at half the learning rate
     python scripts/make_smollm2.py wider      # 2 more epochs from that head on all the answers (the shipped head)
+    python scripts/make_smollm2.py broad      # 2 300 chat prompts of new templates and 800 new code prompts, answered
+    python scripts/make_smollm2.py tune       # the `wider` head trained on the broad answers (the shipped head)
     python scripts/make_smollm2.py eagle3     # an EAGLE-3 head on the same answers, 2 epochs (background it)
     python scripts/make_smollm2.py ship       # both heads (int8) and the trie into dart_jax/demo/smollm2/
     python scripts/make_smollm2.py all        # every stage in order
@@ -22,6 +24,11 @@ of the trie) is every prompt of one source module in ten (code) and one topic in
 chosen by a hash of the module or topic name. The first stages use 1 100 code and 600 chat
 prompts; `extra` adds every remaining prompt outside the held-out split (451 code, 550 chat, as
 a second file, so that the first answers keep their indices), and `wider` trains on both.
+`broad` adds chat (the weak half) and code prompts none of those hold: every training topic asked
+with MORE_QUESTIONS' templates, and 800 functions and classes asked with the template after the
+one drawn for them, shuffled together (a run cut short keeps both domains); its answers come from
+`python -m dart_jax.train.distill` (a continuous-batching pool, resumed per conversation). `tune`
+trains the `wider` head (or, with --init, another head) on them with the taps cache.
 """
 from __future__ import annotations
 
@@ -275,6 +282,36 @@ def stage_wider(args) -> None:
     train_dart(args, all_answers(), "run3", 2, args.lr / 2, SEED + 2, init="run2")
 
 
+def stage_broad(args) -> None:
+    code = code_prompts(other=True)
+    random.Random(SEED).shuffle(code)
+    rows = [p for p in code if not held_out(p["source"])][:args.broad_code] + \
+           [p for p in chat_prompts(MORE_QUESTIONS) if not held_out(p["source"])]
+    random.Random(SEED + 3).shuffle(rows)
+    WORK.mkdir(parents=True, exist_ok=True)
+    with open(WORK / "prompts_broad.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    cmd = [sys.executable, "-m", "dart_jax.train.distill", str(WORK / "prompts_broad.jsonl"),
+           str(WORK / "train_broad.jsonl"), "--base", str(base_model()), "--max-new-tokens", str(args.max_new),
+           "--slots", str(args.batch)]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def stage_tune(args) -> None:
+    """The `wider` head (or --init) trained on the broad answers at a quarter of the learning rate,
+    the target's taps computed once (the cache pass) and read back in the later epochs."""
+    init = Path(args.init) if args.init else WORK / "run3" / "head"
+    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train_broad.jsonl"),
+           "--out", str(WORK / "run4"), "--init-head", str(init), "--epochs", str(args.tune_epochs),
+           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4",
+           "--lr", str(args.lr / 4), "--seed", str(SEED + 4), "--save-every", "50", "--log-every", "25",
+           "--dtype", "float32", "--taps", "cache"]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
 def stage_eagle3(args) -> None:
     """EAGLE-3 on the same data, draft vocabulary size and context, with the published recipe's 7
     unrolled steps: 2 epochs cost this CPU about what DART's 3 + 2 did (a step unrolls 7 draft
@@ -293,7 +330,7 @@ def stage_ship(args) -> None:
     from dart_jax.convert.int8 import write_int8_head
 
     SHIP.mkdir(parents=True, exist_ok=True)
-    dart = WORK / ("run3" if (WORK / "run3" / "head" / "config.json").is_file() else "run2") / "head"
+    dart = next(WORK / run / "head" for run in ("run4", "run3", "run2") if (WORK / run / "head" / "config.json").is_file())
     write_int8_head(dart, SHIP / "head")  # int8 + per-row scales (docs/spec.md §1.1)
     if (WORK / "run_eagle3" / "head" / "config.json").is_file():
         write_int8_head(WORK / "run_eagle3" / "head", SHIP / "eagle3")
@@ -308,7 +345,8 @@ def stage_ship(args) -> None:
 
 
 STAGES = {"prompts": stage_prompts, "answers": stage_answers, "extra": stage_extra, "trie": stage_trie,
-          "head": stage_head, "more": stage_more, "wider": stage_wider, "eagle3": stage_eagle3, "ship": stage_ship}
+          "head": stage_head, "more": stage_more, "wider": stage_wider, "broad": stage_broad, "tune": stage_tune,
+          "eagle3": stage_eagle3, "ship": stage_ship}
 
 
 def main() -> None:
@@ -323,6 +361,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--anchors", type=int, default=48)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--broad-code", type=int, default=800, help="code prompts of the broad stage")
+    p.add_argument("--tune-epochs", type=int, default=2)
+    p.add_argument("--init", help="the head `tune` starts from (default: the wider stage's)")
     args = p.parse_args()
     for name in (list(STAGES) if args.stage == "all" else [args.stage]):
         start = time.time()

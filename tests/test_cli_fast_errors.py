@@ -31,16 +31,16 @@ WRAPPER = textwrap.dedent("""
         json.dump({"code": code, "loaded": [m for m in heavy if m in sys.modules]}, f)
 """)
 
-COMMANDS = ["generate", "serve", "bench", "train", "ngram", "convert"]
+COMMANDS = ["generate", "serve", "bench", "train", "train.distill", "ngram", "convert"]
 BOGUS = {  # an unknown flag where the command's required arguments are there (else argparse names those first)
     "generate": ["--bogus"], "serve": ["--bogus"], "bench": ["e2e", "--bogus"],
     "train": ["--base", "b", "--data", "d", "--out", "o", "--bogus"], "ngram": ["build", "in.txt", "-o", "out.trie", "--bogus"],
-    "convert": ["inspect", "x", "--bogus"],
+    "convert": ["inspect", "x", "--bogus"], "train.distill": ["p.jsonl", "o.jsonl", "--base", "b", "--bogus"],
 }
 BAD = {  # a bad value for an option each command really has (a bad flag is tested for all)
     "generate": ["--max-new-tokens", "many"], "serve": ["--port", "eighty"], "bench": ["e2e", "--reps", "x"],
     "train": ["--base", "b", "--data", "d", "--out", "o", "--epochs", "x"], "ngram": ["build", "--order", "x"],
-    "convert": ["no-such-command"],
+    "convert": ["no-such-command"], "train.distill": ["p.jsonl", "o.jsonl", "--base", "b", "--slots", "x"],
 }
 
 

@@ -1,84 +1,39 @@
 """`python -m dart_jax.train.distill PROMPTS OUT --base BASE`: self-distillation data, the target's
-own answers to a file of prompts, made in a continuous-batching pool and written one conversation
-at a time as each finishes (heads learn best on the target's own outputs).
-
-PROMPTS is JSONL: each line {"prompt": "..."} or {"messages": [...]} (a conversation up to the turn
-to answer; a final assistant turn is dropped and answered anew), with any other fields kept. OUT
-gets one line per answered prompt: its fields, "index" (the prompt's line number, counted from 0),
-"messages" ending with the target's answer, and "finish_reason" ("stop" or "length"). A run that
-stops (even kill -9) resumes where it stopped: prompts already in OUT are skipped, a torn last
-line is cut away. Prompts whose conversation repeats an earlier one are answered once.
-
-Plain decoding is the default; `--method dart --ckpt HEAD` drafts with a DART head (the answers are
-the same greedy tokens; which is faster depends on the batch and the hardware: `--limit` a few
-dozen prompts and compare the tokens/s each prints).
-"""
+own answers to a file of prompts (heads learn best on the target's own outputs), made in a
+continuous-batching pool and written one conversation at a time as each finishes. The flags and
+what the files hold: `train.options.DISTILL_DESCRIPTION` (`--help`)."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from dart_jax.errors import InputError, cli_boundary
+from dart_jax.errors import cli_boundary
 
-ARGS_HELP = "see `python -m dart_jax.train.distill --help`"
+from .options import build_distill_parser, check_distill_args
 
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dart_jax.train.distill", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompts", help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}) per line")
-    p.add_argument("out", help="JSONL the answers are appended to (resumed when it exists)")
-    p.add_argument("--base", required=True, help="the target: a folder, hub id or .gguf file")
-    p.add_argument("--method", choices=("ar", "dart"), default="ar",
-                   help="plain decoding (default), or DART drafting with --ckpt")
-    p.add_argument("--ckpt", help="a DART head (folder or hub id), for --method dart")
-    p.add_argument("--ngram", help="the DART n-gram trie (default: the head's; 'none': the head alone)")
-    p.add_argument("--slots", type=int, default=32, help="sequences decoded together (default: %(default)s)")
-    p.add_argument("--refill", type=float, default=0.25,
-                   help="admit waiting prompts once this share of the slots is free (each admission "
-                        "prefills the pool's live rows once; default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=512, help="tokens per answer (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers (default)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (each prompt its own, from this and its index)")
-    p.add_argument("--limit", type=int, help="answer at most this many prompts (after those already done)")
-    p.add_argument("--system", help="a system prompt put before each conversation")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
-def check_args(args) -> None:
-    if args.method == "dart" and not args.ckpt:
-        raise InputError("--method dart drafts with a DART head: pass --ckpt HEAD (or use --method ar)")
-    if args.method == "ar" and (args.ckpt or args.ngram):
-        raise InputError("--ckpt/--ngram are for --method dart; drop them or pass --method dart")
-    if args.slots < 1 or args.max_new_tokens < 1:
-        raise InputError("--slots and --max-new-tokens must be >= 1")
-    if not 0 < args.refill <= 1:
-        raise InputError(f"--refill is a share of the slots in (0, 1], got {args.refill}")
-    if not 0 <= args.temperature <= 100:
-        raise InputError(f"--temperature must be within [0, 100], got {args.temperature}")
-    if args.limit is not None and args.limit < 1:
-        raise InputError(f"--limit must be >= 1, got {args.limit}")
-    if not Path(args.prompts).is_file():
-        raise InputError(f"{args.prompts}: no such file; pass a JSONL file of prompts ({ARGS_HELP})")
-    if Path(args.out).resolve() == Path(args.prompts).resolve():
-        raise InputError("OUT is the prompts file: the answers go to a file of their own")
-
-
-if __name__ == "__main__" and cli_boundary(lambda: check_args(build_parser().parse_args()),
+# answer --help and bad flags before jax loads
+if __name__ == "__main__" and cli_boundary(lambda: check_distill_args(build_distill_parser().parse_args()),
                                            prog="dart_jax.train.distill"):
     sys.exit(2)
+
+from tqdm.auto import tqdm  # noqa: E402 (after the check above, on purpose)
+
+from dart_jax.convert.target import target_folder  # noqa: E402
+from dart_jax.decoding.batcher import PlainBatcher, TargetEngine  # noqa: E402
+from dart_jax.decoding.drafter import DartDrafter  # noqa: E402
+from dart_jax.decoding.engine import Engine  # noqa: E402
+from dart_jax.decoding.settings import GenerationSettings, ShapeSettings  # noqa: E402
+from dart_jax.errors import InputError, load_tokenizer_folder, parse_json  # noqa: E402
+from dart_jax.models.checkpoints import load_dart_head, load_target  # noqa: E402
+from dart_jax.ngram import check_trie_vocab, load_any  # noqa: E402
 
 
 def read_prompts(path, system: str | None = None) -> list[dict]:
     """The prompts of `path` as rows with "messages" (the turns to answer; a final assistant turn
     dropped). A line that is not such a row is an InputError naming the line."""
-    from dart_jax.errors import parse_json
-
     rows = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -145,36 +100,27 @@ def todo(rows: list[dict], done: set[int]) -> tuple[list[dict], int]:
     return left, dupes
 
 
-def open_pool(args):
-    """(pool, tokenizer) for the method: a plain-decoding pool over the target alone, or DART's."""
-    import numpy as np
-
-    from dart_jax.api.model import DartModel
-    from dart_jax.convert.target import target_folder
-    from dart_jax.decoding.batcher import PlainBatcher, TargetEngine
-    from dart_jax.decoding.settings import ShapeSettings
-    from dart_jax.errors import load_tokenizer_folder
-    from dart_jax.models.checkpoints import load_target
-
-    max_length = 4096
-    if args.method == "dart":
-        model = DartModel.from_pretrained(args.base, args.ckpt, args.ngram)
-        return model.batcher(args.slots, max_length, "dart"), model.get_tokenizer()
+def open_pool(args, max_length: int):
+    """(pool, tokenizer) for the method: a plain-decoding pool over the target alone, or DART's (the
+    head over the target, its trees searched with `--ngram` when given), of sequences of at most
+    `max_length` tokens."""
     folder = target_folder(args.base)
     tokenizer = load_tokenizer_folder(folder)
     target = load_target(folder)
-    eos = set(target.config.eos_token_ids) | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None
-                                             else set())
-    engine = TargetEngine(target, sorted(int(e) for e in np.unique(list(eos))),
-                          ShapeSettings(min_bucket=64, cache_multiple=64))
-    return PlainBatcher(engine, args.slots, max_length), tokenizer
+    eos = sorted({int(e) for e in target.config.eos_token_ids} |
+                 ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()))
+    shapes = ShapeSettings(min_bucket=64, cache_multiple=64)
+    if args.method == "ar":
+        return PlainBatcher(TargetEngine(target, eos, shapes), args.slots, max_length), tokenizer
+    head = load_dart_head(args.ckpt, target)
+    trie = None if args.ngram is None else load_any(args.ngram)
+    if trie is not None:
+        check_trie_vocab(trie, target.config.vocab_size, args.ngram)
+    engine = Engine(target, DartDrafter(head), trie, eos_ids=eos, tree_eos_id=tokenizer.eos_token_id, shapes=shapes)
+    return engine.batcher(args.slots, max_length), tokenizer
 
 
 def run(args) -> dict:
-    from tqdm.auto import tqdm
-
-    from dart_jax.decoding.settings import GenerationSettings
-
     out = Path(args.out)
     rows = read_prompts(args.prompts, args.system)
     done = resume(out)
@@ -185,13 +131,13 @@ def run(args) -> dict:
                "new_tokens": 0}
     if not left:
         return {**summary, "seconds": 0.0, "tokens_per_s": 0.0}
-    pool, tokenizer = open_pool(args)
-    eos = pool.engine.eos_ids
+    tokenizer = load_tokenizer_folder(target_folder(args.base))
     queue = []
     for row in left:
         text = tokenizer.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        queue.append((row, ids))
+        queue.append((row, tokenizer(text, add_special_tokens=False)["input_ids"]))
+    pool, tokenizer = open_pool(args, max(len(ids) for _, ids in queue) + args.max_new_tokens)
+    eos = pool.engine.eos_ids
     queue.reverse()  # pop() from the end takes them in file order
     refill = max(1, int(args.slots * args.refill))
     bar = tqdm(total=len(left), desc="answers", unit="prompt", disable=args.no_progress)
@@ -233,8 +179,8 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    check_args(args)
+    args = build_distill_parser().parse_args(argv)
+    check_distill_args(args)
     print(json.dumps(run(args)))
     return 0
 

@@ -114,3 +114,63 @@ def check_args(args) -> None:
     if (out / "config.json").is_file() and not (out / "run.json").is_file():
         raise InputError(f"--out {args.out} holds a model or head (config.json) and is no training run (no run.json): "
                          "training would write its checkpoints and head there. Pass a fresh folder.")
+
+
+DISTILL_DESCRIPTION = """Self-distillation data: the target's own answers to a file of prompts (heads
+learn best on the target's own outputs), made in a continuous-batching pool and written one
+conversation at a time as each finishes.
+
+PROMPTS is JSONL: each line {"prompt": "..."} or {"messages": [...]} (a conversation up to the turn
+to answer; a final assistant turn is dropped and answered anew), with any other fields kept. OUT
+gets one line per answered prompt: its fields, "index" (the prompt's line number, counted from 0),
+"messages" ending with the target's answer, and "finish_reason" ("eos" or "length"). A run that
+stops (even kill -9) resumes where it stopped: prompts already in OUT are skipped, a torn last
+line is cut away. Prompts whose conversation repeats an earlier one are answered once.
+
+Plain decoding is the default; `--method dart --ckpt HEAD` drafts with a DART head (the answers are
+the same greedy tokens; which is faster depends on the batch and the hardware: `--limit` a few
+dozen prompts and compare the tokens/s each prints).
+"""
+
+
+def build_distill_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dart_jax.train.distill", description=DISTILL_DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompts", help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}) per line")
+    p.add_argument("out", help="JSONL the answers are appended to (resumed when it exists)")
+    p.add_argument("--base", required=True, help="the target: a folder, hub id or .gguf file")
+    p.add_argument("--method", choices=("ar", "dart"), default="ar",
+                   help="plain decoding (default), or DART drafting with --ckpt")
+    p.add_argument("--ckpt", help="a DART head folder, for --method dart")
+    p.add_argument("--ngram", help="an n-gram .trie file (the project's formats) for --method dart's tree "
+                                   "search (default: none, the head's scores alone)")
+    p.add_argument("--slots", type=int, default=32, help="sequences decoded together (default: %(default)s)")
+    p.add_argument("--refill", type=float, default=0.25,
+                   help="admit waiting prompts once this share of the slots is free (each admission "
+                        "prefills the pool's live rows once; default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="tokens per answer (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers (default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (each prompt its own, from this and its index)")
+    p.add_argument("--limit", type=int, help="answer at most this many prompts (after those already done)")
+    p.add_argument("--system", help="a system prompt put before each conversation")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def check_distill_args(args) -> None:
+    if args.method == "dart" and not args.ckpt:
+        raise InputError("--method dart drafts with a DART head: pass --ckpt HEAD (or use --method ar)")
+    if args.method == "ar" and (args.ckpt or args.ngram):
+        raise InputError("--ckpt/--ngram are for --method dart; drop them or pass --method dart")
+    if args.slots < 1 or args.max_new_tokens < 1:
+        raise InputError("--slots and --max-new-tokens must be >= 1")
+    if not 0 < args.refill <= 1:
+        raise InputError(f"--refill is a share of the slots in (0, 1], got {args.refill}")
+    if not 0 <= args.temperature <= 100:
+        raise InputError(f"--temperature must be within [0, 100], got {args.temperature}")
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be >= 1, got {args.limit}")
+    if not Path(args.prompts).is_file():
+        raise InputError(f"{args.prompts}: no such file; pass a JSONL file of prompts (see `python -m dart_jax.train.distill --help`)")
+    if Path(args.out).resolve() == Path(args.prompts).resolve():
+        raise InputError("OUT is the prompts file: the answers go to a file of their own")
