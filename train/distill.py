@@ -101,23 +101,41 @@ def todo(rows: list[dict], done: set[int]) -> tuple[list[dict], int]:
 
 
 def open_pool(args, max_length: int):
-    """(pool, tokenizer) for the method: a plain-decoding pool over the target alone, or DART's (the
+    """The pool of the method: a plain-decoding pool over the target alone, or DART's (the
     head over the target, its trees searched with `--ngram` when given), of sequences of at most
     `max_length` tokens."""
-    folder = target_folder(args.base)
-    tokenizer = load_tokenizer_folder(folder)
-    target = load_target(folder)
+    tokenizer = load_tokenizer_folder(target_folder(args.base))
+    target = load_target(target_folder(args.base))
     eos = sorted({int(e) for e in target.config.eos_token_ids} |
                  ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()))
     shapes = ShapeSettings(min_bucket=64, cache_multiple=64)
     if args.method == "ar":
-        return PlainBatcher(TargetEngine(target, eos, shapes), args.slots, max_length), tokenizer
+        return PlainBatcher(TargetEngine(target, eos, shapes), args.slots, max_length)
     head = load_dart_head(args.ckpt, target)
     trie = None if args.ngram is None else load_any(args.ngram)
     if trie is not None:
         check_trie_vocab(trie, target.config.vocab_size, args.ngram)
     engine = Engine(target, DartDrafter(head), trie, eos_ids=eos, tree_eos_id=tokenizer.eos_token_id, shapes=shapes)
-    return engine.batcher(args.slots, max_length), tokenizer
+    return engine.batcher(args.slots, max_length)
+
+
+def answers(pool, jobs, refill: float):
+    """Each job (key, prompt ids, GenerationSettings) through `pool`, in order: waiting jobs join
+    once `refill` of the slots are free (each admission prefills the pool's live rows once, so
+    joining one at a time would prefill about as often as sequences finish). Yields (key, request)
+    as each request finishes."""
+    jobs = list(jobs)[::-1]  # pop() from the end takes them in order
+    least = max(1, int(pool.slots * refill))
+    handles = {}
+    while jobs or pool.active:
+        free = sum(r is None for r in pool.busy) - len(pool.waiting)
+        if jobs and (free >= min(least, len(jobs)) or not pool.active):
+            for _ in range(min(free, len(jobs))):
+                key, ids, settings = jobs.pop()
+                handles[pool.submit(ids, settings)] = key
+        for event in pool.step():
+            if event.request.done and event.request in handles:
+                yield handles.pop(event.request), event.request
 
 
 def run(args) -> dict:
@@ -132,44 +150,30 @@ def run(args) -> dict:
     if not left:
         return {**summary, "seconds": 0.0, "tokens_per_s": 0.0}
     tokenizer = load_tokenizer_folder(target_folder(args.base))
-    queue = []
+    jobs = []
     for row in left:
         text = tokenizer.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=True)
-        queue.append((row, tokenizer(text, add_special_tokens=False)["input_ids"]))
-    pool, tokenizer = open_pool(args, max(len(ids) for _, ids in queue) + args.max_new_tokens)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        jobs.append((row, ids, GenerationSettings(max_new_tokens=args.max_new_tokens,
+                                                  max_length=len(ids) + args.max_new_tokens,
+                                                  temperature=args.temperature,
+                                                  seed=(args.seed * 1_000_003 + row["index"]) % 2**32)))
+    pool = open_pool(args, max(s.max_length for _, _, s in jobs))
     eos = pool.engine.eos_ids
-    queue.reverse()  # pop() from the end takes them in file order
-    refill = max(1, int(args.slots * args.refill))
     bar = tqdm(total=len(left), desc="answers", unit="prompt", disable=args.no_progress)
     start = time.perf_counter()
-    handles = {}
     try:
         with open(out, "a", encoding="utf-8") as f:
-            while queue or pool.active:
-                free = sum(r is None for r in pool.busy) - len(pool.waiting)
-                if queue and (free >= min(refill, len(queue)) or not pool.active):
-                    for _ in range(min(free, len(queue))):
-                        row, ids = queue.pop()
-                        settings = GenerationSettings(max_new_tokens=args.max_new_tokens,
-                                                      max_length=len(ids) + args.max_new_tokens,
-                                                      temperature=args.temperature,
-                                                      seed=(args.seed * 1_000_003 + row["index"]) % 2**32)
-                        handles[pool.submit(ids, settings)] = row
-                for event in pool.step():
-                    request = event.request
-                    if not request.done or request not in handles:
-                        continue
-                    row = handles.pop(request)
-                    new = [t for t in request.token_ids if t not in eos]
-                    answer = tokenizer.decode(new, skip_special_tokens=False)
-                    record = {**row, "messages": [*row["messages"], {"role": "assistant", "content": answer}],
-                              "finish_reason": request.finish_reason}
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    f.flush()
-                    summary["answered"] += 1
-                    summary["new_tokens"] += len(request.token_ids)
-                    bar.update(1)
-                    bar.set_postfix(tok_s=f"{summary['new_tokens'] / (time.perf_counter() - start):.0f}")
+            for row, request in answers(pool, jobs, args.refill):
+                answer = tokenizer.decode([t for t in request.token_ids if t not in eos], skip_special_tokens=False)
+                record = {**row, "messages": [*row["messages"], {"role": "assistant", "content": answer}],
+                          "finish_reason": request.finish_reason}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.flush()
+                summary["answered"] += 1
+                summary["new_tokens"] += len(request.token_ids)
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{summary['new_tokens'] / (time.perf_counter() - start):.0f}")
             os.fsync(f.fileno())
     finally:
         bar.close()
