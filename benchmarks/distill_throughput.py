@@ -1,9 +1,11 @@
-"""Self-distillation throughput, side by side in one process: the same prompts answered by static
-batches of plain decoding (`AutoregressiveDecoder.generate_batch`, prompts sorted by length: how
-scripts/make_smollm2.py's `answers` stage made the demo's data) and by `train.distill`'s
-continuous-batching pool, alternating, each warmed up first; the answers must be identical.
+"""Self-distillation throughput, side by side in one process on the SmolLM2 demo's target: the
+same prompts answered by plain decoding in static batches of prompts of similar lengths
+(`train.distill.batch_answers`, what `python -m dart_jax.train.distill` runs) and in a
+continuous-batching pool of as many slots (`pool_answers` over the engine's `PlainBatcher`: a
+finished sequence's slot refilled), alternating, each warmed up first; the answers must be
+identical.
 
-    python benchmarks/distill_throughput.py PROMPTS.jsonl --base MODEL [--n 64] [--batch 32] [--rounds 2]
+    python benchmarks/distill_throughput.py PROMPTS.jsonl [--n 64] [--batch 32] [--rounds 2]
 
 Prints one JSON line per run and the ratio pool/static of tokens per second.
 """
@@ -14,62 +16,46 @@ import json
 import statistics
 import time
 
-from dart_jax.convert.target import target_folder
-from dart_jax.decoding.autoregressive import AutoregressiveDecoder
-from dart_jax.decoding.batcher import PlainBatcher, TargetEngine
-from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
-from dart_jax.errors import load_tokenizer_folder
-from dart_jax.models.checkpoints import load_target
-from dart_jax.train.distill import answers, read_prompts
+from dart_jax.api.model import DartModel
+from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.train.distill import batch_answers, pool_answers, read_prompts
 
 
-def static(decoder, prompts, settings, eos, batch):
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out = [None] * len(prompts)
-    for b in range(0, len(order), batch):
-        rows = order[b:b + batch]
-        for i, new in zip(rows, decoder.generate_batch([prompts[i] for i in rows], [settings[i] for i in rows], eos)):
-            out[i] = new
-    return out
+def static(decoder, jobs, batch, eos):
+    return {key: list(ids) for key, ids, _ in batch_answers(decoder, jobs, batch, eos)}
 
 
-def pooled(engine, prompts, settings, batch, refill):
-    pool = PlainBatcher(engine, batch, max(s.max_length for s in settings))
+def pooled(engine, jobs, batch, refill):
+    pool = engine.batcher(batch, max(s.max_length for _, _, s in jobs), plain=True)
     try:
-        done = dict(answers(pool, [(i, p, s) for i, (p, s) in enumerate(zip(prompts, settings))], refill))
+        return {key: list(ids) for key, ids, _ in pool_answers(pool, jobs, refill)}
     finally:
         pool.close()
-    return [list(done[i].token_ids) for i in range(len(prompts))]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompts")
-    p.add_argument("--base", required=True)
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--refill", type=float, default=0.25)
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
-    folder = target_folder(args.base)
-    tok = load_tokenizer_folder(folder)
-    target = load_target(folder)
-    eos = sorted(set(target.config.eos_token_ids) | {int(tok.eos_token_id)})
-    shapes = ShapeSettings(min_bucket=64, cache_multiple=64)
+    model = DartModel.demo("smollm2")
+    engine, tok = model.engine, model.get_tokenizer()
+    eos = sorted(engine.eos_ids)
     rows = read_prompts(args.prompts)[:args.n]
-    prompts = [tok(tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True),
-                   add_special_tokens=False)["input_ids"] for r in rows]
-    settings = [GenerationSettings(max_new_tokens=args.max_new, max_length=len(ids) + args.max_new) for ids in prompts]
-    decoder = AutoregressiveDecoder(target, shapes)
-    engine = TargetEngine(target, eos, shapes)
-    runs = {"static": lambda: static(decoder, prompts, settings, eos, args.batch),
-            "pool": lambda: pooled(engine, prompts, settings, args.batch, args.refill)}
-    small = prompts[:args.batch], settings[:args.batch]
-    static(decoder, small[0], [GenerationSettings(max_new_tokens=40, max_length=len(i) + 40) for i in small[0]], eos,
-           args.batch)  # warm-up: the shapes compile once
-    pooled(engine, small[0], [GenerationSettings(max_new_tokens=40, max_length=len(i) + 40) for i in small[0]],
-           args.batch, args.refill)
+    jobs, warm = [], []
+    for i, r in enumerate(rows):
+        ids = tok(tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True),
+                  add_special_tokens=False)["input_ids"]
+        jobs.append((i, ids, GenerationSettings(max_new_tokens=args.max_new, max_length=len(ids) + args.max_new)))
+        warm.append((i, ids, GenerationSettings(max_new_tokens=40, max_length=len(ids) + 40)))
+    runs = {"static": lambda: static(engine.baseline, jobs, args.batch, eos),
+            "pool": lambda: pooled(engine, jobs, args.batch, args.refill)}
+    static(engine.baseline, warm[:args.batch], args.batch, eos)  # warm-up: the shapes compile once
+    pooled(engine, warm[:args.batch], args.batch, args.refill)
     rates = {name: [] for name in runs}
     answers = {}
     for r in range(args.rounds):
@@ -77,9 +63,9 @@ def main() -> None:
             t0 = time.perf_counter()
             out = fn()
             seconds = time.perf_counter() - t0
-            tokens = sum(len(o) for o in out)
+            tokens = sum(len(o) for o in out.values())
             rates[name].append(tokens / seconds)
-            answers[name] = [[t for t in o if t not in eos] for o in out]
+            answers[name] = {k: [t for t in o if t not in eos] for k, o in out.items()}
             print(json.dumps({"run": name, "round": r, "tokens": tokens, "seconds": round(seconds, 2),
                               "tokens_per_s": round(tokens / seconds, 1)}), flush=True)
     same = answers["static"] == answers["pool"]

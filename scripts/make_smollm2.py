@@ -27,7 +27,7 @@ a second file, so that the first answers keep their indices), and `wider` trains
 `broad` adds chat (the weak half) and code prompts none of those hold: every training topic asked
 with MORE_QUESTIONS' templates, and 800 functions and classes asked with the template after the
 one drawn for them, shuffled together (a run cut short keeps both domains); its answers come from
-`python -m dart_jax.train.distill` (a continuous-batching pool, resumed per conversation). `tune`
+`python -m dart_jax.train.distill` (batched plain decoding, resumed per conversation). `tune`
 trains the `wider` head (or, with --init, another head) on them with the taps cache.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`python -m dart_jax.train.distill PROMPTS OUT --base BASE`: self-distillation data, the target's
-own answers to a file of prompts (heads learn best on the target's own outputs), made in a
-continuous-batching pool and written one conversation at a time as each finishes. The flags and
+own answers to a file of prompts (heads learn best on the target's own outputs), made in batches
+and written one conversation at a time as each finishes. The flags and
 what the files hold: `train.options.DISTILL_DESCRIPTION` (`--help`)."""
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ if __name__ == "__main__" and cli_boundary(lambda: check_distill_args(build_dist
 from tqdm.auto import tqdm  # noqa: E402 (after the check above, on purpose)
 
 from dart_jax.convert.target import target_folder  # noqa: E402
-from dart_jax.decoding.batcher import PlainBatcher, TargetEngine  # noqa: E402
+from dart_jax.decoding.autoregressive import AutoregressiveDecoder  # noqa: E402
 from dart_jax.decoding.drafter import DartDrafter  # noqa: E402
 from dart_jax.decoding.engine import Engine  # noqa: E402
+from dart_jax.decoding.requests import Budget  # noqa: E402
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings  # noqa: E402
 from dart_jax.errors import InputError, load_tokenizer_folder, parse_json  # noqa: E402
 from dart_jax.models.checkpoints import load_dart_head, load_target  # noqa: E402
@@ -100,30 +101,31 @@ def todo(rows: list[dict], done: set[int]) -> tuple[list[dict], int]:
     return left, dupes
 
 
-def open_pool(args, max_length: int):
-    """The pool of the method: a plain-decoding pool over the target alone, or DART's (the
-    head over the target, its trees searched with `--ngram` when given), of sequences of at most
-    `max_length` tokens."""
-    tokenizer = load_tokenizer_folder(target_folder(args.base))
-    target = load_target(target_folder(args.base))
-    eos = sorted({int(e) for e in target.config.eos_token_ids} |
-                 ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()))
-    shapes = ShapeSettings(min_bucket=64, cache_multiple=64)
-    if args.method == "ar":
-        return PlainBatcher(TargetEngine(target, eos, shapes), args.slots, max_length)
-    head = load_dart_head(args.ckpt, target)
-    trie = None if args.ngram is None else load_any(args.ngram)
-    if trie is not None:
-        check_trie_vocab(trie, target.config.vocab_size, args.ngram)
-    engine = Engine(target, DartDrafter(head), trie, eos_ids=eos, tree_eos_id=tokenizer.eos_token_id, shapes=shapes)
-    return engine.batcher(args.slots, max_length)
+def batch_answers(decoder, jobs, batch: int, eos):
+    """Plain decoding of jobs (key, prompt ids, GenerationSettings) in static batches of `batch`
+    prompts of similar lengths (sorted by length within each window of 8 batches, so that a run cut
+    short keeps the file's mix). Yields (key, new ids, finish reason) as each answer finishes, at
+    the end of the device call that finished it."""
+    window = 8 * batch
+    for w in range(0, len(jobs), window):
+        part = sorted(jobs[w:w + window], key=lambda job: len(job[1]))
+        for b in range(0, len(part), batch):
+            rows = part[b:b + batch]
+            budgets = [Budget(frozenset(eos), s.max_new_tokens, s.max_length - len(ids)) for _, ids, s in rows]
+            waiting = list(range(len(rows)))
+            for moved in decoder.decode_batch([ids for _, ids, _ in rows], [s for _, _, s in rows], eos):
+                for budget, kept in zip(budgets, moved):
+                    budget.take(kept)
+                for i in [i for i in waiting if budgets[i].done]:
+                    waiting.remove(i)
+                    yield rows[i][0], budgets[i].out, finish_reason(budgets[i].out, eos)
 
 
-def answers(pool, jobs, refill: float):
-    """Each job (key, prompt ids, GenerationSettings) through `pool`, in order: waiting jobs join
-    once `refill` of the slots are free (each admission prefills the pool's live rows once, so
-    joining one at a time would prefill about as often as sequences finish). Yields (key, request)
-    as each request finishes."""
+def pool_answers(pool, jobs, refill: float):
+    """Jobs (key, prompt ids, GenerationSettings) through a continuous-batching `pool`, in order:
+    waiting jobs join once `refill` of the slots are free (each admission prefills the pool's live
+    rows once, so joining one at a time would prefill about as often as sequences finish). Yields
+    (key, new ids, finish reason) as each request finishes."""
     jobs = list(jobs)[::-1]  # pop() from the end takes them in order
     least = max(1, int(pool.slots * refill))
     handles = {}
@@ -134,8 +136,33 @@ def answers(pool, jobs, refill: float):
                 key, ids, settings = jobs.pop()
                 handles[pool.submit(ids, settings)] = key
         for event in pool.step():
-            if event.request.done and event.request in handles:
-                yield handles.pop(event.request), event.request
+            request = event.request
+            if request.done and request in handles:
+                yield handles.pop(request), request.token_ids, request.finish_reason
+
+
+def finish_reason(ids, eos) -> str:
+    return "eos" if ids and ids[-1] in eos else "length"
+
+
+def open_answers(args, jobs):
+    """(answers as `batch_answers` yields them, eos ids, the pool or None): plain decoding in
+    static batches over the target alone (no head needed), or DART's pool (the head over the
+    target, its trees searched with `--ngram` when given)."""
+    tokenizer = load_tokenizer_folder(target_folder(args.base))
+    target = load_target(target_folder(args.base))
+    eos = sorted({int(e) for e in target.config.eos_token_ids} |
+                 ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()))
+    shapes = ShapeSettings(min_bucket=64, cache_multiple=64)
+    if args.method == "ar":
+        return batch_answers(AutoregressiveDecoder(target, shapes), jobs, args.slots, eos), eos, None
+    head = load_dart_head(args.ckpt, target)
+    trie = None if args.ngram is None else load_any(args.ngram)
+    if trie is not None:
+        check_trie_vocab(trie, target.config.vocab_size, args.ngram)
+    engine = Engine(target, DartDrafter(head), trie, eos_ids=eos, tree_eos_id=tokenizer.eos_token_id, shapes=shapes)
+    pool = engine.batcher(args.slots, max(s.max_length for _, _, s in jobs))
+    return pool_answers(pool, jobs, args.refill), eos, pool
 
 
 def run(args) -> dict:
@@ -158,26 +185,26 @@ def run(args) -> dict:
                                                   max_length=len(ids) + args.max_new_tokens,
                                                   temperature=args.temperature,
                                                   seed=(args.seed * 1_000_003 + row["index"]) % 2**32)))
-    pool = open_pool(args, max(s.max_length for _, _, s in jobs))
-    eos = pool.engine.eos_ids
+    answers, eos, pool = open_answers(args, jobs)
     bar = tqdm(total=len(left), desc="answers", unit="prompt", disable=args.no_progress)
     start = time.perf_counter()
     try:
         with open(out, "a", encoding="utf-8") as f:
-            for row, request in answers(pool, jobs, args.refill):
-                answer = tokenizer.decode([t for t in request.token_ids if t not in eos], skip_special_tokens=False)
+            for row, ids, reason in answers:
+                answer = tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=False)
                 record = {**row, "messages": [*row["messages"], {"role": "assistant", "content": answer}],
-                          "finish_reason": request.finish_reason}
+                          "finish_reason": reason}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 f.flush()
                 summary["answered"] += 1
-                summary["new_tokens"] += len(request.token_ids)
+                summary["new_tokens"] += len(ids)
                 bar.update(1)
                 bar.set_postfix(tok_s=f"{summary['new_tokens'] / (time.perf_counter() - start):.0f}")
             os.fsync(f.fileno())
     finally:
         bar.close()
-        pool.close()
+        if pool is not None:
+            pool.close()
     seconds = time.perf_counter() - start
     return {**summary, "seconds": round(seconds, 2), "tokens_per_s": round(summary["new_tokens"] / seconds, 1)}
 

@@ -117,8 +117,8 @@ def check_args(args) -> None:
 
 
 DISTILL_DESCRIPTION = """Self-distillation data: the target's own answers to a file of prompts (heads
-learn best on the target's own outputs), made in a continuous-batching pool and written one
-conversation at a time as each finishes.
+learn best on the target's own outputs), made in batches of prompts of similar lengths and written
+one conversation at a time as each finishes.
 
 PROMPTS is JSONL: each line {"prompt": "..."} or {"messages": [...]} (a conversation up to the turn
 to answer; a final assistant turn is dropped and answered anew), with any other fields kept. OUT
@@ -127,9 +127,9 @@ gets one line per answered prompt: its fields, "index" (the prompt's line number
 stops (even kill -9) resumes where it stopped: prompts already in OUT are skipped, a torn last
 line is cut away. Prompts whose conversation repeats an earlier one are answered once.
 
-Plain decoding is the default; `--method dart --ckpt HEAD` drafts with a DART head (the answers are
-the same greedy tokens; which is faster depends on the batch and the hardware: `--limit` a few
-dozen prompts and compare the tokens/s each prints).
+Plain decoding is the default; `--method dart --ckpt HEAD` drafts with a DART head in a
+continuous-batching pool (the answers are the same greedy tokens; which is faster depends on the
+batch and the hardware: `--limit` a few dozen prompts and compare the tokens/s each prints).
 """
 
 
@@ -146,8 +146,8 @@ def build_distill_parser() -> argparse.ArgumentParser:
                                    "search (default: none, the head's scores alone)")
     p.add_argument("--slots", type=int, default=32, help="sequences decoded together (default: %(default)s)")
     p.add_argument("--refill", type=float, default=0.25,
-                   help="admit waiting prompts once this share of the slots is free (each admission "
-                        "prefills the pool's live rows once; default: %(default)s)")
+                   help="--method dart's pool admits waiting prompts once this share of the slots is free "
+                        "(each admission prefills the pool's live rows once; default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="tokens per answer (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy answers (default)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (each prompt its own, from this and its index)")

@@ -41,14 +41,12 @@ from dart_jax.errors import InputError
 from dart_jax.models.multihost import to_host
 
 from .adaptive import median_time
-from dart_jax.models.qwen3 import init_cache
-
-from .autoregressive import AutoregressiveDecoder, CachePool, attention_window, live_rows
+from .autoregressive import attention_window, live_rows
 from .device_tree import TreeEdit
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
-from .requests import Budget, Stats, check_prompt
+from .requests import Budget, Stats
 from .sampling import SamplingParams
-from .settings import GenerationSettings, ShapeSettings
+from .settings import GenerationSettings
 from .state import PoolState
 
 
@@ -739,21 +737,3 @@ class PlainBatcher(SlotPool):
             fed = host[slot][host[slot] >= 0]
             events += self._record(slot, [(fed, fed.size)], size=None, device_s=elapsed, plain=True)
         return events
-
-
-class TargetEngine:
-    """What a `PlainBatcher` needs of an `Engine`, for a target alone (no drafter): plain decoding
-    in a pool where no head exists yet, e.g. the answers a first head is trained on."""
-
-    def __init__(self, target, eos_ids, shapes: ShapeSettings = ShapeSettings()):
-        self.target, self.shapes = target, shapes
-        self.eos_ids = frozenset(int(e) for e in eos_ids)
-        self.eos_row = jnp.asarray(sorted(self.eos_ids) or [-1], jnp.int32)
-        # the pool's sets are (target cache, no drafter cache)
-        self.pool = CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype), None))
-        self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
-
-    def check_request(self, prompt_ids, settings: GenerationSettings):
-        """The prompt as int32 ids, or an InputError naming what is wrong (`check_prompt`)."""
-        return check_prompt(prompt_ids, self.target.config.vocab_size, settings.max_length,
-                            max_positions=self.target.config.max_position_embeddings)
