@@ -8,9 +8,10 @@ time limit, so a campaign cut short still leaves what it measured. A stage whose
 in --out or in a --resume folder is skipped (its JSON is copied into --out), so the next call goes
 on where the last one stopped: pass the previous call's results as --resume. `--archive FILE`
 packs --out (profile traces left out) into one .tar.gz after every stage: the device tool brings
-back at most 8 files, and a call cut short still returns what it measured. A forced stage cut
-short by its time limit keeps the rows it finished (`bench e2e --output` writes `<name>.json.partial`
-after each row): the report shows them, marked, and a resumed call runs the stage again.
+back at most 8 files, and a call cut short still returns what it measured. A forced stage (and
+the trainer's) cut short by its time limit keeps the rows it finished (`bench e2e --output` and
+benchmarks/train_shape.py write `<name>.json.partial` after each row): the report shows them,
+marked, and a resumed call runs the stage again.
 
 Every model is random (bench/e2e.py `random_model`: bf16 weights drawn on the device at a Qwen3
 shape, nothing written to disk), with trees of 61 nodes (keep 60, 8 levels) and one prompt of 128
@@ -509,16 +510,20 @@ def _train_table(out: Path) -> list[str]:
     """The trainer's stage (benchmarks/train_shape.py) as a table, or nothing when it did not run (a
     skip is listed under the first table, with the others)."""
     lines = []
-    for path in sorted(out.glob("train-*.json")):
+    # a stage cut short by its time limit leaves what it measured in <name>.json.partial
+    found = list(out.glob("train-*.json")) + [p for p in out.glob("train-*.json.partial")
+                                              if not (out / p.name[:-len(".partial")]).exists()]
+    for path in sorted(found):
         d = load(path)
         if not d:
             continue
         c, p = d["config"], d["cache_pass"]
+        cut = " (cut short)" if d.get("partial") else ""
         lines += ["", f"### The trainer on a random {c['label']} target ({c['target_dtype']}; "
-                  f"benchmarks/train_shape.py)", "",
+                  f"benchmarks/train_shape.py){cut}", "",
                   f"{c['seq']} tokens a sequence, random ids; the DART head's default sizes (draft length "
                   f"{c['draft_length']}, {c['draft_vocab']} draft ids, {c['anchors_per_seq']} anchors a sequence); "
-                  f"profile: {c['steps']} steps in pieces and as training runs them (`--profile`); epoch: "
+                  f"profile: {c['steps']} timed steps in pieces and as training runs them (`--profile`); epoch: "
                   f"`train_loop` over {c['samples']} sequences. Peak: the devices' largest peak so far.", "",
                   "| mesh | taps | batch | tokens/s (profile) | tokens/s (epoch) | step ms | target ms | "
                   "head ms | optimizer ms | data ms | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -527,9 +532,11 @@ def _train_table(out: Path) -> list[str]:
             lines.append(f"| {r['mesh']} | {r['taps']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
                          f"{r['epoch_tokens_per_s']:.0f} | {r['fused_ms']['step']:.1f} | {split['target']:.1f} | "
                          f"{split['head']:.1f} | {split['optimizer']:.1f} | {split['data']:.1f} | {_gib(r['memory'])} |")
-        lines += ["", f"Cache pass: {p['tokens']} tokens in {p['seconds']:.2f} s ({p['tokens_per_s']:.0f} tokens/s; "
-                  f"{p['bytes'] / 2**30:.2f} GiB of {p['dtype']} taps; its compilation in a one-batch warm-up pass of "
-                  f"{p['warm_up_seconds']:.2f} s before it). Data-parallel mesh: {d['data_parallel']}."]
+        if p:
+            lines += ["", f"Cache pass: {p['tokens']} tokens in {p['seconds']:.2f} s ({p['tokens_per_s']:.0f} tokens/s; "
+                      f"{p['bytes'] / 2**30:.2f} GiB of {p['dtype']} taps; its compilation in a one-batch warm-up "
+                      f"pass of {p['warm_up_seconds']:.2f} s before it)."]
+        lines += ["", f"Data-parallel mesh: {d['data_parallel'] or 'not reached'}."]
     return lines
 
 

@@ -22,7 +22,9 @@ draft length 7, 32 000 draft ids, 64 anchors a sequence; widths of the target's,
 
 Device memory: after each part, the devices' `memory_stats()` (peak and in use, bytes; null where
 the backend does not tell, e.g. XLA:CPU). The JSON's rows (one a mesh and taps mode) hold the
-profile's split and fused step and the epoch's tokens/s; `cache_pass` holds the pass.
+profile's split and fused step and the epoch's tokens/s; `cache_pass` holds the pass. After each
+part the JSON so far goes to `<output>.partial` ("partial": true), so that a run cut short by a
+time limit keeps what it measured; the finished run writes `--output` and removes it.
 """
 from __future__ import annotations
 
@@ -133,13 +135,32 @@ def main(argv=None) -> int:
                 "fused_ms": {k: 1e3 * v for k, v in result["fused"].items()},
                 "epoch_tokens_per_s": epoch_tok_s, "memory": memory()}
 
-    rows = []
+    out = {"mode": "train", "meta": {"hardware": hardware()},
+           "config": {"shape": args.shape, "label": label, "layers": config.num_hidden_layers,
+                      "hidden": config.hidden_size, "vocab": config.vocab_size, "seq": args.seq, "batch": args.batch,
+                      "samples": samples, "steps": args.steps, "target_dtype": np.dtype(dtype).name,
+                      "draft_length": defaults.draft_length, "draft_vocab": draft_vocab,
+                      "anchors_per_seq": defaults.anchors_per_seq, "weights": "drawn on the device",
+                      "drawn_seconds": drawn_s},
+           "rows": [], "cache_pass": None, "data_parallel": None, "partial": True}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.output.with_name(args.output.name + ".partial")
+
+    def measured(new_row: dict | None = None, **parts) -> None:
+        """Record a part: <output>.partial after each, so that a run cut short keeps what it measured."""
+        if new_row is not None:
+            out["rows"].append(new_row)
+            r = new_row
+            print(f"{r['mesh']:>9} {r['taps']:>6}: {r['tokens_per_s']:10.1f} tok/s (profile), "
+                  f"{r['epoch_tokens_per_s']:10.1f} tok/s (epoch)", flush=True)
+        out.update(parts)
+        partial.write_text(json.dumps(out, indent=1) + "\n")
+
     one = Mesh(np.asarray(jax.devices()[:1]), ("data",))
     settings = settings_for(args.batch)
     trainer = trainer_on(one, settings)
     online = profile(trainer, data, settings, start_step=0, steps=args.steps, pad_id=0)
-    online_epoch = epoch(trainer, settings, None)
-    rows.append(row("1 device", 1, online, online_epoch))
+    measured(row("1 device", 1, online, epoch(trainer, settings, None)))
     with tempfile.TemporaryDirectory(prefix="dart_jax_train_shape_") as tmp:
         identity = target_identity(target, f"random {label}")
         opts = {"dtype": "bfloat16", "batch_size": settings.batch_size, "max_length": args.seq, "mesh": one,
@@ -152,35 +173,26 @@ def main(argv=None) -> int:
         cache = build_cache(Path(tmp) / "taps", data, target, identity, **opts)
         pass_s = time.perf_counter() - start
         tokens = samples * args.seq
-        cache_pass = {"tokens": tokens, "seconds": pass_s, "tokens_per_s": tokens / pass_s,
-                      "warm_up_seconds": warm_s, "dtype": "bfloat16",
-                      "bytes": sum(p.stat().st_size for p in (Path(tmp) / "taps").glob("shard-*.bin")),
-                      "memory": memory()}
+        measured(cache_pass={"tokens": tokens, "seconds": pass_s, "tokens_per_s": tokens / pass_s,
+                             "warm_up_seconds": warm_s, "dtype": "bfloat16",
+                             "bytes": sum(p.stat().st_size for p in (Path(tmp) / "taps").glob("shard-*.bin")),
+                             "memory": memory()})
+        print(f"cache pass: {tokens} tokens in {pass_s:.2f} s (warm-up {warm_s:.2f} s)", flush=True)
         cached = profile(trainer, data, settings, start_step=0, steps=args.steps, pad_id=0, taps=cache, mode="cache")
-        rows.append(row("1 device", 1, cached, epoch(trainer, settings, cache)))
-        data_parallel = f"data={devices}: {args.batch} sequences a device"
+        measured(row("1 device", 1, cached, epoch(trainer, settings, cache)))
         if devices > 1:
             wide = settings_for(args.batch * devices)
             trainer = trainer_on(data_mesh(), wide)
             for taps, mode in ((None, "online"), (cache, "cache")):
                 result = profile(trainer, data, wide, start_step=0, steps=args.steps, pad_id=0, taps=taps, mode=mode)
-                rows.append(row(f"data={devices}", devices, result, epoch(trainer, wide, taps)))
+                measured(row(f"data={devices}", devices, result, epoch(trainer, wide, taps)))
+            data_parallel = f"data={devices}: {args.batch} sequences a device"
         else:
             data_parallel = "skipped: one device (a data-parallel mesh needs several)"
-    out = {"mode": "train", "meta": {"hardware": hardware()},
-           "config": {"shape": args.shape, "label": label, "layers": config.num_hidden_layers,
-                      "hidden": config.hidden_size, "vocab": config.vocab_size, "seq": args.seq, "batch": args.batch,
-                      "samples": samples, "steps": args.steps, "target_dtype": np.dtype(dtype).name,
-                      "draft_length": defaults.draft_length, "draft_vocab": draft_vocab,
-                      "anchors_per_seq": defaults.anchors_per_seq, "weights": "drawn on the device",
-                      "drawn_seconds": drawn_s},
-           "rows": rows, "cache_pass": cache_pass, "data_parallel": data_parallel}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
+    out.update(data_parallel=data_parallel, partial=False)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
-    for r in rows:
-        print(f"{r['mesh']:>9} {r['taps']:>6}: {r['tokens_per_s']:10.1f} tok/s (profile), "
-              f"{r['epoch_tokens_per_s']:10.1f} tok/s (epoch)")
-    print(f"cache pass: {tokens} tokens in {pass_s:.2f} s (warm-up {warm_s:.2f} s); data-parallel mesh: {data_parallel}")
+    partial.unlink()
+    print(f"data-parallel mesh: {data_parallel}")
     return 0
 
 

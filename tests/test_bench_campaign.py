@@ -72,7 +72,8 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert train["rows"][1]["split_ms"]["target"] < train["rows"][0]["split_ms"]["target"]  # the cache skips it
     assert train["config"]["layers"] == 6 and train["config"]["draft_length"] == 7
     assert train["cache_pass"]["bytes"] == train["config"]["samples"] * 128 * 4 * train["config"]["hidden"] * 2
-    assert train["data_parallel"].startswith("skipped: one device")
+    assert train["data_parallel"].startswith("skipped: one device") and not train["partial"]
+    assert not (out / "train-tiny-6L.json.partial").exists()  # the finished run leaves no partial results
     report = (out / "RESULTS-gpu.md").read_text()
     assert "### The trainer on a random tiny (6 layers) target" in report and "| 1 device | cache | 2 |" in report
     assert "forced acceptance" in report and "| phase | ms per step |" in report
@@ -170,6 +171,22 @@ def test_the_trainer_stage_runs_qwen3_8b_at_2048_tokens_after_its_decoding_stage
     assert decoding and all(names.index(n) < at for n in decoding)
     assert at > 0 and names[at + 1] == "tests"
     assert stages[at].min_device_gib > gpu_campaign.DEPTH["Qwen3-8B"][1]  # the weights, the head and AdamW
+
+
+def test_a_trainer_stage_cut_short_is_reported_with_what_it_measured(tmp_path):
+    """train_shape.py's <name>.json.partial (the online row only, no cache pass yet) is in the report, marked."""
+    row = {"mesh": "1 device", "taps": "online", "batch": 4, "tokens_per_s": 5000.0, "epoch_tokens_per_s": 4800.0,
+           "fused_ms": {"step": 1638.4}, "split_ms": {"target": 900.0, "head": 600.0, "optimizer": 20.0, "data": 1.0},
+           "memory": [{"peak_bytes": 30 * 2**30}, {"peak_bytes": None}]}
+    config = {"label": "Qwen3-8B (36 layers)", "target_dtype": "bfloat16", "seq": 2048, "draft_length": 7,
+              "draft_vocab": 32000, "anchors_per_seq": 64, "steps": 3, "samples": 16}
+    (tmp_path / "train-Qwen3-8B-36L.json.partial").write_text(json.dumps(
+        {"config": config, "rows": [row], "cache_pass": None, "data_parallel": None, "partial": True}))
+    report = gpu_campaign.report(tmp_path)
+    assert "### The trainer on a random Qwen3-8B (36 layers) target (bfloat16; benchmarks/train_shape.py) (cut short)" \
+        in report
+    assert "| 1 device | online | 4 | 5000 | 4800 | 1638.4 | 900.0 | 600.0 | 20.0 | 1.0 | 30.0 |" in report
+    assert "Cache pass" not in report and "Data-parallel mesh: not reached." in report
 
 
 def test_resume_from_a_missing_folder_is_refused(tmp_path):
