@@ -8,9 +8,10 @@ time limit, so a campaign cut short still leaves what it measured. A stage whose
 in --out or in a --resume folder is skipped (its JSON is copied into --out), so the next call goes
 on where the last one stopped: pass the previous call's results as --resume. `--archive FILE`
 packs --out (profile traces left out) into one .tar.gz after every stage: the device tool brings
-back at most 8 files, and a call cut short still returns what it measured. A forced stage cut
-short by its time limit keeps the rows it finished (`bench e2e --output` writes `<name>.json.partial`
-after each row): the report shows them, marked, and a resumed call runs the stage again.
+back at most 8 files, and a call cut short still returns what it measured. A forced stage (and
+the trainer's) cut short by its time limit keeps the rows it finished (`bench e2e --output` and
+benchmarks/train_shape.py write `<name>.json.partial` after each row): the report shows them,
+marked, and a resumed call runs the stage again.
 
 Every model is random (bench/e2e.py `random_model`: bf16 weights drawn on the device at a Qwen3
 shape, nothing written to disk), with trees of 61 nodes (keep 60, 8 levels) and one prompt of 128
@@ -62,10 +63,19 @@ speculative steps a device call, the trees searched on the device (`--device-ste
     with cuBLAS (`qwen3.verify_compiler_options`) and plain decoding with XLA's (Triton) GEMMs.
 16. shapes-Qwen3-8B-xla, shapes-Qwen3-8B-cublas: stage 8 at 32, 61 and 64 rows with XLA's GEMMs,
     and at 4 and 16 rows with cuBLAS: both kinds at 4 to 64 rows, where CUBLAS_MIN_ROWS is read off.
-17. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
+17. train-Qwen3-8B-36L: the trainer (benchmarks/train_shape.py: its own Trainer, `--profile`'s
+    `profile`, `build_cache` and `train_loop`) on a random Qwen3-8B at the real depth, sequences of
+    TRAIN_SEQ (2048) random ids, TRAIN_BATCH a step, the DART head's default sizes: tokens/s and the
+    step in pieces (target forward, head forward+backward, optimizer, data), online taps then
+    cached (the cache pass, bfloat16, timed after a one-batch warm-up pass that compiles it: the
+    persistent compilation cache hands the timed pass its program), an epoch each way, the devices'
+    peak memory (`memory_stats()`); with several devices the same on a data-parallel mesh over all
+    of them (TRAIN_BATCH a device), on one device that is skipped and the JSON says so. After the
+    decoding stages: the decoding figures come first.
+18. tests: the suite in fp32 on the GPU (matmul precision "highest"), serving and notebook tests
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
-18. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+19. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
 A variant (a name after the stage: -device, -xla, ...; VARIANTS) is its stage again under other
 settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no longer
 run: fused projections (faster plain decoding, the same verify), XLA's command buffers (on: faster
@@ -81,7 +91,8 @@ Pallas' interpret mode).
 
 Then RESULTS-gpu.md in --out: the tables of every stage found there. `--smoke` checks the campaign
 itself on a CPU in a few minutes: the same stages on the tiny shape ("tiny", 6 layers for the
-real-depth ones, 3 for stage 14), one tree size per table, no tests (figures meaningless).
+real-depth ones, 3 for stage 14; the trainer's at 128 tokens a sequence, 2 a step, one timed
+step), one tree size per table, no tests (figures meaningless).
 """
 from __future__ import annotations
 
@@ -115,6 +126,10 @@ BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
 DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
 SHALLOW_LAYERS = 4  # stage 14
+# the trainer's stage (benchmarks/train_shape.py): sequences of TRAIN_SEQ tokens, TRAIN_BATCH a device,
+# and the device memory it needs (bf16 weights, the head in fp32 with AdamW's moments, 2048-token
+# activations), GiB
+TRAIN_SEQ, TRAIN_BATCH, TRAIN_GIB = 2048, 4, 40.0
 LOOP_STEPS = 32  # steps per device call of the device loop (Engine(device_steps=...))
 FEW_STEPS = 8  # stage 6's
 MANY_STEPS = 128  # stage 10's: a whole generation of 128 tokens at τ 1 in one call
@@ -324,6 +339,12 @@ class Campaign:
             forced(b1, first, deep, taus, 200, variant="xla"),
             shapes_stage(first, "xla"),
             shapes_stage(first, "cublas"),
+            Stage(f"train-{first}-{deep}L", f"train-{first}-{deep}L.json", lambda: [
+                sys.executable, str(Path(__file__).resolve().parent / "train_shape.py"), "--shape", first,
+                "--layers", str(deep), "--seq", "128" if smoke else str(TRAIN_SEQ),
+                "--batch", "2" if smoke else str(TRAIN_BATCH), "--steps", "1" if smoke else "3",
+                "--epoch-steps", "2" if smoke else "4", "--output", str(out / f"train-{first}-{deep}L.json")], 180,
+                min_left_s=60, min_device_gib=DEPTH[first][1] if smoke else TRAIN_GIB),
         ]
         if not (smoke or a.skip_tests):
             stages.append(Stage("tests", "tests.json", lambda: [
@@ -479,6 +500,46 @@ def _stage_order(path: Path) -> tuple:
     return rank, -int(name["layers"]), name["batch"] != "b1", variant, path.name
 
 
+def _gib(memory: list[dict] | None) -> str:
+    """The largest peak of the devices' memory, GiB ("-" where the backend does not tell)."""
+    peaks = [m["peak_bytes"] for m in memory or [] if m.get("peak_bytes") is not None]
+    return f"{max(peaks) / 2**30:.1f}" if peaks else "-"
+
+
+def _train_table(out: Path) -> list[str]:
+    """The trainer's stage (benchmarks/train_shape.py) as a table, or nothing when it did not run (a
+    skip is listed under the first table, with the others)."""
+    lines = []
+    # a stage cut short by its time limit leaves what it measured in <name>.json.partial
+    found = list(out.glob("train-*.json")) + [p for p in out.glob("train-*.json.partial")
+                                              if not (out / p.name[:-len(".partial")]).exists()]
+    for path in sorted(found):
+        d = load(path)
+        if not d:
+            continue
+        c, p = d["config"], d["cache_pass"]
+        cut = " (cut short)" if d.get("partial") else ""
+        lines += ["", f"### The trainer on a random {c['label']} target ({c['target_dtype']}; "
+                  f"benchmarks/train_shape.py){cut}", "",
+                  f"{c['seq']} tokens a sequence, random ids; the DART head's default sizes (draft length "
+                  f"{c['draft_length']}, {c['draft_vocab']} draft ids, {c['anchors_per_seq']} anchors a sequence); "
+                  f"profile: {c['steps']} timed steps in pieces and as training runs them (`--profile`); epoch: "
+                  f"`train_loop` over {c['samples']} sequences. Peak: the devices' largest peak so far.", "",
+                  "| mesh | taps | batch | tokens/s (profile) | tokens/s (epoch) | step ms | target ms | "
+                  "head ms | optimizer ms | data ms | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in d["rows"]:
+            split = r["split_ms"]
+            lines.append(f"| {r['mesh']} | {r['taps']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
+                         f"{r['epoch_tokens_per_s']:.0f} | {r['fused_ms']['step']:.1f} | {split['target']:.1f} | "
+                         f"{split['head']:.1f} | {split['optimizer']:.1f} | {split['data']:.1f} | {_gib(r['memory'])} |")
+        if p:
+            lines += ["", f"Cache pass: {p['tokens']} tokens in {p['seconds']:.2f} s ({p['tokens_per_s']:.0f} tokens/s; "
+                      f"{p['bytes'] / 2**30:.2f} GiB of {p['dtype']} taps; its compilation in a one-batch warm-up "
+                      f"pass of {p['warm_up_seconds']:.2f} s before it)."]
+        lines += ["", f"Data-parallel mesh: {d['data_parallel'] or 'not reached'}."]
+    return lines
+
+
 def report(out: Path) -> str:
     """RESULTS-gpu.md in `out` from every stage's JSON there; → its text."""
     env = (out / "env.txt").read_text().strip() if (out / "env.txt").exists() else "?"
@@ -550,6 +611,7 @@ def report(out: Path) -> str:
             lines.append(f"| {label} | " + " | ".join(f"{calls[c]:.3f}" if c in calls else "-"
                                                        for c in ("empty", "weights"))
                          + f" | {s['decode_ms']:.2f} | {s['plain_token_ms']:.2f} | " + " | ".join(cells) + " |")
+    lines += _train_table(out)
     tests = load(out / "tests.json")
     if tests:
         lines += ["", "### Test suite on the GPU (fp32, matmul precision highest)", "", f"`{tests['summary']}`"]

@@ -22,7 +22,7 @@ _SPEC.loader.exec_module(gpu_campaign)
 STAGES = {name: f"{name}.json" for name in (
     "forced-tiny-6L-b1-device", "forced-tiny-6L-b1-pallas", "forced-tiny-6L-b1", "forced-tiny-6L-b1-device8", "forced-tiny-6L-b1-cbwhile",
     "shapes-tiny", "forced-tiny-6L-pool", "forced-tiny-6L-pool-device", "forced-tiny-3L-b1-device", "forced-tiny-6L-b1-xla", "shapes-tiny-xla",
-    "shapes-tiny-cublas", "shapes-tiny-ctx2048", "forced-tiny-6L-b1-device128")}
+    "shapes-tiny-cublas", "shapes-tiny-ctx2048", "forced-tiny-6L-b1-device128", "train-tiny-6L")}
 STAGES["profile-tiny-6L-device"] = "profile-tiny-6L-device/profile.json"
 
 
@@ -63,7 +63,19 @@ def test_smoke_campaign_writes_every_stage_and_resumes(tmp_path):
     assert row["batch"] == 2 and row["same_output"] and row["overlap_same_output"] and row["overlap_half_steps"] > 0
     (row,) = json.loads((out / "forced-tiny-6L-pool-device.json").read_text())["rows"]  # the pool in the device loop
     assert row["batch"] == 2 and row["same_output"] and row["unforced_steps"] == 0
+    # the trainer: online and cached taps on one device, every sequence 128 random ids long (the
+    # smoke's --seq), the cache holding each token's three taps and final hidden state in bfloat16
+    train = json.loads((out / "train-tiny-6L.json").read_text())
+    assert [(r["mesh"], r["taps"]) for r in train["rows"]] == [("1 device", "online"), ("1 device", "cache")]
+    assert all(r["tokens_per_step"] == 2 * 128 and r["tokens_per_s"] > 0 and r["epoch_tokens_per_s"] > 0
+               for r in train["rows"])
+    assert train["rows"][1]["split_ms"]["target"] < train["rows"][0]["split_ms"]["target"]  # the cache skips it
+    assert train["config"]["layers"] == 6 and train["config"]["draft_length"] == 7
+    assert train["cache_pass"]["bytes"] == train["config"]["samples"] * 128 * 4 * train["config"]["hidden"] * 2
+    assert train["data_parallel"].startswith("skipped: one device") and not train["partial"]
+    assert not (out / "train-tiny-6L.json.partial").exists()  # the finished run leaves no partial results
     report = (out / "RESULTS-gpu.md").read_text()
+    assert "### The trainer on a random tiny (6 layers) target" in report and "| 1 device | cache | 2 |" in report
     assert "forced acceptance" in report and "| phase | ms per step |" in report
     assert "tiny (6 layers, 9-node trees)" in report and "tiny (3 layers, 9-node trees)" in report
     assert "tree search overlapped" in report
@@ -140,6 +152,41 @@ def test_the_pallas_stage_is_the_device_loop_with_pallas_attention(tmp_path):
     at = command.index("--attention")
     assert command[at + 1] == "pallas" and "--attention" not in base
     assert command[:at] == [a.replace("-pallas", "-device") for a in base[:at]]
+
+
+def test_the_trainer_stage_runs_qwen3_8b_at_2048_tokens_after_its_decoding_stages(tmp_path):
+    """Stage 17: benchmarks/train_shape.py at Qwen3-8B's real depth and the trainer's sequence length,
+    after every decoding stage of that shape (the campaign runs most valuable first)."""
+    args = argparse.Namespace(out=tmp_path, smoke=False, skip_tests=False, resume=[], archive=None, budget_s=450.0,
+                              compile_cache="")
+    stages = gpu_campaign.Campaign(args).stages()
+    names = [s.name for s in stages]
+    at = names.index("train-Qwen3-8B-36L")
+    command = stages[at].command()
+    assert command[1].endswith("benchmarks/train_shape.py")
+    options = dict(zip(command[2::2], command[3::2]))
+    assert options["--shape"] == "Qwen3-8B" and options["--layers"] == "36" and options["--seq"] == "2048"
+    assert options["--output"] == str(tmp_path / "train-Qwen3-8B-36L.json")
+    decoding = [n for n in names if n.startswith(("forced-Qwen3-8B", "profile-Qwen3-8B", "shapes-Qwen3-8B"))]
+    assert decoding and all(names.index(n) < at for n in decoding)
+    assert at > 0 and names[at + 1] == "tests"
+    assert stages[at].min_device_gib > gpu_campaign.DEPTH["Qwen3-8B"][1]  # the weights, the head and AdamW
+
+
+def test_a_trainer_stage_cut_short_is_reported_with_what_it_measured(tmp_path):
+    """train_shape.py's <name>.json.partial (the online row only, no cache pass yet) is in the report, marked."""
+    row = {"mesh": "1 device", "taps": "online", "batch": 4, "tokens_per_s": 5000.0, "epoch_tokens_per_s": 4800.0,
+           "fused_ms": {"step": 1638.4}, "split_ms": {"target": 900.0, "head": 600.0, "optimizer": 20.0, "data": 1.0},
+           "memory": [{"peak_bytes": 30 * 2**30}, {"peak_bytes": None}]}
+    config = {"label": "Qwen3-8B (36 layers)", "target_dtype": "bfloat16", "seq": 2048, "draft_length": 7,
+              "draft_vocab": 32000, "anchors_per_seq": 64, "steps": 3, "samples": 16}
+    (tmp_path / "train-Qwen3-8B-36L.json.partial").write_text(json.dumps(
+        {"config": config, "rows": [row], "cache_pass": None, "data_parallel": None, "partial": True}))
+    report = gpu_campaign.report(tmp_path)
+    assert "### The trainer on a random Qwen3-8B (36 layers) target (bfloat16; benchmarks/train_shape.py) (cut short)" \
+        in report
+    assert "| 1 device | online | 4 | 5000 | 4800 | 1638.4 | 900.0 | 600.0 | 20.0 | 1.0 | 30.0 |" in report
+    assert "Cache pass" not in report and "Data-parallel mesh: not reached." in report
 
 
 def test_resume_from_a_missing_folder_is_refused(tmp_path):

@@ -203,6 +203,17 @@ def _peak_lm_head(target: Qwen3, hot_ids: np.ndarray) -> None:
         var.set_value(var.get_value().at[:, hot].multiply(HOT_SCALE))
 
 
+def random_target(config, seed: int, dtype) -> Qwen3:
+    """A target of `config` (a Qwen3Config) in `dtype`, its weights drawn on the device by the random
+    sets' law (`random_model`'s target, peaked LM head included), in the checkpoint's layout (not
+    `use_backend_layout`'s, which the loaders apply only when no mesh is given)."""
+    target = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    _fill_random(target, qwen3_tensor_table(config), jax.random.fold_in(jax.random.key(seed), 0),
+                 random_std(config.hidden_size), dtype)
+    _peak_lm_head(target, hot_token_ids(config.vocab_size, seed))
+    return target
+
+
 def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
     """The random model set of `build_random_assets(..., weights=False)` (its tokenizer, configs and
     trie in `paths`) with the target's and the head's weights drawn on the device, in the loaders'
@@ -214,9 +225,7 @@ def random_model(paths: dict[str, Path], seed: int, **opts) -> DartModel:
     target_config, head_config = load_target_config(paths["base"]), read_head_config(paths["dart"])
     std = random_std(target_config.hidden_size)
     key = jax.random.key(seed)
-    target = nnx.eval_shape(lambda: Qwen3(target_config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
-    _fill_random(target, qwen3_tensor_table(target_config), jax.random.fold_in(key, 0), std, dtype)
-    _peak_lm_head(target, hot_token_ids(target_config.vocab_size, seed))
+    target = random_target(target_config, seed, dtype)
     use_backend_layout(target)  # as the loaders do (on a CPU: an untied copy of the peaked head)
     head = nnx.eval_shape(lambda: DartHead(head_config, target.embed_tokens, dtype=dtype, param_dtype=dtype,
                                            rngs=None))
