@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
+from train_base import make_train_base
 
-from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_tokenizer
 from dart_jax.train.__main__ import cli
 
 COMMON = ["--draft-length", "3", "--draft-vocab", "64", "--max-length", "48", "--anchors-per-seq", "8",
@@ -19,12 +19,7 @@ COMMON = ["--draft-length", "3", "--draft-vocab", "64", "--max-length", "48", "-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("train_cli") / "base"
-    # test_train_loop's tiny target, so that a worker running both reuses the compiled train step
-    make_tiny_qwen3(folder, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    make_tiny_tokenizer(folder, vocab_size=128)
-    return folder
+    return make_train_base(tmp_path_factory.mktemp("train_cli") / "base")
 
 
 def write_data(path, n, seed):

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file, save_file
+from train_base import make_train_base
 
-from dart_jax.bench.tiny import make_tiny_head, make_tiny_qwen3, make_tiny_tokenizer
+from dart_jax.bench.tiny import make_tiny_head
 from dart_jax.train.data import load_tokenizer
 from dart_jax.train.distill import main
 
@@ -19,14 +19,7 @@ MAX_NEW = 12
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("distill") / "base"
-    make_tiny_qwen3(folder, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    make_tiny_tokenizer(folder, vocab_size=128)
-    weights = load_file(folder / "model.safetensors")
-    weights["model.norm.weight"] = weights["model.norm.weight"] * 8  # peaked distributions: EOS now and then
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
+    return make_train_base(tmp_path_factory.mktemp("distill") / "base", sharp=True)
 
 
 @pytest.fixture(scope="module")

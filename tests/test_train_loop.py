@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
+from train_base import make_train_base
 
-from dart_jax.bench.tiny import make_tiny_head, make_tiny_qwen3, make_tiny_tokenizer
+from dart_jax.bench.tiny import make_tiny_head
 from dart_jax.train.__main__ import cli, main
 from dart_jax.train.data import encode_conversation, load_tokenizer, read_conversations
 
@@ -21,15 +22,8 @@ COMMON = ["--draft-length", "3", "--draft-vocab", "64", "--max-length", "48", "-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("train") / "base"
-    make_tiny_qwen3(folder, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    make_tiny_tokenizer(folder, vocab_size=128)
     # a sharper final norm gives the random target peaked next-token distributions to learn
-    weights = load_file(folder / "model.safetensors")
-    weights["model.norm.weight"] = weights["model.norm.weight"] * 8
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
+    return make_train_base(tmp_path_factory.mktemp("train") / "base", sharp=True)
 
 
 def write_data(path, n, seed=0):
