@@ -126,13 +126,13 @@ def test_tree_size_changing_per_half_step(tiny):
     engine = engine_for(tiny, adaptive=True)
     assert 0 in engine.tree_sizes and 3 in engine.tree_sizes
     rotation, observed = itertools.cycle([20, 3, 20, 20, 3, 20, 0]), []
-    engine.sizer.choose = lambda rows, measure: next(rotation)
+    engine.sizer.choose = lambda rows, measure, live: next(rotation)
     engine.sizer.observe = lambda *args: observed.append(args)
     handles, pool = serve(engine, True)
     assert [h.token_ids for h in handles] == [tiny.alone[(tuple(p), n)] for p, n in JOBS]
     sizes = {size for h in handles for size in h.stats.tree_sizes}
     assert sizes == {0, 3, 20} and pool.overlap_stats["half_steps"] > 0 and pool.overlap_stats["restarts"] >= 1
-    assert observed and all(size in (0, 3, 20) and seconds > 0 for size, _, _, seconds in observed)
+    assert observed and all(size in (0, 3, 20) and seconds > 0 for size, _, _, seconds, _ in observed)
 
 
 def test_plain_pool_has_no_overlap(tiny):
