@@ -175,10 +175,10 @@ POOL_MS = {0: CHUNK * 17.0, 3: 40.0, 15: 60.0}  # a CPU: a chunk of plain tokens
 
 class RuleOracle:
     """The rule of dart_jax.decoding.adaptive restated: per row, an estimate per tree size that
-    starts halfway from the pooled figure to the most a step accepts and moves toward each own step
-    by max(1/(k+1), 0.3) (at least 1/2 for the first tree step after plain chunks); the pool step takes
-    argmax_s sum_r accept_r(s) / cost(s); after plain chunks of at least 10 × a tree step's cost in
-    some row, a probe at the best tree size."""
+    starts a quarter of the way from the pooled figure to the most a step accepts and moves toward
+    each own step by max(1/(k+1), 0.3) (at least 1/2 for the first tree step after plain chunks);
+    the pool step takes argmax_s sum_r accept_r(s) / cost(s); after plain chunks of at least 10 × a
+    tree step's cost in some row, a probe at the best tree size."""
 
     def __init__(self, pooled):
         self.pooled = pooled
@@ -187,7 +187,7 @@ class RuleOracle:
         return CHUNK if s == 0 else min(s, DEPTH) + 1
 
     def new_row(self):
-        return {"tau": {s: self.pooled[s] + 0.5 * (self.most(s) - self.pooled[s]) for s in (3, 15)},
+        return {"tau": {s: self.pooled[s] + 0.25 * (self.most(s) - self.pooled[s]) for s in (3, 15)},
                 "n": {3: 0, 15: 0}, "plain_s": 0.0, "stale": False}
 
     def accept(self, row, s):
@@ -311,7 +311,7 @@ def test_a_tree_is_retried_soon_after_a_plain_stretch():
     assert last_plain < 2 * (most_chunks + 1) and after[-1], after[:20]
 
 
-def test_a_new_sequence_starts_from_the_pooled_figures_halfway_to_the_most():
+def test_a_new_sequence_starts_from_the_pooled_figures_a_quarter_of_the_way_to_the_most():
     sizer = pool_sizer()
     for _ in range(30):
         step(sizer, [sizer.row()], lambda i, s: 1.0)  # rows whose drafts never accept a token
@@ -320,4 +320,4 @@ def test_a_new_sequence_starts_from_the_pooled_figures_halfway_to_the_most():
     prior = sizer.row().tau
     for s in (3, 15):
         most = min(s, DEPTH) + 1
-        assert pooled[s] < 2 and prior[s] == pytest.approx(pooled[s] + 0.5 * (most - pooled[s]), abs=1e-3)
+        assert pooled[s] < 2 and prior[s] == pytest.approx(pooled[s] + 0.25 * (most - pooled[s]), abs=1e-3)

@@ -90,7 +90,7 @@ class TreeSizer:
     explore_every: int = 16
     smoothing: float = 0.2  # weight of the newest observation in the pooled running averages
     row_smoothing: float = 0.3  # the least weight of a sequence's newest step in its own estimate
-    prior_optimism: float = 0.5  # a new sequence's prior: this share of the way from the pooled figure to the most
+    prior_optimism: float = 0.25  # a new sequence's prior: this share of the way from the pooled figure to the most
     probe_share: float = 0.1  # a probe after plain decoding costs at most this share of its time
     _costs: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
     _tau: dict[int, float] = dataclasses.field(default_factory=dict)
