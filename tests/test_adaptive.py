@@ -164,3 +164,160 @@ def test_drafting_pays_only_where_some_tree_could_beat_plain_decoding():
     assert not sizer_after(slow_verify, SIZES).drafting_pays(1)
     assert sizer_after(slow_verify, SIZES).drafting_pays(2)  # another row count: not measured yet
     assert sizer_after(GPU_LIKE, SIZES).drafting_pays(1)
+
+
+# ------------------------------------------------------------------------------------------------
+# per-sequence acceptance (RowAcceptance) against a plain restatement of the rule
+
+POOL_SIZES, DEPTH = (0, 3, 15), 8
+POOL_MS = {0: CHUNK * 17.0, 3: 40.0, 15: 60.0}  # a CPU: a chunk of plain tokens, two tree sizes
+
+
+class RuleOracle:
+    """The rule of dart_jax.decoding.adaptive restated: per row, an estimate per tree size that
+    starts a quarter of the way from the pooled figure to the most a step accepts and moves toward
+    each own step by max(1/(k+1), 0.3) (at least 1/2 for the first tree step after plain chunks);
+    the pool step takes argmax_s sum_r accept_r(s) / cost(s); after plain chunks of at least 10 × a
+    tree step's cost in some row, a probe at the best tree size."""
+
+    def __init__(self, pooled):
+        self.pooled = pooled
+
+    def most(self, s):
+        return CHUNK if s == 0 else min(s, DEPTH) + 1
+
+    def new_row(self):
+        return {"tau": {s: self.pooled[s] + 0.25 * (self.most(s) - self.pooled[s]) for s in (3, 15)},
+                "n": {3: 0, 15: 0}, "plain_s": 0.0, "stale": False}
+
+    def accept(self, row, s):
+        if s == 0:
+            return CHUNK
+        value = row["tau"][s]
+        if row["n"][s]:
+            return value
+        if s == 15 and row["n"][3]:
+            value = max(value, row["tau"][3])
+        if s == 3 and row["n"][15]:
+            value = min(value, row["tau"][15])
+        return min(value, self.most(s))
+
+    def choose(self, rows):
+        rate = {s: sum(self.accept(r, s) for r in rows) / POOL_MS[s] for s in POOL_SIZES}
+        best = max(POOL_SIZES, key=lambda s: (rate[s], -s))
+        if best == 0:
+            probe = 3 if rate[3] >= rate[15] else 15
+            if max(r["plain_s"] for r in rows) >= 10 * POOL_MS[probe]:
+                for r in rows:
+                    r["plain_s"] = 0.0
+                return probe
+        return best
+
+    def observe(self, size, rows, counts):
+        for r, c in zip(rows, counts):
+            if size == 0:
+                r["plain_s"] += POOL_MS[0]
+                r["stale"] = True
+                continue
+            r["n"][size] += 1
+            w = max(1 / (r["n"][size] + 1), 0.3, 0.5 if r["stale"] else 0.0)
+            r["tau"][size] += w * (c - r["tau"][size])
+            r["plain_s"], r["stale"] = 0.0, False
+
+
+def pool_sizer():
+    # exploration off: these tests check the rule and the probes alone
+    return TreeSizer(POOL_SIZES, plain_tokens=CHUNK, depth=DEPTH, explore_every=10 ** 9)
+
+
+def timed(size):
+    return POOL_MS[size] / 1e3
+
+
+def step(sizer, figures, accepted):
+    """One pool step of the rows `figures`; `accepted(row, size)` scripts each row's accepted length."""
+    size = sizer.choose(len(figures), lambda rows: {s: timed(s) for s in POOL_SIZES}, figures)
+    counts = [CHUNK if size == 0 else accepted(i, size) for i in range(len(figures))]
+    sizer.observe(size, len(figures), sum(counts) / len(counts), timed(size), list(zip(figures, counts)))
+    return size, counts
+
+
+def drafts(good_from=0, top=(3.5, 6.0), poor=(1.2, 1.3)):
+    """Accepted lengths by step: poor drafts, then (from `good_from`) good ones; a little noise."""
+    def accepted(t, size):
+        a3, a15 = top if t >= good_from else poor
+        return (a3 if size == 3 else a15) + (0.5 if t % 3 == 0 else -0.25)
+    return accepted
+
+
+def test_pool_choice_matches_the_restated_rule():
+    """Two rows with poor drafts, one of which turns good later: every step's size is the restated
+    rule's, given the same scripted acceptance and costs (trees, plain chunks and probes, trees)."""
+    sizer, oracle = pool_sizer(), RuleOracle({3: 4.0, 15: 9.0})
+    scripts = [drafts(good_from=10 ** 6), drafts(good_from=150, top=(4.0, 7.0))]
+    figures = [sizer.row(), sizer.row()]
+    rows = [oracle.new_row(), oracle.new_row()]
+    chosen, t = [], 0
+    for _ in range(120):
+        want = oracle.choose(rows)
+        size, counts = step(sizer, figures, lambda i, s: scripts[i](t, s))
+        assert size == want, (t, chosen[-5:], figures, rows)
+        oracle.observe(size, rows, counts)
+        chosen.append(size)
+        t += CHUNK if size == 0 else 1
+    assert {0, 3, 15} <= set(chosen) and chosen[-1] and t > 150, chosen  # every branch of the rule
+
+
+def test_one_sequence_does_not_steer_another():
+    """Two sequences stepped by one engine's sizer (each alone in its pool step): the second one's
+    choices are the same whether the first one drafts well or badly."""
+    def run(first):
+        sizer = pool_sizer()
+        a, b = sizer.row(), sizer.row()
+        good = drafts()
+        chosen = []
+        for t in range(60):
+            step(sizer, [a], lambda i, s: first(t, s))
+            chosen.append(step(sizer, [b], lambda i, s: good(t, s))[0])
+        return chosen, sizer
+    with_bad, bad_sizer = run(drafts(good_from=10 ** 6))
+    with_good, good_sizer = run(drafts())
+    assert with_bad == with_good
+    assert bad_sizer.summary()["tau_by_size"] != good_sizer.summary()["tau_by_size"]  # the pooled figures differ
+
+
+def test_a_tree_is_retried_soon_after_a_plain_stretch():
+    """A sequence with poor drafts decodes plainly; a probe (3 or 15 nodes, 40 or 60 ms) follows
+    once 10 × its cost of plain chunks (272 ms each) ran, so at most 3 chunks in a row; once its
+    text turns predictable it is back to trees within two probes and stays there."""
+    sizer = pool_sizer()
+    row = sizer.row()
+    turn, accepted = 400, drafts(good_from=400)
+    chosen, t = [], 0
+    while t < 800:
+        size, counts = step(sizer, [row], lambda i, s: accepted(t, s))
+        chosen.append((t, size))
+        t += counts[0]
+    before = [s for tt, s in chosen if 100 <= tt < turn]
+    assert before.count(0) > len(before) / 2, before  # plain decoding while the drafts are poor
+    runs, gap = [], 0
+    for s in before:
+        gap = gap + 1 if s == 0 else 0
+        runs.append(gap)
+    most_chunks = -(-10 * max(POOL_MS[3], POOL_MS[15]) // POOL_MS[0])
+    assert most_chunks == 3 and max(runs) <= most_chunks, before
+    after = [s for tt, s in chosen if tt >= turn]
+    last_plain = max(i for i, s in enumerate(after) if s == 0)
+    assert last_plain < 2 * (most_chunks + 1) and after[-1], after[:20]
+
+
+def test_a_new_sequence_starts_from_the_pooled_figures_a_quarter_of_the_way_to_the_most():
+    sizer = pool_sizer()
+    for _ in range(30):
+        step(sizer, [sizer.row()], lambda i, s: 1.0)  # rows whose drafts never accept a token
+    pooled = sizer.summary()["tau_by_size"]
+    pooled.setdefault(3, min(pooled[15], 4))  # a size not tried: the bigger tree's figure, at most 3 + 1
+    prior = sizer.row().tau
+    for s in (3, 15):
+        most = min(s, DEPTH) + 1
+        assert pooled[s] < 2 and prior[s] == pytest.approx(pooled[s] + 0.25 * (most - pooled[s]), abs=1e-3)

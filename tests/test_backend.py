@@ -122,7 +122,7 @@ def test_options_override_the_backend_defaults(tiny, monkeypatch):
 
 def test_the_cli_leaves_unset_options_to_the_backend(monkeypatch):
     """generate's flags reach from_pretrained only where given (else None: the backend's default),
-    and the SmolLM2 demo keeps its 7-node tree on a CPU only."""
+    and the SmolLM2 demo chooses its tree size up to 7 nodes (keep "auto") on a CPU only."""
     asked = []
     monkeypatch.setattr(DartModel, "from_pretrained", lambda *a, **kw: asked.append(kw))
     fake_backend(monkeypatch, "cpu")
@@ -133,12 +133,12 @@ def test_the_cli_leaves_unset_options_to_the_backend(monkeypatch):
     fake_backend(monkeypatch, "gpu")
     load_model(parse_args(["--no-compile-cache"]))
     smollm2_cpu, tiny_cpu, given, smollm2_gpu = asked
-    assert smollm2_cpu["keep"] == 7 and "device_steps" not in smollm2_cpu
+    assert (smollm2_cpu["keep"], smollm2_cpu["max_keep"]) == ("auto", 7) and "device_steps" not in smollm2_cpu
     assert smollm2_cpu["fused_projections"] is None and smollm2_cpu["eagle3_total_token"] == 8
     assert not {"keep", "device_steps", "verify_gemms", "attention"} & set(tiny_cpu)
     assert (given["keep"], given["device_steps"], given["fused_projections"], given["verify_gemms"],
             given["attention"]) == (12, 0, False, "xla", "xla")
-    assert not {"keep", "device_steps", "eagle3_total_token"} & set(smollm2_gpu), smollm2_gpu
+    assert not {"keep", "max_keep", "device_steps", "eagle3_total_token"} & set(smollm2_gpu), smollm2_gpu
 
 
 def test_device_info_prints_the_backend_its_devices_and_its_defaults():

@@ -126,15 +126,50 @@ def test_tree_size_changing_per_half_step(tiny):
     engine = engine_for(tiny, adaptive=True)
     assert 0 in engine.tree_sizes and 3 in engine.tree_sizes
     rotation, observed = itertools.cycle([20, 3, 20, 20, 3, 20, 0]), []
-    engine.sizer.choose = lambda rows, measure: next(rotation)
+    engine.sizer.choose = lambda rows, measure, live: next(rotation)
     engine.sizer.observe = lambda *args: observed.append(args)
     handles, pool = serve(engine, True)
     assert [h.token_ids for h in handles] == [tiny.alone[(tuple(p), n)] for p, n in JOBS]
     sizes = {size for h in handles for size in h.stats.tree_sizes}
     assert sizes == {0, 3, 20} and pool.overlap_stats["half_steps"] > 0 and pool.overlap_stats["restarts"] >= 1
-    assert observed and all(size in (0, 3, 20) and seconds > 0 for size, _, _, seconds in observed)
+    assert observed and all(size in (0, 3, 20) and seconds > 0 for size, _, _, seconds, _ in observed)
 
 
 def test_plain_pool_has_no_overlap(tiny):
     with pytest.raises(ValueError, match="overlap"):
         tiny.model.engine.batcher(2, 128, plain=True, overlap=True)
+
+
+def test_each_row_keeps_its_own_acceptance(tiny):
+    """keep="auto" in a pool (sizes played in a rotation): every busy slot has its own acceptance
+    figures (new at its admission), the choice sees the busy rows' figures, and each tree step's
+    accepted length goes into the figures of the request that took it, none into another's; oracle:
+    each request's own stats (tree size and accepted length per step)."""
+    engine = engine_for(tiny, adaptive=True)
+    observe, by_figures, rotation = engine.sizer.observe, {}, itertools.cycle([3, 20, 3, 0])
+
+    def choose(rows, measure, live):
+        engine.sizer.costs(rows, measure)  # observe rescales by the timed costs
+        assert len({id(f) for f in live}) == len(live) == sum(r is not None for r in pool_of[0].busy)
+        return next(rotation)
+
+    def spy(size, rows, accepted, seconds, per_row=()):
+        for figures, count in per_row:
+            if size:
+                by_figures.setdefault(id(figures), []).append((size, int(count)))
+        observe(size, rows, accepted, seconds, per_row)
+
+    engine.sizer.observe, engine.sizer.choose = spy, choose
+    pool_of, batcher = [], engine.batcher
+
+    def batcher_spy(*args, **kwargs):
+        pool_of.append(batcher(*args, **kwargs))
+        return pool_of[0]
+
+    engine.batcher = batcher_spy
+    handles, _ = serve(engine, False)
+    assert [h.token_ids for h in handles] == [tiny.alone[(tuple(p), n)] for p, n in JOBS]
+    own = [[(size, count) for size, count in zip(h.stats.tree_sizes, h.stats.accept_lengths) if size]
+           for h in handles]
+    assert sum(map(len, own)) > len(handles)  # tree steps were taken
+    assert sorted(by_figures.values()) == sorted(steps for steps in own if steps)

@@ -810,12 +810,15 @@ class ScriptedSizer:
     def drafting_pays(self, rows):
         return self.pays
 
-    def choose(self, rows, measure):
+    def row(self):
+        return None
+
+    def choose(self, rows, measure, live=()):
         size = self.plan[self.calls % len(self.plan)]
         self.calls += 1
         return size
 
-    def observe(self, size, rows, accepted, seconds):
+    def observe(self, size, rows, accepted, seconds, per_row=()):
         self.observed.append((size, accepted))
 
 

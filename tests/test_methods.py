@@ -177,7 +177,10 @@ def test_plain_chunks_of_keep_auto_are_reported_as_plain(model):
         def drafting_pays(self, rows):
             return True
 
-        def choose(self, rows, measure):
+        def row(self):
+            return None
+
+        def choose(self, rows, measure, live=()):
             self.calls += 1
             return (0, 8)[self.calls % 2 == 0]
 

@@ -25,7 +25,7 @@ from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
 from .options import (DEFAULT_BATCH_SIZE, FUSED_CHOICES, HelpFormatter, add_model_options, check_modes,  # noqa: F401
                       check_output, parse_args, tree_size)
-from .model import (DEMO_CPU_KEEP, DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths,
+from .model import (DEMO_CPU_MAX_KEEP, DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths,
                     length_notice)
 
 DEMO = DEMO_DIR
@@ -417,7 +417,7 @@ def device_info() -> str:
         if field == "device_steps" and value:
             value = f"{value} (0 where keep is 'auto' or --mesh is given)"
         if field == "keep" and value == "auto":
-            value = f"auto (the SmolLM2 demo: {DEMO_CPU_KEEP})"
+            value = f"auto (the SmolLM2 demo on a CPU: up to {DEMO_CPU_MAX_KEEP})"
         lines.append(f"  {field}: {value}  [{flag}]")
     return "\n".join(lines)
 

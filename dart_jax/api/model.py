@@ -76,10 +76,11 @@ def demo_paths(name: str = "smollm2", folder: Path = DEMO_DIR) -> tuple[Path, Pa
     return base, head, trie
 
 
-# the SmolLM2 demo's draft tree on a CPU: there a verify's cost grows with its nodes, and on
-# held-out prompts a fixed 7-node tree beat 3 and 15 nodes and keep="auto", whose estimates settle
-# on plain decoding within a short answer (benchmarks/RESULTS.md); accelerators keep "auto" up to 60 nodes
-DEMO_CPU_KEEP = 7
+# the SmolLM2 demo's largest draft tree on a CPU: there a verify's cost grows with its nodes and
+# trees past 7 nodes paid less than 3 or 7 on held-out prompts (benchmarks/RESULTS.md), so keep="auto"
+# chooses per sequence and step among plain chunks and trees of 3 and 7 nodes; accelerators keep
+# "auto" up to 60 nodes
+DEMO_CPU_MAX_KEEP = 7
 
 
 # the SmolLM2 demo's EAGLE-3 tree on a CPU (its best on held-out prompts, benchmarks/RESULTS.md);
@@ -94,14 +95,14 @@ def demo_eagle3(name: str, folder: Path = DEMO_DIR) -> Path | None:
 
 
 def demo_options(name: str, opts: dict[str, Any], folder: Path = DEMO_DIR) -> dict[str, Any]:
-    """`from_pretrained` options for a demo: the SmolLM2 demo on a CPU drafts trees of
-    DEMO_CPU_KEEP nodes unless a tree size (keep) or max_keep is given; its shipped EAGLE-3 head
-    is loaded beside the DART head (method "eagle3") unless `opts` names one."""
+    """`from_pretrained` options for a demo: the SmolLM2 demo on a CPU chooses its tree size by
+    keep="auto" up to DEMO_CPU_MAX_KEEP nodes unless a tree size (keep) or max_keep is given; its
+    shipped EAGLE-3 head is loaded beside the DART head (method "eagle3") unless `opts` names one."""
     opts = dict(opts)
     cpu = backends.current_backend() == "cpu"
     auto = str(opts.get("keep", "auto")).strip().lower() == "auto"
     if name == "smollm2" and auto and opts.get("max_keep") is None and cpu:
-        opts["keep"] = DEMO_CPU_KEEP
+        opts.update(keep="auto", max_keep=DEMO_CPU_MAX_KEEP)
     eagle3 = demo_eagle3(name, folder)
     if opts.get("eagle3") is None and eagle3 is not None:
         opts["eagle3"] = eagle3

@@ -1,5 +1,5 @@
 """The adaptive tree budget (`keep="auto"`): each step uses the draft tree size that is expected to
-give the most tokens per second on this device.
+give the most tokens per second on this device, for the sequences it decodes.
 
 Why: a bigger tree accepts more tokens per step (the best tree of `s` nodes is the first `s` of
 the best-first selection, so it contains every smaller one) but costs more to verify. On a GPU a
@@ -7,35 +7,51 @@ the best-first selection, so it contains every smaller one) but costs more to ve
 the tree and a big tree only pays when the drafts are good. Which size wins depends on the
 device, the model, the batch and the text, so it is measured, not guessed:
 
-- **cost**: the first time a pool steps with a given number of live rows, every size's whole
-  step (tree search, transfers, device work) is timed on the pool's own caches (dry steps whose
-  results are dropped: their writes land past the committed length, which the next real step
-  overwrites); size 0 is a chunk of plain decoding. While decoding, a size's own steps replace its
-  entry with their exponential average, and the sizes not used lately follow the average ratio of
-  observed to timed steps, so the table tracks the growing attention window and the machine's load.
-  An observation counts as at most twice the running figure: a one-off stall (an executable loaded
-  for a new window, another process) does not steer the choice for long.
-- **acceptance**: an exponential average per size of the mean accepted length of the steps that
-  used it (for size 0, the tokens per chunk). A size not tried yet gets an optimistic bound: the
-  average of the next bigger size tried (its tree contains this one), else the most a step of it
-  can accept (min(size, depth) + 1). Every `explore_every` steps (every quarter of that while
-  plain chunks win) a size that could still beat the current choice even at its most accepted is
-  tried once, so that a change in acceptance is seen, and a size that cannot is never paid for
-  (a size whose cost comes from the dry steps alone counts as hopeful at half that cost, so that
-  one noisy timing at warm-up does not rule it out for good).
+- **cost** (per pool, shared by its rows): the first time a pool steps with a given number of live
+  rows, every size's whole step (tree search, transfers, device work) is timed on the pool's own
+  caches (dry steps whose results are dropped: their writes land past the committed length, which
+  the next real step overwrites); size 0 is a chunk of plain decoding. While decoding, a size's own
+  steps replace its entry with their exponential average, and the sizes not used lately follow the
+  average ratio of observed to timed steps, so the table tracks the growing attention window and
+  the machine's load. An observation counts as at most twice the running figure: a one-off stall
+  (an executable loaded for a new window, another process) does not steer the choice for long.
+- **acceptance** (per sequence, `RowAcceptance`): each sequence keeps its own estimate per size of
+  the accepted length of its steps (bonus included). A new sequence's prior is the engine's pooled
+  figure (the mean over the rows of every step so far, an exponential average; for a size not tried
+  yet an optimistic bound: the figure of the next bigger size tried, else the most a step can
+  accept, min(size, depth) + 1) moved `prior_optimism` of the way up to that most: a new text may
+  draft better than the last ones, and finding out costs a tree step or two. The prior counts as
+  one observation: the k-th own step of a size weighs max(1 / (k + 1), `row_smoothing`), and the
+  first tree step after plain chunks at least a half (the estimate it corrects is a chunk old), so
+  the prior fades within a few steps and one sequence's bad (or good) drafts never decide another
+  live sequence's estimates. A size the sequence has not stepped with yet keeps its prior, raised
+  to the estimate of a smaller size it has stepped with and lowered to that of a bigger one (the
+  bigger tree contains the smaller). Size 0 gives every row a whole chunk (`plain_tokens`).
 
-The choice maximises accepted tokens (+1 bonus counted) per predicted second. Where no tree size
-could beat plain decoding even at its most accepted (a device on which verifying costs too much
-for this model), the engine decodes new requests with its plain decoder, without the drafter's
-prefill and calls (`drafting_pays`).
- Every size is one
-compiled variant of the step (a handful of sizes), so nothing compiles after the first steps.
+The rule: a pool step over the live rows R uses the size s that maximises
+sum over r in R of accept_r(s) / cost(s), the pool's expected tokens per second (one size serves
+the whole pool step; ties go to the smaller size). Two ways back from a choice:
+
+- **probe**: while plain chunks win, each row counts the seconds of plain decoding since its last
+  tree step; once some live row has spent `cost(probe) / probe_share` there, the next step is a
+  tree of the size with the best expected rate (a probe), so that a sequence whose text turns
+  predictable gets trees back within a chunk or two. A probe costs at most `probe_share` of the
+  time spent decoding plainly, less the tokens it still commits (a bonus at least).
+- **exploration**: every `explore_every` steps (every quarter of that while plain chunks win) a size that could still beat the current choice even
+  at its most accepted is tried once, and a size that cannot is never paid for (a size whose cost
+  comes from the dry steps alone counts as hopeful at half that cost, so that one noisy timing at
+  warm-up does not rule it out for good).
+
+Where no tree size could beat plain decoding even at its most accepted (a device on which
+verifying costs too much for this model), the engine decodes new requests with its plain decoder,
+without the drafter's prefill and calls (`drafting_pays`). Every size is one compiled variant of
+the step (a handful of sizes), so nothing compiles after the first steps.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -51,15 +67,31 @@ def auto_sizes(keep: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass
+class RowAcceptance:
+    """One sequence's acceptance figures (module docstring): per tree size, its estimate of the
+    accepted length and how many of its own steps went into it; the seconds of plain decoding
+    since its last tree step."""
+
+    tau: dict[int, float]  # starts at the prior (`TreeSizer.row`)
+    seen: dict[int, int] = dataclasses.field(default_factory=dict)
+    plain_s: float = 0.0  # plain decoding since its last tree step or probe
+    stale: bool = False  # a plain chunk since its last tree step
+
+
+@dataclasses.dataclass
 class TreeSizer:
-    """The per-step choice of a tree size among `sizes` (ascending), for one engine: its running
-    figures carry over from one generation (or pool) to the next."""
+    """The per-step choice of a tree size among `sizes` (ascending), for one engine: the costs and
+    the pooled acceptance (a new sequence's prior) carry over from one generation (or pool) to the
+    next; each sequence's own figures live in its `RowAcceptance` (`row()`)."""
 
     sizes: tuple[int, ...]
     plain_tokens: int = 0  # tokens per call of size 0 (a chunk of plain decoding), when it is a choice
     depth: int | None = None  # the deepest tree (draft rows): a step accepts at most min(size, depth) + 1
     explore_every: int = 16
-    smoothing: float = 0.2  # weight of the newest observation in the running averages
+    smoothing: float = 0.2  # weight of the newest observation in the pooled running averages
+    row_smoothing: float = 0.3  # the least weight of a sequence's newest step in its own estimate
+    prior_optimism: float = 0.25  # a new sequence's prior: this share of the way from the pooled figure to the most
+    probe_share: float = 0.1  # a probe after plain decoding costs at most this share of its time
     _costs: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
     _tau: dict[int, float] = dataclasses.field(default_factory=dict)
     _scale: float = 1.0
@@ -92,34 +124,61 @@ class TreeSizer:
         return float(min(size, self.depth if self.depth else size) + 1)
 
     def expected_accept(self, size: int) -> float:
-        """The running mean accepted length of `size`; for a size not tried yet an optimistic
+        """The pooled running mean accepted length of `size`; for a size not tried yet an optimistic
         bound: what a bigger size tried accepts (its tree contains this one), else the most it can."""
         if size in self._tau:
             return self._tau[size]
         bigger = [self._tau[s] for s in self.sizes if s > size and s in self._tau]
         return min(bigger[0], self.most_accepted(size)) if bigger and size else self.most_accepted(size)
 
-    def choose(self, rows: int, measure: Callable[[int], dict[int, float]]) -> int:
-        """The size for the next step of a pool computing `rows` rows; `measure(rows)` times every
-        size the first time a row count is seen. Over several processes, process 0's choice (each
-        process times its own steps, and all must run the same one)."""
+    def row(self) -> RowAcceptance:
+        """A new sequence's figures: the pooled ones moved `prior_optimism` of the way up to the most
+        a step can accept, as its prior."""
+        return RowAcceptance({s: self.expected_accept(s) + self.prior_optimism
+                              * (self.most_accepted(s) - self.expected_accept(s)) for s in self.sizes if s})
+
+    def row_accept(self, row: RowAcceptance | None, size: int) -> float:
+        """A sequence's expected accepted length at `size` (None: the pooled figure): its own
+        estimate; for a size it has not stepped with yet, its prior, at least the estimate of a
+        smaller size it has stepped with and at most that of a bigger one; size 0 a whole plain chunk."""
+        if row is None or size == 0:
+            return self.expected_accept(size)
+        if row.seen.get(size):
+            return row.tau[size]
+        floors = [row.tau[s] for s in self.sizes if 0 < s < size and row.seen.get(s)]
+        caps = [row.tau[s] for s in self.sizes if s > size and row.seen.get(s)]
+        return min([max([row.tau[size], *floors]), self.most_accepted(size), *caps])
+
+    def choose(self, rows: int, measure: Callable[[int], dict[int, float]],
+               live: Sequence[RowAcceptance] = ()) -> int:
+        """The size for the next step of a pool computing `rows` rows whose busy sequences have the
+        figures `live` (none given: one sequence with the pooled figures); `measure(rows)` times
+        every size the first time a row count is seen. Over several processes, process 0's choice
+        (each process times its own steps, and all must run the same one)."""
         if not self.adaptive:
             return self.sizes[0]
-        return agree(self._choose(rows, measure))
+        return agree(self._choose(rows, measure, live))
 
-    def _choose(self, rows: int, measure: Callable[[int], dict[int, float]]) -> int:
+    def _choose(self, rows: int, measure: Callable[[int], dict[int, float]], live: Sequence[RowAcceptance]) -> int:
         costs = self.costs(rows, measure)
         cost = {s: self._seconds.get((rows, s), self._scale * costs[s]) for s in self.sizes}
-        rate = {s: self.expected_accept(s) / cost[s] for s in self.sizes}
+        members = list(live) or [None]
+        rate = {s: sum(self.row_accept(r, s) for r in members) / cost[s] for s in self.sizes}
         best = max(self.sizes, key=lambda s: (rate[s], -s))
         self._steps += 1
-        # now and then a size that could still beat the best one (at its most accepted) is tried,
-        # so that a change in acceptance is seen; sooner while plain chunks (many tokens a call) win
+        trees = [s for s in self.sizes if s]
+        if best == 0 and trees and live:
+            probe = max(trees, key=lambda s: (rate[s], -s))
+            if max(r.plain_s for r in live) * self.probe_share >= cost[probe]:
+                for r in live:
+                    r.plain_s = 0.0
+                return probe
+        # sooner while plain chunks win (many tokens a call; with rows given the probes come first)
         every = max(self.explore_every // 4, 1) if best == 0 else self.explore_every
         if self._steps % every == 0:
             # a cost known only from the dry steps may be off (one noisy timing at warm-up): such a
             # size stays hopeful while it could win at half its timed cost, until its first real step
-            hopeful = [s for s in self.sizes if s != best and self.most_accepted(s) / cost[s]
+            hopeful = [s for s in self.sizes if s != best and len(members) * self.most_accepted(s) / cost[s]
                        * (1 if (rows, s) in self._seconds else 2) > rate[best]]
             if hopeful:
                 return max(hopeful, key=lambda s: (rate[s], -s))
@@ -144,9 +203,11 @@ class TreeSizer:
         return any(self.most_accepted(s) / cost[s] * (1 if (rows, s) in self._seconds else 2) > plain
                    for s in self.sizes if s)
 
-    def observe(self, size: int, rows: int, accepted: float, seconds: float) -> None:
+    def observe(self, size: int, rows: int, accepted: float, seconds: float,
+                per_row: Sequence[tuple[RowAcceptance, float]] = ()) -> None:
         """What a step of `size` did: the mean accepted length over its sequences (bonus included,
-        or the tokens of a plain chunk) and its time (tree search, transfers, device work)."""
+        or the tokens of a plain chunk), its time (tree search, transfers, device work), and
+        `per_row` each stepped sequence's figures with its own accepted length."""
         if not self.adaptive:
             return
         a = self.smoothing
@@ -159,6 +220,15 @@ class TreeSizer:
         self._scale = ratio if self._last is None else (1 - a) * self._scale + a * ratio
         self._seconds[key] = seconds if key not in self._seconds else (1 - a) * self._seconds[key] + a * seconds
         self._last = size
+        for row, count in per_row:
+            if size == 0:
+                row.plain_s, row.stale = row.plain_s + seconds, True
+                continue
+            n = row.seen.get(size, 0) + 1  # the prior counts as one observation
+            row.seen[size] = n
+            weight = max(1 / (n + 1), self.row_smoothing, 0.5 if row.stale else 0.0)
+            row.tau[size] += weight * (count - row.tau[size])
+            row.plain_s, row.stale = 0.0, False
 
     def summary(self) -> dict[str, object]:
         """The running figures (for stats and benchmarks)."""

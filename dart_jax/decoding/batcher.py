@@ -40,7 +40,7 @@ import numpy as np
 from dart_jax.errors import InputError
 from dart_jax.models.multihost import to_host
 
-from .adaptive import median_time
+from .adaptive import RowAcceptance, median_time
 from .autoregressive import attention_window, live_rows
 from .device_tree import TreeEdit
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
@@ -312,6 +312,7 @@ class _Half:
     packed: object = None  # the step's answer (a device array) once dispatched
     dispatched: float = 0.0
     counts: list[int] = dataclasses.field(default_factory=list)
+    counted: list[int] = dataclasses.field(default_factory=list)  # the slots of `counts`
 
 
 class Batcher(SlotPool):
@@ -347,6 +348,8 @@ class Batcher(SlotPool):
         self.preceding = np.zeros((b, self.context), np.int64)
         self.preceding_len = np.ones(b, np.int64)
         self._empty = {size: self._empty_trees(size + 1) for size in engine.tree_sizes if size}
+        # each busy slot's own acceptance figures (dart_jax.decoding.adaptive), new at its admission
+        self.acceptance: list[RowAcceptance | None] = [None] * b
 
     def _cache_length(self) -> int:
         return self.engine.cache_length(self.max_length - 1, self.max_length)
@@ -364,6 +367,7 @@ class Batcher(SlotPool):
         elapsed = time.perf_counter() - start_time
         events = []
         for slot, request in joining:
+            self.acceptance[slot] = engine.sizer.row()
             first = int(out["first"][slot])
             self._follow_up(slot, out, slot, np.append(request.prompt_ids, first)[-self.context:])
             self.committed[slot] = request.prompt_ids.size
@@ -394,7 +398,7 @@ class Batcher(SlotPool):
         m = self._live()  # rows past m are free and not computed
         committed = int(self.committed[rows].max())
         window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
-        size = engine.sizer.choose(m, lambda m: self._measure(m, committed))
+        size = engine.sizer.choose(m, lambda m: self._measure(m, committed), self._figures(rows))
         if size == 0:
             return self._advance_plain(rows, m)
         if engine.device_steps:
@@ -406,7 +410,8 @@ class Batcher(SlotPool):
                                          window=window)
         out = self.outputs.unpack(np.asarray(packed))
         t2 = time.perf_counter()
-        engine.sizer.observe(size, m, float(out["count"][rows].mean()), t2 - t0)
+        engine.sizer.observe(size, m, float(out["count"][rows].mean()), t2 - t0,
+                             self._per_row(rows, out["count"][rows]))
         events = []
         for slot in rows:
             events += self._commit_step(slot, out, slot, size=size, device_s=t2 - t1, tree_s=t1 - t0)
@@ -470,7 +475,7 @@ class Batcher(SlotPool):
         t1 = time.perf_counter()
         counts = out["count"][rows]
         if int(counts.max()) == chunk:  # a chunk cut short by a budget or EOS says little about plain decoding
-            engine.sizer.observe(0, m, float(counts.mean()), t1 - t0)
+            engine.sizer.observe(0, m, float(counts.mean()), t1 - t0, self._per_row(rows, counts))
         events = []
         for slot in rows:
             fed = out["tokens"][slot, :int(out["count"][slot])]
@@ -515,7 +520,7 @@ class Batcher(SlotPool):
         rows, engine = halves[half], self.engine
         busy = [i for i, r in enumerate(self.busy) if r is not None]
         committed = int(self.committed[busy].max())
-        size = engine.sizer.choose(m, lambda m: self._measure(m, committed))
+        size = engine.sizer.choose(m, lambda m: self._measure(m, committed), self._figures(busy))
         requests = tuple(self.busy[r] for r in rows)
         if size == 0:
             return _Half(half, m, half * h, rows, requests, 0, None, 0.0)
@@ -543,16 +548,17 @@ class Batcher(SlotPool):
         t1 = time.perf_counter()
         self.overlap_stats["wait_s"] += t1 - t0
         self.overlap_stats["half_steps"] += 1
-        events, counts = [], []
+        events, counts, counted = [], [], []
         for slot, request in zip(half.rows, half.requests):
             if self.busy[slot] is not request:
                 continue
             i = slot - half.start
             counts.append(int(out["count"][i]))
+            counted.append(slot)
             # device_s: from the dispatch until the answer was on the host (the other half's search ran meanwhile)
             events += self._commit_step(slot, out, i, size=half.size, device_s=t1 - half.dispatched,
                                         tree_s=half.search_s)
-        half.counts = counts
+        half.counts, half.counted = counts, counted
         return events
 
     def _land_alone(self) -> list[StepEvent]:
@@ -593,8 +599,16 @@ class Batcher(SlotPool):
         if not started and landed.counts:
             # a round (both halves) takes about two of these calls; the sizer's costs are per round of m rows
             self.engine.sizer.observe(landed.size, landed.m, float(np.mean(landed.counts)),
-                                      2 * (time.perf_counter() - t_enter))
+                                      2 * (time.perf_counter() - t_enter), self._per_row(landed.counted, landed.counts))
         return events
+
+    def _figures(self, slots) -> list[RowAcceptance]:
+        """The acceptance figures of these busy slots, for the sizer's choice."""
+        return [self.acceptance[slot] for slot in slots]
+
+    def _per_row(self, slots, counts) -> list[tuple[RowAcceptance, float]]:
+        """(figures, accepted length) of these slots after a step (`TreeSizer.observe`)."""
+        return [(self.acceptance[slot], float(c)) for slot, c in zip(slots, counts)]
 
     def _roots(self, m: int) -> np.ndarray:
         """Each of the first m rows' pending token (the last one, not yet in the cache)."""
