@@ -19,6 +19,14 @@ def test_demo_assets_are_shipped():
         assert (DEMO / rel).is_file(), rel
 
 
+def test_everything_shipped_stays_within_30_mb():
+    """The package carries its heads, tries and prompts (the SmolLM2 base comes from the package
+    index): together at most 30 MB."""
+    shipped = [p for folder in (DEMO, DEMO.parent / "data") for p in folder.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts]
+    assert shipped and sum(p.stat().st_size for p in shipped) <= 30_000_000
+
+
 def test_demo_cli_is_lossless_and_accepts_long_runs():
     env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
