@@ -12,7 +12,6 @@ from train_base import make_train_base
 
 from dart_jax.bench.tiny import make_tiny_head
 from dart_jax.train.data import load_tokenizer
-from dart_jax.train.distill import main
 
 MAX_NEW = 12
 
@@ -60,8 +59,10 @@ def write_prompts(path, n, seed=0):
 
 
 def run(base, prompts, out, *extra):
-    return main([str(prompts), str(out), "--base", str(base), "--max-new-tokens", str(MAX_NEW), "--slots", "4",
-                 "--no-progress", *extra])
+    """The command in a process of its own, as a user runs it (its programs stay out of this
+    test worker's process)."""
+    return subprocess.run([sys.executable, "-m", "dart_jax.train.distill", str(prompts), str(out), "--base", str(base),
+                           "--max-new-tokens", str(MAX_NEW), "--slots", "4", "--no-progress", *extra]).returncode
 
 
 def read(out):
