@@ -34,15 +34,7 @@ from dart_jax.train.data import load_tokenizer
 from dart_jax.train.eagle3 import eagle3_loss, eagle3_tensors, new_eagle3_head, ttt_logits
 from dart_jax.train.loop import set_vocab
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_shared_compilation_cache():
-    """This module compiles outside the suite's shared persistent XLA cache: in three full parallel
-    runs a worker crashed (SIGSEGV) inside XLA while compiling this module's programs through that
-    cache, though the module passes alone; its programs are compiled in-process instead."""
-    jax.config.update("jax_enable_compilation_cache", False)
-    yield
-    jax.config.update("jax_enable_compilation_cache", True)
+from own_process import in_own_process
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,7 +272,10 @@ def held_out(base, target, head, prompts, decoder):
     return float(np.mean(counts))
 
 
-def test_trained_head_loads_decodes_losslessly_and_beats_a_random_one(base, target, trained, tmp_path):
+def test_trained_head_loads_decodes_losslessly_and_beats_a_random_one(request):
+    if in_own_process(request):
+        return
+    base, target, trained = (request.getfixturevalue(n) for n in ("base", "target", "trained"))
     assert trained.metrics["step"] == 360 and len(trained.metrics["alpha"]) == 3
     head = load_eagle3_head(trained.out / "head", target)  # where a published head loads
     config = json.loads((trained.out / "head" / "config.json").read_text())
@@ -317,7 +312,10 @@ def test_trained_head_loads_decodes_losslessly_and_beats_a_random_one(base, targ
 # kill -9 and resume
 
 
-def test_killed_run_resumes_to_the_uninterrupted_result(base, tmp_path, capsys):
+def test_killed_run_resumes_to_the_uninterrupted_result(request):
+    if in_own_process(request):
+        return
+    base, tmp_path, capsys = (request.getfixturevalue(n) for n in ("base", "tmp_path", "capsys"))
     data = write_data(tmp_path / "d.jsonl", 12, seed=1)
     args = ["--base", str(base), "--data", str(data), *COMMON, "--ttt-steps", "2", "--batch-size", "2",
             "--grad-accum", "2", "--epochs", "2", "--lr", "5e-3", "--save-every", "1"]
