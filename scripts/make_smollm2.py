@@ -12,6 +12,7 @@ last checkpoint).
     python scripts/make_smollm2.py wider      # 2 more epochs from that head on all the answers (the shipped head)
     python scripts/make_smollm2.py broad      # 2 300 chat prompts of new templates and 800 new code prompts, answered
     python scripts/make_smollm2.py tune       # the `wider` head trained on the broad answers (not shipped)
+    python scripts/make_smollm2.py vocab      # the shipped head, its draft vocabulary grown to 12 288, on the broad answers
     python scripts/make_smollm2.py eagle3     # an EAGLE-3 head on the same answers, 2 epochs (background it)
     python scripts/make_smollm2.py ship       # both heads (int8) and the trie into dart_jax/demo/smollm2/
     python scripts/make_smollm2.py all        # every stage in order
@@ -313,6 +314,20 @@ def stage_tune(args) -> None:
     subprocess.run(cmd, check=True)
 
 
+def stage_vocab(args) -> None:
+    """The shipped head (or --init) with its draft vocabulary grown to --grow-vocab ids (the broad
+    answers' most frequent tokens it lacks; their LM-head columns mapped from the target's rows),
+    trained on the broad answers; the taps cache of the `tune` stage is read when it is there."""
+    init = Path(args.init) if args.init else SHIP / "head"
+    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train_broad.jsonl"),
+           "--out", str(WORK / "run5"), "--init-head", str(init), "--draft-vocab", str(args.grow_vocab),
+           "--epochs", str(args.tune_epochs), "--max-length", "384", "--anchors-per-seq", str(args.anchors),
+           "--batch-size", "4", "--lr", str(args.lr / 2), "--seed", str(SEED + 5), "--save-every", "50",
+           "--log-every", "25", "--dtype", "float32", "--taps", "cache", "--taps-dir", str(WORK / "run4" / "taps")]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
 def stage_eagle3(args) -> None:
     """EAGLE-3 on the same data, draft vocabulary size and context, with the published recipe's 7
     unrolled steps: 2 epochs cost this CPU about what DART's 3 + 2 did (a step unrolls 7 draft
@@ -348,6 +363,7 @@ def stage_ship(args) -> None:
 
 STAGES = {"prompts": stage_prompts, "answers": stage_answers, "extra": stage_extra, "trie": stage_trie,
           "head": stage_head, "more": stage_more, "wider": stage_wider, "broad": stage_broad, "tune": stage_tune,
+          "vocab": stage_vocab,
           "eagle3": stage_eagle3, "ship": stage_ship}
 
 
@@ -365,7 +381,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--broad-code", type=int, default=800, help="code prompts of the broad stage")
     p.add_argument("--tune-epochs", type=int, default=2)
-    p.add_argument("--init", help="the head `tune` starts from (default: the wider stage's)")
+    p.add_argument("--init", help="the head `tune` (default: the wider stage's) or `vocab` (default: the shipped "
+                                  "one) starts from")
+    p.add_argument("--grow-vocab", type=int, default=12288, help="the draft vocabulary of the `vocab` stage's head")
     args = p.parse_args()
     for name in (list(STAGES) if args.stage == "all" else [args.stage]):
         start = time.time()

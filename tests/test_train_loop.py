@@ -257,3 +257,56 @@ def test_a_damaged_data_cache_is_a_file_format_error(tmp_path):
     np.savez(tmp_path / "odd.npz", lengths=np.asarray([4, 4]), ids=np.arange(5), loss_mask=np.ones(5, bool))
     with pytest.raises(FileFormatError, match="arrays disagree"):
         Dataset.load(tmp_path / "odd.npz")
+
+
+def grown_oracle(used, ids, mask, size):
+    """Plain-Python restatement: `used` plus the most frequent loss-mask targets it lacks (ties to
+    the smaller id), up to `size` ids, sorted."""
+    counts = {}
+    for t in np.asarray(ids)[np.asarray(mask, bool)].tolist():
+        counts[t] = counts.get(t, 0) + 1
+    have = set(int(u) for u in used)
+    missing = sorted((-c, t) for t, c in counts.items() if t not in have)
+    return sorted(have | {t for _, t in missing[:size - len(have)]})
+
+
+def test_a_dart_head_grows_its_draft_vocabulary(base, tmp_path, capsys):
+    """--init-head with a larger --draft-vocab: the head keeps its layers and its own LM-head
+    columns; the new ids are the most frequent training targets it lacks, their columns the
+    least-squares map from the target's output rows (a float64 NumPy oracle)."""
+    import jax.numpy as jnp
+
+    from dart_jax.models.checkpoints import load_dart_head, load_target
+    from dart_jax.train.loop import widened_head
+    from dart_jax.train.vocab import used_from_d2t
+
+    data = write_data(tmp_path / "d.jsonl", 12)
+    init = make_tiny_head(tmp_path / "init", base, draft_length=3, draft_vocab_size=64, head_dim=8, first_ids=True)
+    start = load_file(init / "model.safetensors")
+    args = ["--base", str(base), "--data", str(data), *[a for a in COMMON if a not in ("--draft-vocab", "64")],
+            "--batch-size", "2", "--epochs", "1", "--lr", "5e-3", "--init-head", str(init)]
+    main([*args, "--draft-vocab", "72", "--out", str(tmp_path / "run")])
+    with np.load(tmp_path / "run" / "data.npz") as f:
+        lengths, ids, mask = f["lengths"], f["ids"], f["loss_mask"]
+    want = grown_oracle(np.arange(64), ids, mask, 72)
+    assert len(set(want) - set(range(64))) == 8 and set(want) - set(range(64)) <= set(ids[mask].tolist())
+    trained = load_file(tmp_path / "run" / "head" / "model.safetensors")
+    assert (trained["d2t"] + np.arange(72)).tolist() == want
+    assert trained["lm_head.weight"].shape == (72, start["lm_head.weight"].shape[1])
+    target = load_target(base, dtype=jnp.float32)
+    assert load_dart_head(tmp_path / "run" / "head", target).config.draft_vocab_size == 72  # loads as a published head
+
+    # the head training starts from, against the oracle
+    head = widened_head(load_dart_head(init, target, dtype=jnp.float32), target, np.asarray(want))
+    assert used_from_d2t(np.asarray(head.d2t.get_value())).tolist() == want
+    kernel = np.asarray(head.lm_head.kernel[...]).T  # [72, H], PyTorch's layout
+    old = np.isin(want, np.arange(64))
+    np.testing.assert_array_equal(kernel[old], start["lm_head.weight"])
+    weights = load_file(base / "model.safetensors")
+    rows = weights.get("lm_head.weight", weights["model.embed_tokens.weight"]).astype(np.float64)
+    a = np.linalg.lstsq(rows[:64], start["lm_head.weight"].astype(np.float64), rcond=None)[0]
+    np.testing.assert_allclose(kernel[~old], rows[np.asarray(want)[~old]] @ a, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(head.fc.kernel[...]).T, start["fc.weight"])
+
+    with pytest.raises(ValueError, match="can grow .*never shrink"):
+        main([*args, "--draft-vocab", "32", "--out", str(tmp_path / "smaller")])

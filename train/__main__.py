@@ -36,12 +36,12 @@ from .checkpoint import Checkpoints
 from .data import Dataset, encode_dataset, load_tokenizer, read_conversations, read_npz
 from .eagle3 import eagle3_loss, new_eagle3_head, save_eagle3_head
 from .loop import Trainer, batches_per_epoch, data_mesh, head_config_for, save_npz_atomic, set_vocab, train_loop, \
-    write_json_atomic
+    widened_head, write_json_atomic
 from .profile import profile, table as profile_table
 from .regenerate import Regenerator
 from .settings import TrainSettings
 from .taps import TapsCache, build_cache, choose_mode, state_width, target_identity
-from .vocab import build_draft_vocab, used_from_d2t
+from .vocab import build_draft_vocab, grow_draft_vocab, used_from_d2t
 
 # what a run folder holds that was derived from its inputs (rebuilt when they change before training began)
 DERIVED = ("data.npz", "vocab.npz", "regenerated.jsonl")
@@ -161,13 +161,15 @@ def run(args) -> Path:
     if args.init_head:
         with bars:
             init = (load_eagle3_head if eagle3 else load_dart_head)(args.init_head, target, dtype=jnp.float32)
-        if args.draft_vocab is not None and args.draft_vocab != init.config.draft_vocab_size:
-            raise ValueError(f"--init-head has a draft vocabulary of {init.config.draft_vocab_size} (kept when "
-                             f"continuing from it); drop --draft-vocab or pass {init.config.draft_vocab_size}")
+        init_vocab = init.config.draft_vocab_size
+        if args.draft_vocab is not None and args.draft_vocab != init_vocab and (eagle3 or args.draft_vocab < init_vocab):
+            raise ValueError(f"--init-head has a draft vocabulary of {init_vocab}: a DART head's can grow (a larger "
+                             f"--draft-vocab), never shrink, and an EAGLE-3 head's is kept; drop --draft-vocab or pass "
+                             f"{'' if eagle3 else 'at least '}{init_vocab}")
         if not eagle3 and init.config.draft_length != settings.draft_length:
             raise ValueError(f"--init-head has draft_length {init.config.draft_length}; pass --draft-length "
                              f"{init.config.draft_length}")
-        settings = dataclasses.replace(settings, draft_vocab=init.config.draft_vocab_size)
+        settings = dataclasses.replace(settings, draft_vocab=max(args.draft_vocab or 0, init_vocab))
     recorded = {"settings": dataclasses.asdict(settings), "base": str(args.base), "data": str(Path(args.data).absolute()),
                 "data_sha256": file_sha256(args.data), "init_head": args.init_head, "regenerate": args.regenerate}
     checkpoints = Checkpoints(out / "ckpt", args.keep_last)
@@ -203,12 +205,15 @@ def run(args) -> Path:
         used = cached(vocab_file, lambda path: read_npz(path, ("used",))["used"])
         if used is None and init is not None:
             used = used_from_d2t(np.asarray(init.d2t.get_value()))
+            if settings.draft_vocab > len(used):  # grown by the training targets it lacks, most frequent first
+                used = grow_draft_vocab(used, zip(data.ids, data.loss_mask), target.config.vocab_size,
+                                        settings.draft_vocab)
         elif used is None:
             used, _, _ = build_draft_vocab(zip(data.ids, data.loss_mask), target.config.vocab_size, settings.draft_vocab)
         save_npz_atomic(vocab_file, used=used)
 
         if init is not None:
-            head = init
+            head = init if len(used) == init.config.draft_vocab_size else widened_head(init, target, used)
         elif eagle3:
             head = new_eagle3_head(target, len(used), settings.rope_theta, settings.seed)
             set_vocab(head, used)

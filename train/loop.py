@@ -12,6 +12,7 @@ A micro-step index fixes the data position: epoch = step // batches_per_epoch, b
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -35,7 +36,7 @@ from .data import Dataset, batch_samples, batches_per_epoch, make_batch
 from .forward import shifted_ids, train_draft_logits
 from .loss import annealed_kl, expected_length, row_accuracy
 from .settings import TrainSettings
-from .vocab import vocab_from_used
+from .vocab import mapped_columns, used_from_d2t, vocab_from_used
 
 
 def head_config_for(target_config, draft_length: int, draft_vocab: int, rope_theta: float) -> DartHeadConfig:
@@ -247,3 +248,33 @@ def save_npz_atomic(path: Path, **arrays) -> None:
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
+
+
+def output_rows(target) -> np.ndarray:
+    """The target's output rows [V, H] (its LM head, or the tied embedding), as the teacher reads them."""
+    if target.lm_head is None:
+        return np.asarray(target.embed_tokens.embedding[...], np.float32)
+    return np.asarray(target.lm_head.kernel[...], np.float32).T
+
+
+def widened_head(init: DartHead, target, used: np.ndarray) -> DartHead:
+    """`init` with the larger draft vocabulary `used` (sorted target ids, a superset of init's):
+    its layers as they are, its LM-head columns kept for its own ids, and for the new ids columns
+    mapped from the target's output rows (`vocab.mapped_columns`), so that training starts from
+    the head it continues rather than from random columns."""
+    old = used_from_d2t(np.asarray(init.d2t.get_value()))
+    used = np.asarray(used, np.int64)
+    if not np.isin(old, used).all():
+        raise ValueError("the grown draft vocabulary must hold every id of the head it grows")
+    config = dataclasses.replace(init.config, draft_vocab_size=len(used))
+    head = DartHead(config, target.embed_tokens, dtype=init.dtype, param_dtype=init.lm_head.kernel[...].dtype,
+                    rngs=nnx.Rngs(0))
+    head.fc, head.midlayer, head.norm = init.fc, init.midlayer, init.norm
+    kernel_old = np.asarray(init.lm_head.kernel[...], np.float32)
+    new = np.setdiff1d(used, old)
+    kernel = np.zeros((kernel_old.shape[0], len(used)), np.float32)
+    kernel[:, np.searchsorted(used, old)] = kernel_old
+    kernel[:, np.searchsorted(used, new)] = mapped_columns(kernel_old, output_rows(target), old, new)
+    head.lm_head.kernel.set_value(jnp.asarray(kernel, head.lm_head.kernel[...].dtype))
+    set_vocab(head, used)
+    return head

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=METHODS, default=d.method,
                    help="dart: a DART head; eagle3: an EAGLE-3 head (published AngelSlim/SpecForge layout)")
     p.add_argument("--init-head", help="start from this head (hub id or folder) of --method's kind; its draft "
-                                       "vocabulary is kept")
+                                       "vocabulary is kept, or for a DART head grown to a larger --draft-vocab "
+                                       "(the training targets it lacks, most frequent first)")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id when it is not stored with --base")
     p.add_argument("--draft-length", type=int, default=d.draft_length, help="dart: m mask slots (d = m + 1 rows)")
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps,

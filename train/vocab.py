@@ -40,3 +40,31 @@ def used_from_d2t(d2t: np.ndarray) -> np.ndarray:
     """The target ids of the draft vocabulary, inverse of `vocab_from_used`."""
     d2t = np.asarray(d2t, np.int64)
     return d2t + np.arange(len(d2t), dtype=np.int64)
+
+
+def grow_draft_vocab(used: np.ndarray, samples: Iterable[tuple[np.ndarray, np.ndarray]], vocab_size: int,
+                     draft_vocab_size: int) -> np.ndarray:
+    """`used` (a head's draft vocabulary, sorted target ids) grown to `draft_vocab_size` ids: the
+    training targets it lacks, most frequent first (ties to the smaller id), then the smallest
+    unseen ids as `build_draft_vocab` fills. Returns the sorted ids; every id of `used` stays."""
+    used = np.asarray(used, np.int64)
+    if draft_vocab_size < len(used) or draft_vocab_size > vocab_size:
+        raise ValueError(f"a draft vocabulary of {len(used)} can grow to {len(used)}..{vocab_size} ids, "
+                         f"not {draft_vocab_size}")
+    counts = np.zeros(vocab_size, np.int64)
+    for ids, mask in samples:
+        np.add.at(counts, np.asarray(ids)[np.asarray(mask, bool)], 1)
+    counts[used] = -1  # already in: never picked again
+    order = np.lexsort((np.arange(vocab_size), -counts))
+    return np.sort(np.concatenate([used, order[:draft_vocab_size - len(used)]]))
+
+
+def mapped_columns(kernel: np.ndarray, rows: np.ndarray, old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """LM-head columns [H, len(new)] for the ids `new`, from a head's columns `kernel` [H, len(old)]
+    for the ids `old`: the linear map A [H, H] that best takes the target's output rows `rows`
+    [V, H] of `old` to those columns (least squares, rows[old] @ A ≈ kernel.T) applied to the
+    target's rows of `new`. A head's columns live in its own space; the map carries what the
+    target knows of the new tokens into it."""
+    x = np.asarray(rows[old], np.float64)
+    a, *_ = np.linalg.lstsq(x, np.asarray(kernel, np.float64).T, rcond=None)
+    return (np.asarray(rows[new], np.float64) @ a).T.astype(np.float32)
