@@ -287,7 +287,7 @@ def test_a_dart_head_grows_its_draft_vocabulary(base, tmp_path, capsys):
             "--batch-size", "2", "--epochs", "1", "--lr", "5e-3", "--init-head", str(init)]
     main([*args, "--draft-vocab", "72", "--out", str(tmp_path / "run")])
     with np.load(tmp_path / "run" / "data.npz") as f:
-        lengths, ids, mask = f["lengths"], f["ids"], f["loss_mask"]
+        ids, mask = f["ids"], f["loss_mask"]
     want = grown_oracle(np.arange(64), ids, mask, 72)
     assert len(set(want) - set(range(64))) == 8 and set(want) - set(range(64)) <= set(ids[mask].tolist())
     trained = load_file(tmp_path / "run" / "head" / "model.safetensors")
