@@ -31,6 +31,8 @@ from dart_jax.errors import InputError, load_tokenizer_folder, parse_json  # noq
 from dart_jax.models.checkpoints import load_dart_head, load_target  # noqa: E402
 from dart_jax.ngram import check_trie_vocab, load_any  # noqa: E402
 
+from .regenerate import stop_ids  # noqa: E402
+
 
 def read_prompts(path, system: str | None = None) -> list[dict]:
     """The prompts of `path` as rows with "messages" (the turns to answer; a final assistant turn
@@ -151,8 +153,7 @@ def open_answers(args, jobs):
     target, its trees searched with `--ngram` when given)."""
     tokenizer = load_tokenizer_folder(target_folder(args.base))
     target = load_target(target_folder(args.base))
-    eos = sorted({int(e) for e in target.config.eos_token_ids} |
-                 ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()))
+    eos = stop_ids(target, tokenizer)
     shapes = ShapeSettings(min_bucket=64, cache_multiple=64)
     if args.method == "ar":
         return batch_answers(AutoregressiveDecoder(target, shapes), jobs, args.slots, eos), eos, None

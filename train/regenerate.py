@@ -10,14 +10,19 @@ from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.models.qwen3 import Qwen3
 
 
+def stop_ids(target: Qwen3, tokenizer) -> list[int]:
+    """The ids that end an answer: the target config's EOS ids and the tokenizer's EOS, sorted."""
+    eos = {int(e) for e in target.config.eos_token_ids}
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return sorted(eos)
+
+
 class Regenerator:
     def __init__(self, target: Qwen3, tokenizer, *, max_new_tokens: int, temperature: float = 0.0, seed: int = 0):
         self.tokenizer = tokenizer
         self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
-        eos = set(target.config.eos_token_ids)
-        if tokenizer.eos_token_id is not None:
-            eos.add(int(tokenizer.eos_token_id))
-        self.eos = eos
+        self.eos = set(stop_ids(target, tokenizer))
         # prompts are padded to multiples of 64: few compiled prefill shapes
         self.decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64, cache_multiple=64))
 
