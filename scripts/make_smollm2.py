@@ -12,7 +12,7 @@ last checkpoint).
     python scripts/make_smollm2.py wider      # 2 more epochs from that head on all the answers (the shipped head)
     python scripts/make_smollm2.py broad      # 2 300 chat prompts of new templates and 800 new code prompts, answered
     python scripts/make_smollm2.py tune       # the `wider` head trained on the broad answers (not shipped)
-    python scripts/make_smollm2.py vocab      # the shipped head, its draft vocabulary grown to 12 288, on the broad answers
+    python scripts/make_smollm2.py vocab      # the shipped head grown to a 12 288-id draft vocabulary (not shipped)
     python scripts/make_smollm2.py eagle3     # an EAGLE-3 head on the same answers, 2 epochs (background it)
     python scripts/make_smollm2.py ship       # both heads (int8) and the trie into dart_jax/demo/smollm2/
     python scripts/make_smollm2.py all        # every stage in order
