@@ -36,8 +36,7 @@ import optax
 from dart_jax.convert.target import target_folder
 from dart_jax.models.checkpoints import load_dart_head, load_target
 from dart_jax.train.data import Dataset, batches_per_epoch, load_tokenizer
-from dart_jax.train.forward import shifted_ids, train_draft_logits
-from dart_jax.train.loop import batch_states, load_batch, teacher_logits
+from dart_jax.train.loop import batch_rows, load_batch
 from dart_jax.train.loss import annealed_kl, expected_length, row_accuracy
 from dart_jax.train.settings import TrainSettings
 from dart_jax.train.taps import MANIFEST, TapsCache
@@ -73,19 +72,10 @@ def main() -> None:
 
     @jax.jit
     def frozen(batch):
-        """(draft logits, teacher logits, row validity, previous tokens) of a batch, as `batch_loss` lays them out."""
-        ids, anchors = batch["ids"], batch["anchors"]
-        b, t = ids.shape
-        hidden, tap = batch_states(target, batch)
-        goal = anchors[..., None] + 2 + jnp.arange(d)
-        inside = goal < t
-        goal = jnp.minimum(goal, t - 1)
-        on_mask = jnp.take_along_axis(batch["loss_mask"], goal.reshape(b, -1), axis=1).reshape(goal.shape)
-        valid = batch["anchor_valid"][..., None] & inside & on_mask
-        rows = jnp.take_along_axis(hidden, (goal - 1).reshape(b, -1, 1), axis=1)
-        teacher = teacher_logits(target, rows, used).reshape(*goal.shape, -1)
-        draft = train_draft_logits(head, tap, shifted_ids(ids, pad_id), anchors)
-        prev = jnp.take_along_axis(ids, (goal - 1).reshape(b, -1), axis=1).reshape(goal.shape)  # the token before
+        """(draft logits, teacher logits, row validity, previous tokens) of a batch, as the trainer's loss reads them."""
+        draft, teacher, valid, goal = batch_rows(head, target, batch, used)
+        ids = batch["ids"]
+        prev = jnp.take_along_axis(ids, (goal - 1).reshape(ids.shape[0], -1), axis=1).reshape(goal.shape)
         return draft, teacher, valid, prev
 
     def corrected(params, draft, prev):

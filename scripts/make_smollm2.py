@@ -257,14 +257,15 @@ def stage_trie(args) -> None:
     subprocess.run(cmd, check=True)
 
 
-def train_dart(args, data: Path, out: str, epochs: int, lr: float, seed: int, init: str | None = None) -> None:
-    """`python -m dart_jax.train` of a DART head on `data` into WORK/`out` (from the head of run
-    WORK/`init` when given, which keeps its draft vocabulary)."""
-    start = ["--init-head", str(WORK / init / "head")] if init else ["--draft-vocab", str(args.draft_vocab)]
+def train_dart(args, data: Path, out: str, epochs: int, lr: float, seed: int, init: Path | None = None,
+               extra: tuple[str, ...] = ()) -> None:
+    """`python -m dart_jax.train` of a DART head on `data` into WORK/`out` (from the head folder
+    `init` when given, which keeps its draft vocabulary unless `extra` grows it), `extra` flags last."""
+    start = ["--init-head", str(init)] if init else ["--draft-vocab", str(args.draft_vocab)]
     cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(data),
            "--out", str(WORK / out), *start, "--epochs", str(epochs), "--max-length", "384",
            "--anchors-per-seq", str(args.anchors), "--batch-size", "4", "--lr", str(lr), "--seed", str(seed),
-           "--save-every", "50", "--log-every", "25", "--dtype", "float32"]
+           "--save-every", "50", "--log-every", "25", "--dtype", "float32", *extra]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -275,13 +276,13 @@ def stage_head(args) -> None:
 
 def stage_more(args) -> None:
     """Two more epochs from the first head at half the learning rate (the head shipped before `wider`)."""
-    train_dart(args, WORK / "train.jsonl", "run2", 2, args.lr / 2, SEED + 1, init="run")
+    train_dart(args, WORK / "train.jsonl", "run2", 2, args.lr / 2, SEED + 1, init=WORK / "run" / "head")
 
 
 def stage_wider(args) -> None:
     """Two more epochs from the `more` head on all the answers (the first ones and `extra`'s), at
     half the learning rate: the shipped DART head."""
-    train_dart(args, all_answers(), "run3", 2, args.lr / 2, SEED + 2, init="run2")
+    train_dart(args, all_answers(), "run3", 2, args.lr / 2, SEED + 2, init=WORK / "run2" / "head")
 
 
 def stage_broad(args) -> None:
@@ -305,13 +306,8 @@ def stage_tune(args) -> None:
     """The `wider` head (or --init) trained on the broad answers at a quarter of the learning rate,
     the target's taps computed once (the cache pass) and read back in the later epochs."""
     init = Path(args.init) if args.init else WORK / "run3" / "head"
-    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train_broad.jsonl"),
-           "--out", str(WORK / "run4"), "--init-head", str(init), "--epochs", str(args.tune_epochs),
-           "--max-length", "384", "--anchors-per-seq", str(args.anchors), "--batch-size", "4",
-           "--lr", str(args.lr / 4), "--seed", str(SEED + 4), "--save-every", "50", "--log-every", "25",
-           "--dtype", "float32", "--taps", "cache"]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    train_dart(args, WORK / "train_broad.jsonl", "run4", args.tune_epochs, args.lr / 4, SEED + 4, init=init,
+               extra=("--taps", "cache"))
 
 
 def stage_vocab(args) -> None:
@@ -319,13 +315,8 @@ def stage_vocab(args) -> None:
     answers' most frequent tokens it lacks; their LM-head columns mapped from the target's rows),
     trained on the broad answers; the taps cache of the `tune` stage is read when it is there."""
     init = Path(args.init) if args.init else SHIP / "head"
-    cmd = [sys.executable, "-m", "dart_jax.train", "--base", str(base_model()), "--data", str(WORK / "train_broad.jsonl"),
-           "--out", str(WORK / "run5"), "--init-head", str(init), "--draft-vocab", str(args.grow_vocab),
-           "--epochs", str(args.tune_epochs), "--max-length", "384", "--anchors-per-seq", str(args.anchors),
-           "--batch-size", "4", "--lr", str(args.lr / 2), "--seed", str(SEED + 5), "--save-every", "50",
-           "--log-every", "25", "--dtype", "float32", "--taps", "cache", "--taps-dir", str(WORK / "run4" / "taps")]
-    print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    train_dart(args, WORK / "train_broad.jsonl", "run5", args.tune_epochs, args.lr / 2, SEED + 5, init=init,
+               extra=("--draft-vocab", str(args.grow_vocab), "--taps", "cache", "--taps-dir", str(WORK / "run4" / "taps")))
 
 
 def stage_eagle3(args) -> None:

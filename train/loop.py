@@ -95,6 +95,13 @@ def batch_states(target, batch: dict) -> tuple[jax.Array, jax.Array]:
 
 def batch_loss(head: DartHead, target, batch: dict, used: jax.Array, gamma: float):
     """Loss and metric sums of one batch; the target supplies the taps (or the batch holds them) and the teacher."""
+    draft, teacher, row_valid, _ = batch_rows(head, target, batch, used)
+    return annealed_kl(draft, teacher, row_valid, gamma)
+
+
+def batch_rows(head: DartHead, target, batch: dict, used: jax.Array):
+    """What the loss compares for one batch: (draft logits, teacher logits [B,K,d,Vd], which rows
+    count [B,K,d], the position each row predicts [B,K,d])."""
     ids, anchors = batch["ids"], batch["anchors"]
     b, t = ids.shape
     d = head.config.num_rows
@@ -108,7 +115,7 @@ def batch_loss(head: DartHead, target, batch: dict, used: jax.Array, gamma: floa
     rows = jnp.take_along_axis(hidden, (goal - 1).reshape(b, -1, 1), axis=1)  # [B,K·d,H]
     teacher = teacher_logits(target, rows, used).reshape(*goal.shape, -1)  # [B,K,d,Vd]
     draft = train_draft_logits(head, taps, shifted_ids(ids), anchors)  # [B,K,d,Vd]
-    return annealed_kl(draft, teacher, row_valid, gamma)
+    return draft, teacher, row_valid, goal
 
 
 class Trainer:

@@ -15,16 +15,25 @@ def build_draft_vocab(samples: Iterable[tuple[np.ndarray, np.ndarray]], vocab_si
     """
     if not 0 < draft_vocab_size <= vocab_size:
         raise ValueError(f"--draft-vocab must be in 1..{vocab_size} (the target's vocabulary size), got {draft_vocab_size}")
+    used = np.sort(by_frequency(target_counts(samples, vocab_size))[:draft_vocab_size]).astype(np.int64)
+    d2t, t2d = vocab_from_used(used, vocab_size)
+    return used, d2t, t2d
+
+
+def target_counts(samples: Iterable[tuple[np.ndarray, np.ndarray]], vocab_size: int) -> np.ndarray:
+    """int64[V]: how often each id is a training target (on the loss mask) in (ids, loss_mask) samples."""
     counts = np.zeros(vocab_size, np.int64)
     for ids, mask in samples:
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
             raise ValueError(f"token id out of range 0..{vocab_size - 1} in the training data; is --base the tokenizer's model?")
         np.add.at(counts, ids[np.asarray(mask, bool)], 1)
-    order = np.lexsort((np.arange(vocab_size), -counts))  # by count descending, then id
-    used = np.sort(order[:draft_vocab_size]).astype(np.int64)
-    d2t, t2d = vocab_from_used(used, vocab_size)
-    return used, d2t, t2d
+    return counts
+
+
+def by_frequency(counts: np.ndarray) -> np.ndarray:
+    """All ids by count descending, ties to the smaller id."""
+    return np.lexsort((np.arange(len(counts)), -counts))
 
 
 def vocab_from_used(used: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,12 +60,9 @@ def grow_draft_vocab(used: np.ndarray, samples: Iterable[tuple[np.ndarray, np.nd
     if draft_vocab_size < len(used) or draft_vocab_size > vocab_size:
         raise ValueError(f"a draft vocabulary of {len(used)} can grow to {len(used)}..{vocab_size} ids, "
                          f"not {draft_vocab_size}")
-    counts = np.zeros(vocab_size, np.int64)
-    for ids, mask in samples:
-        np.add.at(counts, np.asarray(ids)[np.asarray(mask, bool)], 1)
+    counts = target_counts(samples, vocab_size)
     counts[used] = -1  # already in: never picked again
-    order = np.lexsort((np.arange(vocab_size), -counts))
-    return np.sort(np.concatenate([used, order[:draft_vocab_size - len(used)]]))
+    return np.sort(np.concatenate([used, by_frequency(counts)[:draft_vocab_size - len(used)]]))
 
 
 def mapped_columns(kernel: np.ndarray, rows: np.ndarray, old: np.ndarray, new: np.ndarray) -> np.ndarray:
