@@ -8,7 +8,7 @@ from flax import nnx
 from dart_jax.convert.dart_head import DartHeadConfig
 from dart_jax.models.head import DartHead
 from dart_jax.train.forward import shifted_ids, train_draft_logits
-from dart_jax.train.loss import annealed_kl, expected_length, row_accuracy
+from dart_jax.train.loss import annealed_kl, annealed_kl_projected, expected_length, first_argmax, row_accuracy
 from dart_jax.train.masks import packed_attention_mask, packed_positions, query_index, sample_anchors
 from dart_jax.train.vocab import build_draft_vocab, used_from_d2t
 
@@ -91,6 +91,54 @@ def test_annealed_kl_matches_numpy():
     alpha = row_accuracy(correct, count)
     tau = 1.0 + sum(np.prod(alpha[: r + 1]) for r in range(d))
     assert expected_length(alpha) == pytest.approx(tau)
+
+
+def numpy_projected_loss(h, w, t, valid, gamma):
+    """float64: the annealed KL of the draft logits h @ w against teacher logits t, and its
+    gradients in h and w from d loss / d logits = γ^r (softmax(h @ w) − softmax(t)) / anchors."""
+    z = h @ w
+    p = np.exp(z - z.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+    q = np.exp(t - t.max(-1, keepdims=True)); q /= q.sum(-1, keepdims=True)
+    kl = np.sum(q * (np.log(q) - np.log(p)), -1)
+    weight = valid * gamma ** np.arange(valid.shape[-1]) / max(valid[..., 0].sum(), 1)
+    dz = weight[..., None] * (p - q)
+    flat_h, flat_dz = h.reshape(-1, h.shape[-1]), dz.reshape(-1, dz.shape[-1])
+    return float(np.sum(kl * weight)), kl, dz @ w.T, flat_h.T @ flat_dz
+
+
+def test_projected_kl_matches_numpy_loss_gradients_and_argmax():
+    rng = np.random.default_rng(2)
+    b, k, d, hidden, v, gamma = 2, 3, 4, 5, 9, 0.6
+    h = rng.normal(size=(b, k, d, hidden))
+    w = rng.normal(size=(hidden, v)) * 0.5
+    t = 2 * rng.normal(size=(b, k, d, v))
+    t[0, 0, 1] = np.round(t[0, 0, 1])  # ties: the first maximum counts, as np.argmax takes it
+    t[0, 0, 1, [2, 6]] = t[0, 0, 1].max() + 1
+    valid = rng.random((b, k, d)) > 0.3
+    valid[0, 0, :] = True
+    loss_np, kl_np, dh_np, dw_np = numpy_projected_loss(h, w, t, valid, gamma)
+    # the NumPy gradient is itself checked by central differences on a few entries
+    eps = 1e-6
+    for idx in [(0, 0, 0, 0), (1, 2, 3, 4), (0, 1, 2, 3)]:
+        up, down = h.copy(), h.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        num = (numpy_projected_loss(up, w, t, valid, gamma)[0] - numpy_projected_loss(down, w, t, valid, gamma)[0]) / (2 * eps)
+        assert num == pytest.approx(dh_np[idx], rel=1e-5, abs=1e-9)
+    f32 = [jnp.asarray(x, jnp.float32) for x in (h, w, t)]
+    grad = jax.jit(jax.value_and_grad(lambda hh, ww: annealed_kl_projected(hh, ww, f32[2], jnp.asarray(valid), gamma),
+                                      argnums=(0, 1), has_aux=True))
+    (loss, sums), (dh, dw) = grad(f32[0], f32[1])
+    np.testing.assert_allclose(float(loss), loss_np, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(sums["kl"]), np.sum(kl_np * valid, (0, 1)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(dh), dh_np, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(dw), dw_np, rtol=1e-4, atol=1e-6)
+    z = h @ w
+    correct = (np.argmax(z.astype(np.float32), -1) == np.argmax(t.astype(np.float32), -1)) * valid
+    np.testing.assert_array_equal(np.asarray(sums["correct"]), correct.sum((0, 1)))
+    np.testing.assert_array_equal(np.asarray(sums["count"]), valid.sum((0, 1)))
+    np.testing.assert_array_equal(np.asarray(first_argmax(f32[2])), np.argmax(t.astype(np.float32), -1))
+    assert int(first_argmax(f32[2])[0, 0, 1]) == 2
 
 
 def test_draft_vocab_most_frequent_sorted_by_id():

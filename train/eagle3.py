@@ -33,6 +33,7 @@ from dart_jax.models.eagle3 import Eagle3Head
 from dart_jax.models.layers import attention
 
 from .loop import batch_states, teacher_logits
+from .loss import first_argmax
 
 
 def eagle3_config_for(target_config, draft_vocab: int, rope_theta: float) -> Eagle3Config:
@@ -137,7 +138,7 @@ def eagle3_loss(head: Eagle3Head, target, batch: dict, used: jax.Array, *, gamma
         valid = shift_left(loss_mask, k + 2, False) & shift_left(drafts_top, k + 1, False)  # [B,T]
         row_kl = jnp.sum(jnp.exp(log_q) * (log_q - jax.nn.log_softmax(draft, axis=-1)), axis=-1)  # [B,T]
         w = valid.astype(jnp.float32)
-        hits = (jnp.argmax(draft, axis=-1) == jnp.argmax(log_q, axis=-1)) * w
+        hits = (first_argmax(draft) == first_argmax(log_q)) * w
         return out, kv, (jnp.sum(row_kl * w), jnp.sum(hits), jnp.sum(w))
 
     step = jax.checkpoint(step, static_argnums=(0,))

@@ -22,7 +22,13 @@ def shifted_ids(ids: jax.Array, pad_id: int = 0) -> jax.Array:
 
 
 def train_draft_logits(head: DartHead, taps: jax.Array, next_ids: jax.Array, anchors: jax.Array) -> jax.Array:
-    """Draft logits [B, K, d, Vd] for anchors [B, K] (real positions, each < T).
+    """Draft logits [B, K, d, Vd] for anchors [B, K] (real positions, each < T): `train_draft_hidden`
+    through the head's LM head."""
+    return head.lm_head(train_draft_hidden(head, taps, next_ids, anchors))
+
+
+def train_draft_hidden(head: DartHead, taps: jax.Array, next_ids: jax.Array, anchors: jax.Array) -> jax.Array:
+    """The hidden states [B, K, d, H] the LM head turns into the draft logits of anchors [B, K].
 
     taps [B, T, 3Ht] are the target's taps at positions 0..T−1 and next_ids [B, T] the shifted ids
     (`shifted_ids`). Block k's m slots sit at RoPE positions anchors[k] + 1 … anchors[k] + m.
@@ -39,4 +45,4 @@ def train_draft_logits(head: DartHead, taps: jax.Array, next_ids: jax.Array, anc
         rows = query_index(t, anchors, m).reshape(b, k * d)                          # [B,K·d]
     positions = packed_positions(t, anchors, m)                                      # [B,N]
     visible = packed_attention_mask(t, anchors, m, rows)                             # [B,K·d,N]
-    return head.draft_rows(x, g, positions, rows, visible).reshape(b, k, d, -1)
+    return head.draft_hidden(x, g, positions, rows, visible).reshape(b, k, d, -1)

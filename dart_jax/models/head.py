@@ -118,7 +118,12 @@ class DartHead(nnx.Module):
 
     def draft_rows(self, x: jax.Array, g: jax.Array, positions: jax.Array, rows: jax.Array, visible: jax.Array,
                    store=None) -> jax.Array:
-        """The head's layer: logits [B,Q,Vd] of the query rows.
+        """The head's layer: logits [B,Q,Vd] of the query rows (`draft_hidden`'s rows through the LM head)."""
+        return self.lm_head(self.draft_hidden(x, g, positions, rows, visible, store))
+
+    def draft_hidden(self, x: jax.Array, g: jax.Array, positions: jax.Array, rows: jax.Array, visible: jax.Array,
+                     store=None) -> jax.Array:
+        """The head's layer up to its LM head: the normed hidden states [B,Q,H] of the query rows.
 
         x [B,N,2H] and g [B,N,H] are the N input rows at RoPE `positions` [B,N]; every row gives a
         key and a value, the rows at indices `rows` [B,Q] also a query, which sees the keys where
@@ -133,7 +138,7 @@ class DartHead(nnx.Module):
         with jax.named_scope("draft_mlp"):
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             # the reference's forward() ends with norm and its compute_logits() applies it again
-            return self.lm_head(self.norm(self.norm(h)))                                 # [B,Q,Vd]
+            return self.norm(self.norm(h))                                               # [B,Q,H]
 
     def __call__(self, taps: jax.Array, ids: jax.Array) -> jax.Array:
         """Draft logits [B, d, Vd] of n real rows (taps [B,n,3Ht], shifted ids [B,n]) at positions
