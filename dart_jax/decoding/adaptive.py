@@ -28,9 +28,16 @@ device, the model, the batch and the text, so it is measured, not guessed:
   to the estimate of a smaller size it has stepped with and lowered to that of a bigger one (the
   bigger tree contains the smaller). Size 0 gives every row a whole chunk (`plain_tokens`).
 
-The rule: a pool step over the live rows R uses the size s that maximises
+The rule: a pool step over the live rows R uses the tree size s that maximises
 sum over r in R of accept_r(s) / cost(s), the pool's expected tokens per second (one size serves
-the whole pool step; ties go to the smaller size). Two ways back from a choice:
+the whole pool step; ties go to the smaller size), unless plain decoding beats every tree size
+even with doubt: each row's estimate of the size raised by `plain_doubt` standard errors
+(spread(s) / sqrt(n), spread(s) the pooled running spread of a step's accepted length around its
+sequence's estimate, n the row's own steps of the size plus its prior, at most the
+(2 − w) / w steps an average of weight w remembers). A tree step is cheap and tells how the text
+drafts; a plain chunk commits many tokens blind, and a sequence's estimate after a few steps is
+noisy (accepted lengths spread over 1 … 5 on real text), so a short run of poor drafts alone does
+not send a sequence whose drafts pay to plain decoding. Two ways back from a choice:
 
 - **probe**: while plain chunks win, each row counts the seconds of plain decoding since its last
   tree step; once some live row has spent `cost(probe) / probe_share` there, the next step is a
@@ -89,11 +96,13 @@ class TreeSizer:
     depth: int | None = None  # the deepest tree (draft rows): a step accepts at most min(size, depth) + 1
     explore_every: int = 16
     smoothing: float = 0.2  # weight of the newest observation in the pooled running averages
-    row_smoothing: float = 0.3  # the least weight of a sequence's newest step in its own estimate
+    row_smoothing: float = 0.15  # the least weight of a sequence's newest step in its own estimate
+    plain_doubt: float = 1.0  # standard errors added to a sequence's tree estimates against plain decoding
     prior_optimism: float = 0.25  # a new sequence's prior: this share of the way from the pooled figure to the most
     probe_share: float = 0.1  # a probe after plain decoding costs at most this share of its time
     _costs: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
     _tau: dict[int, float] = dataclasses.field(default_factory=dict)
+    _spread: dict[int, float] = dataclasses.field(default_factory=dict)  # size → running mean squared error of row estimates
     _scale: float = 1.0
     _seconds: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)  # (rows, size) → observed
     _steps: int = 0
@@ -164,9 +173,12 @@ class TreeSizer:
         cost = {s: self._seconds.get((rows, s), self._scale * costs[s]) for s in self.sizes}
         members = list(live) or [None]
         rate = {s: sum(self.row_accept(r, s) for r in members) / cost[s] for s in self.sizes}
-        best = max(self.sizes, key=lambda s: (rate[s], -s))
-        self._steps += 1
         trees = [s for s in self.sizes if s]
+        best = max(trees, key=lambda s: (rate[s], -s)) if trees else 0
+        if 0 in self.sizes and all(rate[0] > sum(self.row_accept(r, s) + self.doubt(r, s) for r in members) / cost[s]
+                                   for s in trees):
+            best = 0
+        self._steps += 1
         if best == 0 and trees and live:
             probe = max(trees, key=lambda s: (rate[s], -s))
             if max(r.plain_s for r in live) * self.probe_share >= cost[probe]:
@@ -183,6 +195,16 @@ class TreeSizer:
             if hopeful:
                 return max(hopeful, key=lambda s: (rate[s], -s))
         return best
+
+    def doubt(self, row: RowAcceptance | None, size: int) -> float:
+        """`plain_doubt` standard errors of a sequence's estimate at a tree `size` (0 for the pooled
+        figures): spread(size) / sqrt(n), n its own steps of the size and the prior, at most the
+        (2 − w) / w steps that an average of least weight w = `row_smoothing` remembers; the spread
+        is 1 token until a step of the size was seen."""
+        if row is None:
+            return 0.0
+        n = min(row.seen.get(size, 0) + 1, (2 - self.row_smoothing) / self.row_smoothing)
+        return self.plain_doubt * float(np.sqrt(self._spread.get(size, 1.0) / n))
 
     def drafting_pays(self, rows: int) -> bool:
         """Whether some tree size could beat plain decoding for a pool step over `rows` rows even if
@@ -226,6 +248,8 @@ class TreeSizer:
                 continue
             n = row.seen.get(size, 0) + 1  # the prior counts as one observation
             row.seen[size] = n
+            error = (count - row.tau[size]) ** 2
+            self._spread[size] = error if size not in self._spread else (1 - a) * self._spread[size] + a * error
             weight = max(1 / (n + 1), self.row_smoothing, 0.5 if row.stale else 0.0)
             row.tau[size] += weight * (count - row.tau[size])
             row.plain_s, row.stale = 0.0, False
@@ -236,7 +260,8 @@ class TreeSizer:
                 "step_ms_by_size": {rows: {s: round(1e3 * c, 3) for s, c in costs.items()}
                                     for rows, costs in self._costs.items()},
                 "observed_ms": {f"{rows}x{size}": round(1e3 * t, 3) for (rows, size), t in sorted(self._seconds.items())},
-                "scale": round(self._scale, 3)}
+                "scale": round(self._scale, 3),
+                "spread_by_size": {s: round(float(np.sqrt(v)), 3) for s, v in sorted(self._spread.items())}}
 
 
 def median_time(run: Callable[[], object], repeats: int) -> float:
