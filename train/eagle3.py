@@ -33,7 +33,7 @@ from dart_jax.models.eagle3 import Eagle3Head
 from dart_jax.models.layers import attention
 
 from .loop import batch_states, teacher_logits
-from .loss import first_argmax
+from .loss import first_argmax, projected_kl
 
 
 def eagle3_config_for(target_config, draft_vocab: int, rope_theta: float) -> Eagle3Config:
@@ -133,12 +133,15 @@ def eagle3_loss(head: Eagle3Head, target, batch: dict, used: jax.Array, *, gamma
 
     def step(k, hidden, first, own):
         out, kv = ttt_step(head, k, hidden, ids, first, own)
-        draft = head.logits(out)  # [B,T,Vd]
         log_q = shift_left(log_q_all, k + 1)
         valid = shift_left(loss_mask, k + 2, False) & shift_left(drafts_top, k + 1, False)  # [B,T]
-        row_kl = jnp.sum(jnp.exp(log_q) * (log_q - jax.nn.log_softmax(draft, axis=-1)), axis=-1)  # [B,T]
+        # KL(q ‖ softmax(head.logits(out))) per row, the LM head's backward written out (train.loss)
+        normed = head.norm(out)
+        row_kl, top = projected_kl(normed.reshape(-1, normed.shape[-1]), head.lm_head.kernel[...],
+                                   log_q.reshape(-1, log_q.shape[-1]), head.lm_head.dtype)
+        row_kl, top = row_kl.reshape(valid.shape), top.reshape(valid.shape)  # [B,T]
         w = valid.astype(jnp.float32)
-        hits = (first_argmax(draft) == first_argmax(log_q)) * w
+        hits = (top == first_argmax(log_q)) * w
         return out, kv, (jnp.sum(row_kl * w), jnp.sum(hits), jnp.sum(w))
 
     step = jax.checkpoint(step, static_argnums=(0,))
