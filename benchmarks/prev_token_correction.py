@@ -73,7 +73,8 @@ def main() -> None:
     @jax.jit
     def frozen(batch):
         """(draft logits, teacher logits, row validity, previous tokens) of a batch, as the trainer's loss reads them."""
-        draft, teacher, valid, goal = batch_rows(head, target, batch, used)
+        hidden, teacher, valid, goal = batch_rows(head, target, batch, used)
+        draft = head.lm_head(hidden)
         ids = batch["ids"]
         prev = jnp.take_along_axis(ids, (goal - 1).reshape(ids.shape[0], -1), axis=1).reshape(goal.shape)
         return draft, teacher, valid, prev

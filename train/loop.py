@@ -97,14 +97,14 @@ def batch_loss(head: DartHead, target, batch: dict, used: jax.Array, gamma: floa
     """Loss and metric sums of one batch; the target supplies the taps (or the batch holds them) and
     the teacher. The draft logits are never differentiated as such: `annealed_kl_projected` takes
     the LM head's input and kernel and writes out its backward."""
-    hidden, teacher, row_valid, _ = batch_rows(head, target, batch, used, project=False)
+    hidden, teacher, row_valid, _ = batch_rows(head, target, batch, used)
     return annealed_kl_projected(hidden, head.lm_head.kernel[...], teacher, row_valid, gamma, head.lm_head.dtype)
 
 
-def batch_rows(head: DartHead, target, batch: dict, used: jax.Array, project: bool = True):
-    """What the loss compares for one batch: (draft logits [B,K,d,Vd] (with `project`; else the
-    hidden states [B,K,d,H] the head's LM head reads), teacher logits [B,K,d,Vd], which rows count
-    [B,K,d], the position each row predicts [B,K,d])."""
+def batch_rows(head: DartHead, target, batch: dict, used: jax.Array):
+    """What the loss compares for one batch: (the hidden states [B,K,d,H] the head's LM head turns
+    into the draft logits, teacher logits [B,K,d,Vd], which rows count [B,K,d], the position each
+    row predicts [B,K,d])."""
     ids, anchors = batch["ids"], batch["anchors"]
     b, t = ids.shape
     d = head.config.num_rows
@@ -117,9 +117,7 @@ def batch_rows(head: DartHead, target, batch: dict, used: jax.Array, project: bo
     row_valid = batch["anchor_valid"][..., None] & inside & on_mask
     rows = jnp.take_along_axis(hidden, (goal - 1).reshape(b, -1, 1), axis=1)  # [B,K·d,H]
     teacher = teacher_logits(target, rows, used).reshape(*goal.shape, -1)  # [B,K,d,Vd]
-    draft = train_draft_hidden(head, taps, shifted_ids(ids), anchors)  # [B,K,d,H]
-    draft = head.lm_head(draft) if project else draft
-    return draft, teacher, row_valid, goal
+    return train_draft_hidden(head, taps, shifted_ids(ids), anchors), teacher, row_valid, goal
 
 
 class Trainer:

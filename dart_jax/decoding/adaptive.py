@@ -175,8 +175,7 @@ class TreeSizer:
         rate = {s: sum(self.row_accept(r, s) for r in members) / cost[s] for s in self.sizes}
         trees = [s for s in self.sizes if s]
         best = max(trees, key=lambda s: (rate[s], -s)) if trees else 0
-        if 0 in self.sizes and all(rate[0] > sum(self.row_accept(r, s) + self.doubt(r, s) for r in members) / cost[s]
-                                   for s in trees):
+        if 0 in self.sizes and all(rate[0] > rate[s] + sum(self.doubt(r, s) for r in members) / cost[s] for s in trees):
             best = 0
         self._steps += 1
         if best == 0 and trees and live:
