@@ -36,7 +36,7 @@ even with doubt: each row's estimate of the size raised by `plain_doubt` standar
 sequence's estimate, n the row's own steps of the size plus its prior, at most the
 (2 − w) / w steps an average of weight w remembers). A tree step is cheap and tells how the text
 drafts; a plain chunk commits many tokens blind, and a sequence's estimate after a few steps is
-noisy (accepted lengths spread over 1 … 5 on real text), so a short run of poor drafts alone does
+noisy (one step accepts one token, the next several), so a short run of poor drafts alone does
 not send a sequence whose drafts pay to plain decoding. Two ways back from a choice:
 
 - **probe**: while plain chunks win, each row counts the seconds of plain decoding since its last
