@@ -48,6 +48,16 @@ def _training_programs_stay_out_of_the_cache(request):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", _MIN_CACHED_SECS)
 
 
+@pytest.fixture(autouse=True)
+def _compile_cache_switch_restored():
+    # a command run in-process with --no-compile-cache turns JAX's cache switch off, as it does for a
+    # user's process; the next tests of this worker get it back
+    enabled = jax.config.jax_enable_compilation_cache
+    yield
+    if jax.config.jax_enable_compilation_cache != enabled:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) cleans up
         shutil.rmtree(_XLA_CACHE, ignore_errors=True)

@@ -165,13 +165,14 @@ def test_tree_size_is_bounded_by_what_the_search_can_fill(ckpt, model, capsys, m
     assert most == 25 + 20 * 25 * (rows - 1)  # row 0: 25 candidates; each later row: a beam of 20 times 25
     with pytest.raises(InputError, match=f"keep <= {most}"):
         DartModel.from_pretrained(base, head, trie, keep=most + 1)
-    cached = []
-    monkeypatch.setattr(generate, "use_compile_cache", lambda: cached.append(True))
+    off = []
+    monkeypatch.setattr(generate, "no_compile_cache", lambda: off.append(True))
     argv = ["--ckpt", str(head), "--base", str(base), "--ngram", str(trie), "--keep", "100000"]
-    assert generate.main(argv + ["--no-compile-cache"]) == 2 and not cached
+    assert generate.main(argv + ["--no-compile-cache"]) == 2 and off
     err = capsys.readouterr().err
     assert "--keep" in err and "Traceback" not in err
-    assert generate.main(argv) == 2 and cached  # the cache is on by default
+    off.clear()
+    assert generate.main(argv) == 2 and not off  # the cache is on by default (tests/test_compile_cache.py)
 
 
 def test_figures_leave_compilation_out(model):

@@ -10,6 +10,7 @@ another's compilation is part of its time).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -29,7 +30,8 @@ _EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to
 # the jitted functions of dart_jax.decoding, in words
 _NAMES = {"_step": "the DART decode step", "_prefill": "the DART prefill", "_decode": "the plain decode step",
           "_plain": "the plain-decoding chunk (tree size 0)", "_decode_chunk": "the plain decode loop",
-          "_prefill_rows": "the plain prefill", _NUMBA: "the tree search (Numba)"}
+          "_prefill_rows": "the plain prefill", "_step_rows": "the DART decode step of half a pool",
+          "_device_steps": "the device loop", _NUMBA: "the tree search (Numba)"}
 
 _lock = threading.Lock()
 _installed = False
@@ -131,20 +133,37 @@ class CompileTimer:
 
 
 def use_compile_cache(path: str | os.PathLike | None = None) -> Path | None:
-    """Turn on JAX's persistent compilation cache in `path` (default `default_cache_dir()`).
-    Takes effect only before this process's first compilation. Returns the folder, or None (with a
-    warning) when it cannot be created."""
+    """Keep compiled programs on disk: JAX's persistent compilation cache, so that a later process
+    (or a later shape bucket in this one, compiled before) loads an executable instead of compiling
+    it. Every entry point calls it: `DartModel` (the Python API, notebooks, the server and the
+    generate command), the trainer and the benchmarks. The folder is `path`, else the one already
+    set (`jax_compilation_cache_dir`, e.g. JAX's JAX_COMPILATION_CACHE_DIR), else
+    `default_cache_dir()`. The one opt-out is JAX's own switch: JAX_ENABLE_COMPILATION_CACHE=false
+    in the environment, or `jax.config.update("jax_enable_compilation_cache", False)` before the
+    first model (the command lines' --no-compile-cache sets it). Returns the folder in use, or None
+    (off, or, with a warning, a folder that cannot be created). Idempotent."""
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    current = jax.config.jax_compilation_cache_dir
+    if path is None and current:
+        return Path(current)
     folder = Path(path) if path is not None else default_cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         warnings.warn(f"no compilation cache: cannot create {folder} ({e.strerror}); every run compiles again. "
-                      "Set XDG_CACHE_HOME to a writable folder, or pass --no-compile-cache.", stacklevel=2)
+                      "Set XDG_CACHE_HOME to a writable folder, or turn the cache off with "
+                      "JAX_ENABLE_COMPILATION_CACHE=false.", stacklevel=2)
         return None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     # the steps and their helpers (which add up to seconds on a CPU), not every eager operation
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     return folder
+
+
+def no_compile_cache() -> None:
+    """The command lines' --no-compile-cache: JAX's persistent cache off for this process."""
+    jax.config.update("jax_enable_compilation_cache", False)
 
 
 class CompileNotice:
@@ -160,6 +179,7 @@ class CompileNotice:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._shown_since: float | None = None  # when the notice went up
+        self._seen: dict[str, None] = {}  # what compiled while it was up, in words, in order
         self._last_busy = 0.0
         self._thread = threading.Thread(target=self._watch, name="dart_jax-compile-notice", daemon=True)
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -191,8 +211,10 @@ class CompileNotice:
 
     def _close(self, end: float) -> None:
         if self._shown_since is not None:
-            self._write(("\r\x1b[K" if self._tty else "") + f"compiled in {end - self._shown_since:.1f} s\n")
+            self._write(("\r\x1b[K" if self._tty else "") + f"compiled {_listed(self._seen)} in "
+                        f"{end - self._shown_since:.1f} s\n")
             self._shown_since = None
+            self._seen = {}
 
     def _watch(self) -> None:
         while not self._stop.wait(0.25):
@@ -203,19 +225,57 @@ class CompileNotice:
                     self._last_busy = now
                     start = min(running)[0]
                     # every compilation running now (the tree search compiles beside XLA's), oldest first
-                    what = " and ".join(dict.fromkeys(describe(name) for _, name in sorted(running)))
+                    now_running = dict.fromkeys(describe(name) for _, name in sorted(running))
+                    what = " and ".join(now_running)
+                    self._seen.update(now_running)
                     if self._shown_since is None and now - start >= self.after:
                         self._shown_since = start
-                        where = f"; cached in {self.cache}" if self.cache else ""
-                        self._write(f"compiling {what} for this shape (once per prompt length bucket and cache "
-                                    f"size{where})…" + ("" if self._tty else "\n"))
+                        where = (f"kept in {self.cache} for later runs" if self.cache
+                                 else "not kept: the compilation cache is off")
+                        self._write(f"compiling {what} (once per tree size, prompt length bucket and cache size; "
+                                    f"{where})…" + ("" if self._tty else "\n"))
                     if self._shown_since is not None and self._tty:
                         self._write(f"\rcompiling {what} for this shape… {now - self._shown_since:.0f} s\x1b[K")
                 elif now - self._last_busy >= self.idle:
                     self._close(self._last_busy)
+                    self._seen = {}  # short compilations that never showed a notice
 
 
 _notices: list[CompileNotice] = []
+
+
+def _listed(seen: dict[str, None]) -> str:
+    """The programs a notice saw compile, in words: the named ones, then how many helpers."""
+    named = [w for w in seen if w in _NAMES.values()]
+    helpers = len(seen) - len(named)
+    if helpers:
+        named.append(f"{helpers} helper program{'s' * (helpers > 1)}")
+    if len(named) > 1:
+        return ", ".join(named[:-1]) + " and " + named[-1]
+    return named[0] if named else "a helper program"
+
+# how long a compilation runs before the Python API says so (`DartModel.compile_notice`)
+API_NOTICE_AFTER = 1.0
+
+
+def cache_in_use() -> Path | None:
+    """The persistent compilation cache's folder, None when it is off."""
+    folder = jax.config.jax_compilation_cache_dir
+    return Path(folder) if folder and jax.config.jax_enable_compilation_cache else None
+
+
+@contextlib.contextmanager
+def api_notice(stream: TextIO | bool | None):
+    """Around a Python API call: a `CompileNotice` on `stream` (True: stderr) saying what compiles
+    and for how long, unless `stream` is None or False, or a notice runs already (a command
+    line's or a server's)."""
+    if stream is True:
+        stream = sys.stderr
+    if stream is None or stream is False or _notices:
+        yield
+        return
+    with CompileNotice(stream, after=API_NOTICE_AFTER, cache=cache_in_use()):
+        yield
 
 
 def settle() -> None:

@@ -20,7 +20,7 @@ from dart_jax.errors import InputError, MissingFileError, check_text, cli_bounda
 from dart_jax.models.backend import defaults_for
 from dart_jax.models.multihost import is_writer
 
-from .compiling import CompileNotice, CompileTimer, default_cache_dir, settle, use_compile_cache
+from .compiling import CompileNotice, CompileTimer, no_compile_cache, settle, use_compile_cache
 from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
 from .options import (DEFAULT_BATCH_SIZE, FUSED_CHOICES, HelpFormatter, add_model_options, check_modes,  # noqa: F401
@@ -42,9 +42,10 @@ def _demo_paths(name: str = "smollm2") -> tuple[Path, Path, Path]:
 
 def load_model(args) -> DartModel:
     """The model that `add_model_options`' values name (the demo, --demo, when --ckpt is absent).
-    Turns on the persistent compilation cache first, unless --no-compile-cache."""
-    if not getattr(args, "no_compile_cache", True):
-        use_compile_cache()
+    --no-compile-cache turns JAX's persistent compilation cache off first (the model turns it on,
+    `compiling.use_compile_cache`)."""
+    if getattr(args, "no_compile_cache", False):
+        no_compile_cache()
     opts = dict(beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
                 enable_thinking=args.thinking, system_prompt=getattr(args, "system", None))
     # options left unset take the backend's defaults (from_pretrained, `models.backend.defaults_for`)
@@ -429,7 +430,9 @@ def main(argv=None) -> int:
         if args.device_info:
             print(device_info())
             return
-        folder = None if args.no_compile_cache else default_cache_dir()
+        if args.no_compile_cache:
+            no_compile_cache()
+        folder = None if args.no_compile_cache else use_compile_cache()
         with warnings.catch_warnings(), CompileNotice(cache=folder):
             # the command prints its own note when max_length cuts an answer short
             warnings.filterwarnings("ignore", message="the answer was cut")

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
 
 import jax
 import numpy as np
@@ -38,7 +39,7 @@ from dart_jax.ngram import TreeSettings, check_trie_vocab, compile_search
 
 from . import methods as _methods
 from .options import DEMOS  # DartModel.demo(name) / --demo: smollm2 (default) and the embedded toy
-from .compiling import CompileTimer
+from .compiling import CompileTimer, api_notice, use_compile_cache
 from .methods import check_tree_size, max_tree_nodes  # noqa: F401 (importable from here)
 from .text import check_stops, split_thinking, StopText
 # the model's loading, options and results live in modules of their own; their public names stay
@@ -111,8 +112,23 @@ def demo_options(name: str, opts: dict[str, Any], folder: Path = DEMO_DIR) -> di
     return opts
 
 
+def _noticed(method):
+    """A DartModel method that says when it compiles (`api_notice` on its `compile_notice`)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with api_notice(self.compile_notice):
+            return method(self, *args, **kwargs)
+    return call
+
+
 class DartModel:
-    """DART speculative decoding of a Qwen3 target with a DART head and an n-gram trie."""
+    """DART speculative decoding of a Qwen3 target with a DART head and an n-gram trie.
+
+    `compile_notice`: whether (True, the default: on stderr) or where (a text stream) the model says
+    what it compiles and for how long when a compilation takes over a second (the first call of
+    each shape); None keeps it quiet."""
+
+    compile_notice: TextIO | bool | None = True
 
     def __init__(self, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int],
                  tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
@@ -120,6 +136,7 @@ class DartModel:
                  eagle3_tree: TreeSettings = TreeSettings(keep=59, topk=10), eagle3_depth: int = EAGLE3_DEPTH,
                  adaptive: bool = False, device_steps: int = 0, verify_gemms: str = "auto",
                  attention: str | None = None):
+        use_compile_cache()  # before anything compiles: this process's programs are kept on disk
         if attention is not None:  # before the engines: they compile the module as it is then
             check_attention(attention, target.dtype, mesh)
             target.use_attention(attention)
@@ -190,6 +207,7 @@ class DartModel:
         """
         base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
         check_dtype(dtype)
+        use_compile_cache()  # before the loaders' helpers compile
         opts, backend = backend_options(opts, tree, mesh, device_steps=device_steps, verify_gemms=verify_gemms,
                                         attention=attention, fused_projections=fused_projections,
                                         untied_lm_head=untied_lm_head)
@@ -366,7 +384,7 @@ class DartModel:
         clock = WarmTime()  # only its warm calls: the compilation is the timer's
         compiled = False  # whether the device call of the last step compiled
         steps = steps_fn(ids, settings, stats=stats)
-        with contextlib.closing(steps):
+        with contextlib.closing(steps), api_notice(self.compile_notice):
             while not follow.stopped:
                 with timer:
                     step = next(steps, None)
@@ -448,6 +466,7 @@ class DartModel:
         return self._generate_batch(list(prompts), chat, settings, batch_size, GenerationSettings(), stop,
                                     stop_token_ids, enable_thinking, on_done, method=method)
 
+    @_noticed
     def _generate_batch(self, prompts: list, chat: bool, settings, batch_size: int,
                         default: GenerationSettings, stop=None, stop_token_ids=None,
                         enable_thinking: bool | None = None,
