@@ -37,6 +37,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dart_jax"
 
 
+def compile_cache_dir() -> Path:
+    """Where compiled programs are kept by default (JAX's persistent compilation cache,
+    `models.backend.use_compile_cache`): the cache folder's xla/."""
+    return cache_root() / "xla"
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes, read in blocks (a checksum to compare with a recorded one)."""
     digest = hashlib.sha256()

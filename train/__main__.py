@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from dart_jax.errors import FileFormatError, InputError, read_json
 from dart_jax.files import file_sha256
 from dart_jax.convert.target import target_folder
+from dart_jax.models.backend import use_compile_cache
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target, save_dart_head
 from dart_jax.models.head import DartHead
 from dart_jax.models.multihost import is_writer, wait_for_all
@@ -141,6 +142,7 @@ def open_taps(args, out: Path, data: Dataset, target, settings: TrainSettings, m
 
 
 def run(args) -> Path:
+    use_compile_cache()  # the target's and the step's programs are kept on disk for the next run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     mesh = make_mesh(args.mesh, option="--mesh") if getattr(args, "mesh", None) else data_mesh()

@@ -22,7 +22,9 @@ from typing import TextIO
 import jax
 from numba.core import event as numba_event
 
-from .options import default_cache_dir  # the command lines' option default, defined with them
+from dart_jax.models.backend import no_compile_cache, use_compile_cache  # noqa: F401 (importable from here)
+
+from .options import default_cache_dir  # noqa: F401 (the command lines' option default, defined with them)
 
 _NUMBA = "numba:compile"
 _EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -130,40 +132,6 @@ class CompileTimer:
         self.last_seconds = self.seconds - self._before  # compilation inside the block just ended
         self.wall += self.last_wall
         _state().timers.remove(self)
-
-
-def use_compile_cache(path: str | os.PathLike | None = None) -> Path | None:
-    """Keep compiled programs on disk: JAX's persistent compilation cache, so that a later process
-    (or a later shape bucket in this one, compiled before) loads an executable instead of compiling
-    it. Every entry point calls it: `DartModel` (the Python API, notebooks, the server and the
-    generate command), the trainer and the benchmarks. The folder is `path`, else the one already
-    set (`jax_compilation_cache_dir`, e.g. JAX's JAX_COMPILATION_CACHE_DIR), else
-    `default_cache_dir()`. The one opt-out is JAX's own switch: JAX_ENABLE_COMPILATION_CACHE=false
-    in the environment, or `jax.config.update("jax_enable_compilation_cache", False)` before the
-    first model (the command lines' --no-compile-cache sets it). Returns the folder in use, or None
-    (off, or, with a warning, a folder that cannot be created). Idempotent."""
-    if not jax.config.jax_enable_compilation_cache:
-        return None
-    current = jax.config.jax_compilation_cache_dir
-    if path is None and current:
-        return Path(current)
-    folder = Path(path) if path is not None else default_cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        warnings.warn(f"no compilation cache: cannot create {folder} ({e.strerror}); every run compiles again. "
-                      "Set XDG_CACHE_HOME to a writable folder, or turn the cache off with "
-                      "JAX_ENABLE_COMPILATION_CACHE=false.", stacklevel=2)
-        return None
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    # the steps and their helpers (which add up to seconds on a CPU), not every eager operation
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-    return folder
-
-
-def no_compile_cache() -> None:
-    """The command lines' --no-compile-cache: JAX's persistent cache off for this process."""
-    jax.config.update("jax_enable_compilation_cache", False)
 
 
 class CompileNotice:

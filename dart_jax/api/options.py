@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 
 from dart_jax.errors import InputError, MissingFileError, check_text
-from dart_jax.files import cache_root
+from dart_jax.files import compile_cache_dir
 
 from . import methods as decoding_methods
 from .prompts import read_prompt_file
@@ -61,7 +61,7 @@ def top_k_value(text: str) -> int:
 def default_cache_dir() -> Path:
     """Where the command lines keep compiled executables: $XDG_CACHE_HOME/dart_jax/xla
     (~/.cache/dart_jax/xla when XDG_CACHE_HOME is unset)."""
-    return cache_root() / "xla"
+    return compile_cache_dir()
 
 
 def tree_size(text: str) -> int | str:

@@ -9,10 +9,14 @@ LM head); the engine's choices (device loop, tree size) are plain values here, r
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
+from pathlib import Path
 
 import jax
 
 from dart_jax.errors import InputError
+from dart_jax.files import compile_cache_dir
 
 # the reference's draft tree size (nodes besides the root)
 REFERENCE_KEEP = 60
@@ -67,3 +71,36 @@ def defaults_for(backend: str | None = None) -> BackendDefaults:
         return BackendDefaults(backend, fused_projections=True, device_steps=ACCELERATOR_DEVICE_STEPS,
                                keep=REFERENCE_KEEP)
     return BackendDefaults(backend, untied_lm_head=backend == "cpu")
+
+def use_compile_cache(path: str | os.PathLike | None = None) -> Path | None:
+    """Keep compiled programs on disk: JAX's persistent compilation cache, so that a later process
+    (or a later shape bucket in this one, compiled before) loads an executable instead of compiling
+    it. Every entry point calls it: `DartModel` (the Python API, notebooks, the server and the
+    generate command), the trainer and the benchmarks. The folder is `path`, else the one already
+    set (`jax_compilation_cache_dir`, e.g. JAX's JAX_COMPILATION_CACHE_DIR), else
+    `compile_cache_dir()`. The one opt-out is JAX's own switch: JAX_ENABLE_COMPILATION_CACHE=false
+    in the environment, or `jax.config.update("jax_enable_compilation_cache", False)` before the
+    first model (the command lines' --no-compile-cache sets it). Returns the folder in use, or None
+    (off, or, with a warning, a folder that cannot be created). Idempotent."""
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    current = jax.config.jax_compilation_cache_dir
+    if path is None and current:
+        return Path(current)
+    folder = Path(path) if path is not None else compile_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"no compilation cache: cannot create {folder} ({e.strerror}); every run compiles again. "
+                      "Set XDG_CACHE_HOME to a writable folder, or turn the cache off with "
+                      "JAX_ENABLE_COMPILATION_CACHE=false.", stacklevel=2)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    # the steps and their helpers (which add up to seconds on a CPU), not every eager operation
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    return folder
+
+
+def no_compile_cache() -> None:
+    """The command lines' --no-compile-cache: JAX's persistent cache off for this process."""
+    jax.config.update("jax_enable_compilation_cache", False)
