@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import numbers
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +52,39 @@ def check_text(text: str, what: str) -> str:
         raise InputError(f"{what} is not valid Unicode text: {found} at character {e.start}; "
                          "pass UTF-8 text (a surrogate needs its pair).") from None
     return text
+
+
+# The type checks of arguments: a value of another type is refused where it comes in, never converted
+# (int(2.9) truncates, int("3") parses, bool("no") is True) nor left to fail deep inside the work.
+def check_type(value, name: str, types: type | tuple[type, ...], takes: str):
+    """`value` when it is an instance of `types`, else an InputError naming the argument `name`,
+    what it takes (`takes`, in words: "a list or None") and what it got."""
+    if not isinstance(value, types):
+        raise InputError(f"{name} must be {takes}, got {type(value).__name__} {value!r:.40}.")
+    return value
+
+
+def check_bool(value, name: str) -> bool:
+    """True or False; anything else (a string such as "no", 0 or 1) is an InputError naming `name`."""
+    return check_type(value, name, bool, "True or False")
+
+
+def check_int(value, name: str, low: int | None = None) -> int:
+    """`value` as an int when it is an integer (NumPy's too) of at least `low`; a bool, a float
+    (2.9 is not truncated) or a string ("3") is an InputError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{name} must be an integer, got {type(value).__name__} {value!r:.40}.")
+    if low is not None and value < low:
+        raise InputError(f"{name} must be an integer >= {low}, got {value}.")
+    return int(value)
+
+
+def check_number(value, name: str) -> float:
+    """`value` as a float when it is a real number (NumPy's too), not a bool or a string; the range
+    check that follows refuses NaN."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}.")
+    return float(value)
 
 
 def not_utf8(path, e: UnicodeDecodeError, where: str = "") -> "FileFormatError":

@@ -506,6 +506,64 @@ def python_api_cases(a: Audit, model) -> None:
                        "from_pretrained(keep=0)": lambda: DartModel.from_pretrained(
                            DEMO / "base", DEMO / "head", DEMO / "ngram.trie", keep=0)}.items():
         a.add("python api", name, api(call))
+    python_api_types(a, model)
+
+
+def python_api_types(a: Audit, model) -> None:
+    """Issue 50: arguments of the wrong type, and values that were taken the wrong way (truthy strings
+    as booleans, floats truncated, strings parsed, a string or a set as prompts, one-shot iterators)."""
+    import numpy as np
+
+    from dart_jax import DartModel
+    from dart_jax.decoding.settings import GenerationSettings
+
+    ids, few = model.encode("hi"), GenerationSettings(max_new_tokens=3)
+    calls = {
+        "generate(settings={...})": lambda: model.generate("hi", settings={"max_new_tokens": 3}),
+        "generate(settings=5)": lambda: model.generate("hi", settings=5),
+        "generate(settings=[s]) of one prompt": lambda: model.generate("hi", settings=[few]),
+        "batch settings [s, {...}]": lambda: model.generate(["hi", "yo"], settings=[few, {"max_new_tokens": 2}]),
+        "batch settings [s, None]": lambda: model.generate(["hi", "yo"], settings=[few, None]),
+        "stream(result='x')": lambda: model.stream("hi", max_new_tokens=3, result="x"),
+        "stream(stats=5)": lambda: model.stream("hi", max_new_tokens=3, stats=5),
+        "generate_many(on_done=5)": lambda: model.generate_many(["hi"], few, on_done=5),
+        "generate(np.array(ids))": lambda: model.generate(np.array(ids), max_new_tokens=3),
+        "generate(np.array([ids, ids]))": lambda: model.generate(np.array([ids, ids]), max_new_tokens=3),
+        "generate_many('hi')": lambda: model.generate_many("hi", few),
+        "generate(memoryview(b'hi'))": lambda: model.generate(memoryview(b"hi"), max_new_tokens=3),
+        "generate({'hi', 'yo'})": lambda: model.generate({"hi", "yo"}, max_new_tokens=3),
+        "generate(batch_size=1.5)": lambda: model.generate(["hi", "yo"], max_new_tokens=3, batch_size=1.5),
+        "generate(batch_size='2')": lambda: model.generate(["hi", "yo"], max_new_tokens=3, batch_size="2"),
+        "batcher(slots=2.5)": lambda: model.batcher(slots=2.5),
+        "dart_generate(top_p=-0.5)": lambda: model.dart_generate([ids], top_p=-0.5, max_new_token_num=3),
+        "dart_generate(top_p=nan)": lambda: model.dart_generate([ids], top_p=float("nan"), max_new_token_num=3),
+        "dart_generate(max_new_token_num=2.9)": lambda: model.dart_generate([ids], max_new_token_num=2.9),
+        "dart_generate(max_new_token_num='3')": lambda: model.dart_generate([ids], max_new_token_num="3"),
+        "dart_generate(remain_total=3.7)": lambda: model.dart_generate([ids], max_new_token_num=3, remain_total=3.7),
+        "stop=['\\ud800']": lambda: model.generate("hi", max_new_tokens=3, stop=["\ud800"]),
+        "role 'wizard'": lambda: model.generate([{"role": "wizard", "content": "hi"}], max_new_tokens=3),
+        "encode([])": lambda: model.encode([]),
+        "encode(chat='no')": lambda: model.encode("hi", chat="no"),
+    }
+    for name, call in calls.items():
+        a.add("python api", name, api(call))
+
+    def load(**opts):
+        return lambda: DartModel.from_pretrained(DEMO / "base", DEMO / "head", DEMO / "ngram.trie", keep=16, **opts)
+
+    for name, opts in {"tree={...}": dict(tree={"keep": 3}), "untied_lm_head='no'": dict(untied_lm_head="no"),
+                       "small_ngram='no'": dict(small_ngram="no"), "fused_projections='yes'": dict(fused_projections="yes"),
+                       "eagle3_depth=-1 without a head": dict(eagle3_depth=-1),
+                       "eagle3_total_token=0 without a head": dict(eagle3_total_token=0),
+                       "system_prompt=5": dict(system_prompt=5), "trie_cache_dir=5": dict(trie_cache_dir=5)}.items():
+        a.add("python api", f"from_pretrained({name})", api(load(**opts)))
+
+    def same_as_list(result) -> bool:
+        return [r.token_ids for r in result] == [r.token_ids for r in model.generate(["hi"], max_new_tokens=3)]
+
+    # a generator of prompts was consumed by the batch test, then refused as empty: it decodes as its list
+    a.add("python api", "generate(generator of prompts)",
+          api(lambda: model.generate((p for p in ["hi"]), max_new_tokens=3), ok=same_as_list))
 
 
 def http_cases(a: Audit, servers: dict) -> None:

@@ -29,8 +29,9 @@ from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots  # noqa:
 from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafter
 from dart_jax.decoding.engine import Continued, Engine
 from dart_jax.decoding.requests import Stats, WarmTime
-from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
-from dart_jax.errors import InputError, MissingFileError, check_text, load_tokenizer_folder
+from dart_jax.decoding.settings import GenerationSettings, ShapeSettings, check_settings
+from dart_jax.errors import (InputError, MissingFileError, check_bool, check_int, check_number, check_text, check_type,
+                             load_tokenizer_folder)
 from dart_jax.models import backend as backends
 from dart_jax.models.checkpoints import load_dart_head, load_eagle3_head, load_target
 from dart_jax.models.qwen3 import check_attention, check_dtype, check_verify_gemms
@@ -41,6 +42,7 @@ from . import methods as _methods
 from .options import DEMOS  # DartModel.demo(name) / --demo: smollm2 (default) and the embedded toy
 from .compiling import CompileTimer, api_notice, use_compile_cache
 from .methods import check_tree_size, max_tree_nodes  # noqa: F401 (importable from here)
+from .prompts import check_messages
 from .text import check_stops, split_thinking, StopText
 # the model's loading, options and results live in modules of their own; their public names stay
 # importable from here (docs and tests import them from dart_jax.api.model)
@@ -49,7 +51,7 @@ from .resolution import (BASE_PATTERNS, DEFAULT_NGRAM, PUBLISHED_PAIRS, _convert
 from .results import (GenerationResult, _check_ids, _finish_reason, check_prompt_kind, figures, is_batch,  # noqa: F401
                       length_notice)
 from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, backend_options,  # noqa: F401
-                       fit_tree, reference_names, split_options)
+                       check_groups, fit_tree, reference_names, split_options)
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"  # the embedded demo: base/, head/, ngram.trie
 METHODS = _methods.names()  # the decoding methods as loaded (dart_jax.api.methods is their one home)
@@ -170,15 +172,16 @@ class DartModel:
     def from_pretrained(cls, base=None, dart=None, ngram=None, *, small_ngram: bool = False, dtype=None, mesh=None,
                         tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
                         chat: ChatSettings | None = None, trie_cache_dir: str | os.PathLike | None = None,
-                        eagle3=None, eagle3_total_token: int = 60, eagle3_depth: int = EAGLE3_DEPTH,
-                        eagle3_top_k: int = 10, device_steps: int | None = None, verify_gemms: str | None = None,
+                        eagle3=None, eagle3_total_token: int | None = None, eagle3_depth: int | None = None,
+                        eagle3_top_k: int | None = None, device_steps: int | None = None, verify_gemms: str | None = None,
                         attention: str | None = None, fused_projections: bool | None = None,
                         untied_lm_head: bool | None = None, **opts) -> "DartModel":
         """Load base (Qwen3), DART head and n-gram trie (hub ids or local paths), and with
         `eagle3` (hub id or folder of an EAGLE-3 head in the published layout) EAGLE-3 beside
         DART over the same target; its tree: `eagle3_total_token` nodes (root included),
         `eagle3_depth` draft steps, `eagle3_top_k` children per expanded node (the reference's
-        defaults 60, 7, 10). `generate(..., method="eagle3")` then drafts with it.
+        defaults 60, 7, 10; given without `eagle3`, an error). `generate(..., method="eagle3")` then
+        drafts with it.
         The backend choices below are None by default: the backend's (`models.backend.defaults_for`;
         on a GPU or TPU the device loop of 32 steps over a fixed 60-node tree and fused projections,
         on a CPU the host loop with keep "auto" and an untied LM head); a value given overrides it.
@@ -207,6 +210,14 @@ class DartModel:
         """
         base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
         check_dtype(dtype)
+        check_groups(tree=tree, shapes=shapes, chat=chat)
+        check_type(trie_cache_dir, "trie_cache_dir", (str, os.PathLike, type(None)), "a folder (str or Path) or None")
+        eagle3_sizes = {"eagle3_total_token": eagle3_total_token, "eagle3_depth": eagle3_depth,
+                        "eagle3_top_k": eagle3_top_k}
+        if eagle3 is None and any(v is not None for v in eagle3_sizes.values()):
+            given = ", ".join(k for k, v in eagle3_sizes.items() if v is not None)
+            raise InputError(f"{given}: EAGLE-3 tree sizes, but no EAGLE-3 head is loaded; pass eagle3=PATH (hub id "
+                             "or folder) or drop them.")
         use_compile_cache()  # before the loaders' helpers compile
         opts, backend = backend_options(opts, tree, mesh, device_steps=device_steps, verify_gemms=verify_gemms,
                                         attention=attention, fused_projections=fused_projections,
@@ -238,8 +249,10 @@ class DartModel:
             own = eagle3_format.EMBEDDING in eagle3_format.tensor_index(eagle3_dir)
             eagle3_format.check_fits_target(eagle3_config, target_config, where=f"the EAGLE-3 head {eagle3_dir}",
                                             own_embedding=own)
-            eagle3_opts = dict(eagle3_tree=TreeSettings(keep=int(eagle3_total_token) - 1, topk=int(eagle3_top_k)),
-                               eagle3_depth=int(eagle3_depth))
+            total = check_int(60 if eagle3_total_token is None else eagle3_total_token, "eagle3_total_token", low=2)
+            top_k = check_int(10 if eagle3_top_k is None else eagle3_top_k, "eagle3_top_k", low=1)
+            eagle3_opts = dict(eagle3_tree=TreeSettings(keep=total - 1, topk=top_k), eagle3_depth=check_int(
+                EAGLE3_DEPTH if eagle3_depth is None else eagle3_depth, "eagle3_depth", low=1))
             Eagle3Drafter.check_sizes(eagle3_opts["eagle3_tree"], eagle3_opts["eagle3_depth"],
                                       eagle3_config.draft_vocab_size)
 
@@ -271,6 +284,7 @@ class DartModel:
         weights drawn on the device for a benchmark at a real shape), with `from_pretrained`'s
         settings: `tree`, `shapes`, `chat` or their fields by name in `opts` (keep, "auto" by
         default, max_keep, ...), checked as there."""
+        check_groups(tree=tree, shapes=shapes, chat=chat)
         opts, adaptive = adaptive_keep(opts, tree)
         groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         groups["tree"] = fit_tree(groups["tree"], head.config.num_rows, head.config.draft_vocab_size, adaptive)
@@ -297,7 +311,7 @@ class DartModel:
         return "enable_thinking" in str(getattr(self.tokenizer, "chat_template", None) or "")
 
     def _thinking(self, enable_thinking: bool | None) -> bool:
-        thinking = self.chat_settings.enable_thinking if enable_thinking is None else bool(enable_thinking)
+        thinking = self.chat_settings.enable_thinking if enable_thinking is None else enable_thinking
         if thinking and not self.has_thinking_switch:
             raise InputError("this model's chat template has no enable_thinking switch (Qwen3's template has one), "
                              "so thinking mode cannot be turned on: drop enable_thinking=True / --thinking.")
@@ -309,11 +323,16 @@ class DartModel:
         system prompt if one is set); a `messages` list of {role, content} dicts (system, user and
         assistant turns) always goes through the chat template; token ids are used as is.
         `enable_thinking` (default: the model's ChatSettings) is Qwen3's thinking switch."""
-        check_prompt_kind(prompt)
+        prompt = check_prompt_kind(prompt)
+        check_bool(chat, "chat")
+        if enable_thinking is not None:
+            check_bool(enable_thinking, "enable_thinking")
         if isinstance(prompt, str):
             check_text(prompt, "the prompt")
         items = None if isinstance(prompt, str) else list(prompt)
-        if items is not None and not (items and all(isinstance(m, Mapping) for m in items)):
+        if items is not None and not items:
+            raise InputError("the prompt is empty: pass a string, token ids or a messages list.")
+        if items is not None and not all(isinstance(m, Mapping) for m in items):
             return _check_ids(items)
         if items is not None or chat:
             if not getattr(self.tokenizer, "chat_template", None):
@@ -321,12 +340,7 @@ class DartModel:
             system = self.chat_settings.system_prompt
             if items is None:
                 items = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            bad = [i for i, m in enumerate(items)
-                   if not (isinstance(m.get("role"), str) and isinstance(m.get("content"), str))]
-            if bad:
-                raise ValueError(f"message {bad[0]} needs string fields 'role' and 'content', got {dict(items[bad[0]])!r}.")
-            for i, m in enumerate(items):
-                check_text(m["content"], f"the content of message {i}")
+            check_messages(items)  # the rule of prompt files and the server's messages: a known role, Unicode text
             thinking = self._thinking(enable_thinking)
             switch = {"enable_thinking": thinking} if self.has_thinking_switch else {}
             prompt = self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True, **switch)
@@ -433,11 +447,13 @@ class DartModel:
         switches Qwen3's thinking mode for this call; the thinking comes back in `.thinking`.
         A warning says when max_length (not max_new_tokens) cut the answer short.
         """
+        prompt = check_prompt_kind(prompt)
+        check_int(batch_size, "batch_size", low=1)
         if is_batch(prompt):
             return self._generate_batch(list(prompt), chat, settings, batch_size,
                                         GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed),
                                         stop, stop_token_ids, enable_thinking, method=method)
-        settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
         return self._run(self.steps_fn(method), prompt, chat, settings, stop, stop_token_ids, enable_thinking)
 
     def engine_for(self, method: str = "dart") -> Engine:
@@ -455,14 +471,24 @@ class DartModel:
         `step()` admits waiting requests or advances the running ones and returns what moved,
         `run()` steps until all are done; `close()` hands the caches back. Token ids come from
         `encode`. `method` picks the drafter ("ar": a pool of plain decoding)."""
-        return _methods.get(method).pool(self, slots, max_length)
+        return _methods.get(method).pool(self, check_int(slots, "slots", low=1),
+                                         check_int(max_length, "max_length", low=2))
 
     def generate_many(self, prompts: Sequence, settings: GenerationSettings | Sequence[GenerationSettings], *,
                       chat: bool = True, batch_size: int = 8, stop: str | Sequence[str] | None = None,
                       stop_token_ids: Sequence[int] | None = None, enable_thinking: bool | None = None,
                       on_done: Callable[[int], Any] | None = None, method: str = "dart") -> list[GenerationResult]:
         """`generate` of a list of prompts with one `GenerationSettings` per prompt (or one for all);
-        `on_done(n)` is called whenever n more of them finished (a progress bar's `update`)."""
+        `on_done(n)` is called whenever n more of them finished (a progress bar's `update`). An
+        empty list gives an empty list."""
+        if isinstance(prompts, str):
+            raise InputError("generate_many takes a list of prompts, got one string; pass [prompt], or call "
+                             "generate(prompt) for one prompt.")
+        prompts = check_prompt_kind(prompts)
+        check_int(batch_size, "batch_size", low=1)
+        if on_done is not None and not callable(on_done):
+            raise InputError(f"on_done must be a function of the number of prompts that finished (or None), got "
+                             f"{type(on_done).__name__} {on_done!r:.40}.")
         return self._generate_batch(list(prompts), chat, settings, batch_size, GenerationSettings(), stop,
                                     stop_token_ids, enable_thinking, on_done, method=method)
 
@@ -471,17 +497,15 @@ class DartModel:
                         default: GenerationSettings, stop=None, stop_token_ids=None,
                         enable_thinking: bool | None = None,
                         on_done: Callable[[int], Any] | None = None, method: str = "dart") -> list[GenerationResult]:
+        if not prompts:
+            return []
         slots = pool_slots(batch_size, len(prompts))
-        if settings is None:
-            settings = [default] * len(prompts)
-        elif isinstance(settings, GenerationSettings):
-            settings = [settings] * len(prompts)
-        elif len(settings) != len(prompts):
-            raise ValueError(f"{len(settings)} settings for {len(prompts)} prompts: pass one per prompt, or one for all.")
+        settings = _per_prompt(settings, len(prompts), default)
         ids = []
         for i, prompt in enumerate(prompts):
             try:
-                ids.append(self.encode(prompt, chat, enable_thinking=enable_thinking))
+                prompts[i] = check_prompt_kind(prompt)
+                ids.append(self.encode(prompts[i], chat, enable_thinking=enable_thinking))
             except (ValueError, TypeError) as e:
                 raise ValueError(f"prompt {i} of the batch: {e}") from None
         follows = [self._follow(stop, stop_token_ids) for _ in prompts]
@@ -534,8 +558,9 @@ class DartModel:
                     stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
                     enable_thinking: bool | None = None) -> GenerationResult:
         """Plain autoregressive decoding of the target (the baseline), same arguments."""
-        settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
-        return self._run(self.engine.generate_ar_steps, prompt, chat, settings, stop, stop_token_ids, enable_thinking)
+        settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        return self._run(self.engine.generate_ar_steps, check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
+                         enable_thinking)
 
     def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
@@ -547,10 +572,13 @@ class DartModel:
         Text is held back while it ends in an incomplete character or in the beginning of a stop
         string; a <think> block is streamed as it comes. When the stream ends, the
         `GenerationResult` (finish_reason, figures with compile time apart, thinking split off) is
-        appended to `result` if a list is given."""
-        settings = settings or GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed)
-        yield from self._steps(self.steps_fn(method), prompt, chat, settings, stop, stop_token_ids,
-                               enable_thinking, result, stats)
+        appended to `result` if a list is given. Its arguments are checked at the call, before
+        the first step."""
+        settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        check_type(result, "result", (list, type(None)), "a list (the GenerationResult is appended to it) or None")
+        check_type(stats, "stats", (Stats, type(None)), "a Stats (dart_jax.decoding.requests.Stats) or None")
+        return self._steps(self.steps_fn(method), check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
+                           enable_thinking, result, stats)
 
     # ------------------------------------------------------------------ the reference's names
     def dart_generate(self, input_ids, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
@@ -560,15 +588,16 @@ class DartModel:
         included). top_p 0 means no top-p filter, as in the reference; `remain_total` is the draft
         tree size (`keep`; another size compiles its own step)."""
         prompt = _reference_ids(input_ids)
-        settings = GenerationSettings(int(max_new_token_num), int(max_length), float(temperature),
-                                      float(top_p) if top_p and top_p > 0 else 1.0, int(top_k))
+        settings = _reference_settings(temperature, top_p, top_k, max_new_token_num, max_length)
         engine = self.engine
-        if remain_total is not None and int(remain_total) != engine.tree.keep:
-            if int(remain_total) not in self._engines:
-                tree = dataclasses.replace(engine.tree, keep=int(remain_total))
-                check_tree_size(tree.keep, tree, engine.drafter.rows, option="remain_total")
-                self._engines[int(remain_total)] = engine.with_tree(tree, adaptive=False)
-            engine = self._engines[int(remain_total)]
+        if remain_total is not None:
+            remain_total = check_tree_size(check_int(remain_total, "remain_total"), engine.tree, engine.drafter.rows,
+                                           option="remain_total")
+        if remain_total is not None and remain_total != engine.tree.keep:
+            if remain_total not in self._engines:
+                tree = dataclasses.replace(engine.tree, keep=remain_total)
+                self._engines[remain_total] = engine.with_tree(tree, adaptive=False)
+            engine = self._engines[remain_total]
         out = self._run(engine.generate_steps, prompt, False, settings).token_ids
         return np.asarray([prompt + out], dtype=np.int64)
 
@@ -576,10 +605,37 @@ class DartModel:
                     max_new_token_num: int = 512, max_length: int = 2048):
         """The reference's plain decoding call, same conventions as `dart_generate`."""
         prompt = _reference_ids(input_ids)
-        settings = GenerationSettings(int(max_new_token_num), int(max_length), float(temperature),
-                                      float(top_p) if top_p and top_p > 0 else 1.0, int(top_k))
+        settings = _reference_settings(temperature, top_p, top_k, max_new_token_num, max_length)
         out = self._run(self.engine.generate_ar_steps, prompt, False, settings).token_ids
         return np.asarray([prompt + out], dtype=np.int64)
+
+
+def _one_settings(settings, *fields) -> GenerationSettings:
+    """One generation's settings: the `settings` object when given (checked), else the keyword
+    settings' `fields` (max_new_tokens, max_length, temperature, top_p, top_k, seed)."""
+    return GenerationSettings(*fields) if settings is None else check_settings(settings)
+
+
+def _per_prompt(settings, count: int, default: GenerationSettings) -> list[GenerationSettings]:
+    """The settings of each of a batch's `count` prompts: `settings` None (`default` for all), one
+    GenerationSettings for all, or a list or tuple of one per prompt (each checked)."""
+    if settings is None or isinstance(settings, GenerationSettings):
+        return [settings or default] * count
+    check_type(settings, "settings", (list, tuple), "a GenerationSettings, or a list of one per prompt")
+    if len(settings) != count:
+        raise InputError(f"{len(settings)} settings for {count} prompts: pass one per prompt, or one for all.")
+    return [check_settings(s, f"settings[{i}]") for i, s in enumerate(settings)]
+
+
+def _reference_settings(temperature, top_p, top_k, max_new_token_num, max_length) -> GenerationSettings:
+    """The settings of the reference's calls: top_p in [0, 1], 0 (its default) meaning no top-p
+    filter; every other value as `GenerationSettings` takes it (integers that are integers: 2.9 and
+    "3" are refused, not truncated or parsed)."""
+    top_p = check_number(top_p, "top_p")
+    if not 0 <= top_p <= 1:  # NaN fails too
+        raise InputError(f"top_p must lie in [0, 1] (0: no top-p filter, as in the reference), got {top_p}.")
+    return GenerationSettings(check_int(max_new_token_num, "max_new_token_num", low=1), max_length, temperature,
+                              top_p or 1.0, top_k)
 
 
 def _reference_ids(input_ids) -> list[int]:

@@ -8,7 +8,7 @@ prompt, an unknown field, text that is not valid Unicode, a message with an unkn
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from dart_jax.errors import InputError, MissingFileError, check_text, not_utf8, parse_json
 
@@ -19,10 +19,10 @@ def check_messages(messages: list) -> None:
     """A messages list as the chat template takes it: {"role", "content"} objects with a known role
     and valid Unicode text; the error names the message."""
     for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise InputError(f"message {i} needs string fields 'role' and 'content', got {m!r}.")
+        if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise InputError(f"message {i} needs string fields 'role' and 'content', got {m!r:.200}.")
         if m["role"] not in ROLES:
-            raise InputError(f"message {i} has role {m['role']!r}; use system, user or assistant.")
+            raise InputError(f"message {i} has role {m['role']!r:.40}; use one of {', '.join(ROLES)}.")
         check_text(m["content"], f"the content of message {i}")
 
 

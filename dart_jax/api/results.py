@@ -4,7 +4,7 @@ out), the notice when max_length cut an answer, and the tests of what a prompt i
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -59,24 +59,36 @@ def length_notice(result: "GenerationResult", settings: GenerationSettings) -> s
             "(--max-length) for a longer answer.")
 
 
-def check_prompt_kind(prompt) -> None:
-    """An InputError with the fix for what cannot be a prompt, before it is taken apart: bytes
-    (they would read as token ids), one message dict (its keys would read as two prompts), None,
-    a number."""
+def check_prompt_kind(prompt):
+    """`prompt`, a one-shot iterator (a generator) read into a list once so that every later look
+    sees its items; or an InputError with the fix for what cannot be a prompt, before it is taken
+    apart: bytes or a memoryview (they would read as token ids), an array (NumPy, JAX, torch: its
+    items are arrays, not ints), one message dict (its keys would read as two prompts), a set (its
+    order is arbitrary: ids, or the results of a batch, would come in hash order), None, a number."""
+    if isinstance(prompt, memoryview):
+        raise InputError("the prompt is a memoryview; pass text (bytes(prompt).decode('utf-8')) or a list of int "
+                         "token ids.")
     if isinstance(prompt, (bytes, bytearray)):
         raise InputError("the prompt is bytes; pass text (prompt.decode('utf-8')) or a list of int token ids.")
+    if hasattr(prompt, "__array__"):
+        raise InputError(f"the prompt is an array ({type(prompt).__name__}); pass prompt.tolist(): token ids, or a "
+                         "list of them per prompt of a batch.")
     if isinstance(prompt, Mapping):
         raise InputError("the prompt is one message dict; wrap it in a list to pass a messages list: "
                          "[{'role': 'user', 'content': ...}].")
+    if isinstance(prompt, AbstractSet):
+        raise InputError(f"the prompt is a {type(prompt).__name__}, whose order is arbitrary (token ids, or a batch's "
+                         "results, would come in hash order); pass a list.")
     if not isinstance(prompt, (str, Iterable)):
         raise InputError(f"the prompt must be a string, a list of int token ids, a messages list of {{'role', "
                          f"'content'}} dicts, or a list of those; got {type(prompt).__name__} {prompt!r:.40}.")
+    return prompt if isinstance(prompt, (str, Sequence)) else list(prompt)
 
 
 def is_batch(prompt) -> bool:
     """Whether `prompt` is a list of prompts: not a string, not a sequence of token ids, not a
     `messages` list of {role, content} dicts."""
-    check_prompt_kind(prompt)
+    prompt = check_prompt_kind(prompt)
     if isinstance(prompt, str):
         return False
     items = list(prompt)

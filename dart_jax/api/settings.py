@@ -8,7 +8,7 @@ import warnings
 from typing import Any
 
 from dart_jax.decoding.settings import ShapeSettings
-from dart_jax.errors import InputError
+from dart_jax.errors import InputError, check_bool, check_int, check_text, check_type
 from dart_jax.models.backend import BackendDefaults, defaults_for
 from dart_jax.ngram import TreeSettings
 
@@ -22,9 +22,23 @@ class ChatSettings:
     system_prompt: str | None = None
     enable_thinking: bool = False
 
+    def __post_init__(self):
+        if check_type(self.system_prompt, "system_prompt", (str, type(None)), "a string or None") is not None:
+            check_text(self.system_prompt, "system_prompt")
+        check_bool(self.enable_thinking, "enable_thinking")
+
 
 # the option groups that `from_pretrained(**opts)` fills by field name
 _OPTION_GROUPS = {"tree": TreeSettings, "shapes": ShapeSettings, "chat": ChatSettings}
+
+
+def check_groups(**given) -> None:
+    """Each settings object given (`tree`, `shapes`, `chat`: None or an object of its group's
+    class), else an InputError naming it; a dict's fields go by name in the options instead."""
+    for group, value in given.items():
+        cls = _OPTION_GROUPS[group].__name__
+        check_type(value, group, (_OPTION_GROUPS[group], type(None)),
+                   f"a {cls} or None (or its fields by name: from_pretrained(..., **{group}) for a dict)")
 
 
 def adaptive_keep(opts: dict[str, Any], tree: TreeSettings | None) -> tuple[dict[str, Any], bool]:
@@ -35,7 +49,8 @@ def adaptive_keep(opts: dict[str, Any], tree: TreeSettings | None) -> tuple[dict
     keep = opts.pop("keep", "auto" if tree is None else tree.keep)
     max_keep = opts.pop("max_keep", None)
     if isinstance(keep, str) and keep.strip().lower() == "auto":
-        opts["keep"] = int(max_keep) if max_keep is not None else (tree.keep if tree is not None else TreeSettings().keep)
+        opts["keep"] = (check_int(max_keep, "max_keep") if max_keep is not None
+                        else tree.keep if tree is not None else TreeSettings().keep)
         return opts, True
     if max_keep is not None:
         raise ValueError("max_keep only applies with keep='auto'.")
@@ -50,6 +65,9 @@ def backend_options(opts: dict[str, Any], tree: TreeSettings | None, mesh, **giv
     every option in `given` that is not None) → (`opts` with the default tree size filled in when
     neither keep, max_keep nor a `tree` object gives one, those choices). The device loop needs a
     fixed tree size on one device: where "auto" or a mesh applies, its default is the host loop."""
+    for name in ("fused_projections", "untied_lm_head"):
+        if given.get(name) is not None:
+            check_bool(given[name], name)
     choices = defaults_for().override(**given)
     if mesh is not None and given.get("fused_projections"):
         raise InputError("fused_projections (--fused-projections on) lays a model out for one device, a mesh keeps "
@@ -89,7 +107,8 @@ _IGNORED_REFERENCE_ARGS = ("device_map", "low_cpu_mem_usage")
 def reference_names(opts: dict, base, dart, ngram, small_ngram, dtype) -> tuple:
     """Take the reference's argument names out of `opts` (in place) and return (base, dart, ngram,
     small_ngram, dtype); a value given under both names is an error."""
-    ours = {"base": base, "dart": dart, "ngram": ngram, "small_ngram": small_ngram or None, "dtype": dtype}
+    ours = {"base": base, "dart": dart, "ngram": ngram, "small_ngram": check_bool(small_ngram, "small_ngram") or None,
+            "dtype": dtype}
     for theirs, mine in REFERENCE_NAMES.items():
         if theirs not in opts:
             continue
@@ -98,6 +117,8 @@ def reference_names(opts: dict, base, dart, ngram, small_ngram, dtype) -> tuple:
             raise InputError(f"both {mine}= and the reference's {theirs}= were given; pass one of them.")
         if mine == "dtype" and value is not None:
             value = str(value).removeprefix("torch.")
+        if mine == "small_ngram":
+            value = check_bool(value, theirs)
         ours[mine] = value
     for name in _IGNORED_REFERENCE_ARGS:
         if name in opts:

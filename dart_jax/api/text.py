@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence
 
-from dart_jax.errors import InputError
+from dart_jax.errors import InputError, check_text
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def check_stops(stop, stop_token_ids, vocab_size: int) -> tuple[list[str], frozenset[int]]:
     """`stop` (a string or strings) and `stop_token_ids` as checked values; empty strings are an error
-    (they would match at once), as are ids outside the vocabulary."""
+    (they would match at once), as are strings that are not valid Unicode and ids outside the vocabulary."""
     if stop is not None and not isinstance(stop, (str, list, tuple)):
         raise InputError(f"stop must be a string or a list of strings, got {type(stop).__name__} {stop!r:.40}.")
     if stop_token_ids is not None and not isinstance(stop_token_ids, (list, tuple)):
@@ -21,6 +21,8 @@ def check_stops(stop, stop_token_ids, vocab_size: int) -> tuple[list[str], froze
     bad = [s for s in strings if not isinstance(s, str) or not s]
     if bad:
         raise InputError(f"stop strings must be non-empty strings, got {bad[0]!r}.")
+    for i, s in enumerate(strings):
+        check_text(s, "stop" if isinstance(stop, str) else f"stop string {i}")
     ids = list(stop_token_ids or ())
     wrong = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
     if wrong:

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dart_jax.errors import check_int, check_number, check_type
+
 from .sampling import SamplingParams, is_greedy
 
 
@@ -29,13 +31,9 @@ class GenerationSettings:
 
     def __post_init__(self):
         for name in ("max_new_tokens", "max_length", "top_k", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{name} must be an integer, got {value!r}.")
+            check_int(getattr(self, name), name)
         for name in ("temperature", "top_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{name} must be a number, got {value!r}.")
+            check_number(getattr(self, name), name)
         if not 0 <= int(self.seed) < 2**63:
             raise ValueError(f"seed must lie in [0, 2**63), got {self.seed}.")
         int32 = int(np.iinfo(np.int32).max)  # token counts and top_k are int32 on the device
@@ -64,6 +62,14 @@ class GenerationSettings:
         return params, jnp.stack([jax.random.key(s.seed) for s in settings])
 
 
+def check_settings(value, name: str = "settings") -> GenerationSettings:
+    """`value` when it is a GenerationSettings, else an InputError naming the argument `name` (a dict
+    makes one as GenerationSettings(**d); a list is one per prompt of a batch)."""
+    fix = (" (GenerationSettings(**d) makes one of a dict d)" if isinstance(value, dict) else
+           " (a list holds one per prompt of a batch)" if isinstance(value, (list, tuple)) else "")
+    return check_type(value, name, GenerationSettings, f"a GenerationSettings{fix}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ShapeSettings:
     """Static shapes: prompts are padded to max(min_bucket, next power of two) and caches rounded
@@ -73,8 +79,8 @@ class ShapeSettings:
     cache_multiple: int = 256
 
     def __post_init__(self):
-        if int(self.min_bucket) < 1 or int(self.cache_multiple) < 1:
-            raise ValueError("min_bucket and cache_multiple must be >= 1.")
+        check_int(self.min_bucket, "min_bucket", low=1)
+        check_int(self.cache_multiple, "cache_multiple", low=1)
 
     def bucket(self, length: int) -> int:
         return prompt_bucket(length, self.min_bucket)
