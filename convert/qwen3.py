@@ -3,7 +3,9 @@ tensor names and their checks.
 
 `Qwen3Config` is what a checkpoint's config.json says, frozen (it is static under jit); a Llama
 config (`model_type` "llama", `from_hf_llama`) is the same decoder without Qwen3's per-head q/k
-norms, with optional q/k/v/o biases (`attention_bias`). The
+norms, with optional q/k/v/o biases (`attention_bias`); a Qwen3-MoE config (`model_type`
+"qwen3_moe", `from_hf_qwen3_moe`) is Qwen3's decoder whose sparse layers route each token to a few
+experts (`sparse_layer`, docs/spec.md §2.2). The
 tensor table maps every checkpoint name to the parameter it fills (a path of attribute names in
 the model built by `dart_jax.models`) and the shape the config implies, so that a checkpoint is
 checked whole, from the safetensors headers alone, before any weight is read.
@@ -25,7 +27,8 @@ from .safetensors_io import FLOAT_DTYPES, tensor_index, write_checkpoint_tensors
 
 ALLOW_PATTERNS = ("*.json", "*.safetensors")
 TARGET_ROPE_KINDS = ("default", "linear", "llama3", "yarn")
-TARGET_TYPES = ("qwen3", "llama")  # the `model_type`s a target config may name
+TARGET_TYPES = ("qwen3", "llama", "qwen3_moe")  # the `model_type`s a target config may name
+_FAMILY = {"qwen3": "Qwen3", "llama": "Llama", "qwen3_moe": "Qwen3-MoE"}
 # the keys each scaled RoPE kind needs (HF fills original_max_position_embeddings from the config)
 _ROPE_NEEDS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor", "original_max_position_embeddings"),
                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
@@ -83,6 +86,7 @@ _SCALED_ROPE_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", 
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim")
 _WHAT = "Qwen3 config"
+_MOE_SIZES = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,15 +108,22 @@ class Qwen3Config:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     eos_token_ids: tuple[int, ...] = ()
-    # "qwen3": per-head RMSNorm on q and k before RoPE; "llama": none
+    # "qwen3" and "qwen3_moe": per-head RMSNorm on q and k before RoPE; "llama": none
     model_type: str = "qwen3"
     attention_bias: bool = False
+    # "qwen3_moe" only (0 / defaults otherwise): the sparse layers' experts (`sparse_layer`)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         def put(name, value):
             object.__setattr__(self, name, value)
 
-        what = "Llama config" if self.model_type == "llama" else _WHAT
+        what = f"{_FAMILY.get(self.model_type, 'Qwen3')} config"
 
         for name in _SIZES:
             put(name, check_int(what, name, getattr(self, name),
@@ -131,6 +142,7 @@ class Qwen3Config:
         put("max_position_embeddings", check_int(what, "max_position_embeddings", self.max_position_embeddings))
         check_str(what, "model_type", self.model_type, TARGET_TYPES)
         put("attention_bias", check_bool(what, "attention_bias", self.attention_bias))
+        self._check_experts(what, put)
         eos = self.eos_token_ids
         if not isinstance(eos, (tuple, list)):
             raise InputError(f"{what}: eos_token_ids must be a tuple of token ids, got {json_type(eos)}.")
@@ -145,10 +157,43 @@ class Qwen3Config:
         if rope_kind(scaling) == "yarn" and self.rope_theta == 1.0:
             raise InputError(f"{what}: yarn RoPE divides by ln(rope_theta), so rope_theta must not be 1.")
 
+    def _check_experts(self, what: str, put) -> None:
+        """The MoE fields: set and in range for "qwen3_moe", at their defaults for the dense families."""
+        if self.model_type != "qwen3_moe":
+            if (self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size, self.norm_topk_prob,
+                    self.decoder_sparse_step, tuple(self.mlp_only_layers)) != (0, 0, 0, False, 1, ()):
+                raise InputError(f"{what}: the expert fields (num_experts, ...) belong to a Qwen3-MoE config; use "
+                                 "model_type \"qwen3_moe\" for a mixture-of-experts model.")
+            return
+        for name in _MOE_SIZES:
+            put(name, check_int(what, name, getattr(self, name)))
+        put("num_experts_per_tok", check_int(what, "num_experts_per_tok", self.num_experts_per_tok,
+                                             maximum=self.num_experts,
+                                             hint=f" (a token is routed to at most all {self.num_experts} experts)"))
+        put("norm_topk_prob", check_bool(what, "norm_topk_prob", self.norm_topk_prob))
+        put("decoder_sparse_step", check_int(what, "decoder_sparse_step", self.decoder_sparse_step))
+        layers = self.mlp_only_layers
+        if not isinstance(layers, (tuple, list)):
+            raise InputError(f"{what}: mlp_only_layers must be a list of layer indices, got {json_type(layers)}.")
+        put("mlp_only_layers", tuple(sorted({check_int(what, "mlp_only_layers[]", i, minimum=0,
+                                                       maximum=self.num_hidden_layers - 1,
+                                                       hint=f" (a layer of the {self.num_hidden_layers})")
+                                             for i in layers})))
+        if not any(self.sparse_layer(i) for i in range(self.num_hidden_layers)):
+            raise InputError(f"{what}: no layer is sparse (decoder_sparse_step {self.decoder_sparse_step}, "
+                             f"mlp_only_layers {list(self.mlp_only_layers)}); a model without experts is a dense "
+                             "Qwen3: use model_type \"qwen3\".")
+
+    def sparse_layer(self, i: int) -> bool:
+        """Whether layer `i` runs the experts (a sparse MoE block) rather than the dense MLP, as
+        transformers' Qwen3MoeDecoderLayer decides: not among `mlp_only_layers` and (i + 1) a multiple
+        of `decoder_sparse_step`."""
+        return self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+
     @property
     def qk_norm(self) -> bool:
-        """Whether attention normalises q and k per head before RoPE (Qwen3 does, Llama does not)."""
-        return self.model_type == "qwen3"
+        """Whether attention normalises q and k per head before RoPE (Qwen3 and Qwen3-MoE do, Llama does not)."""
+        return self.model_type in ("qwen3", "qwen3_moe")
 
     @property
     def tap_layers(self) -> tuple[int, int, int]:
@@ -179,20 +224,36 @@ class Qwen3Config:
         return cls._from_hf(cfg, "llama")
 
     @classmethod
+    def from_hf_qwen3_moe(cls, cfg: Mapping[str, Any]) -> "Qwen3Config":
+        """Build from a HF Qwen3-MoE `config.json` dict (Qwen3MoeForCausalLM: Qwen3-30B-A3B,
+        Qwen3-235B-A22B). The expert fields num_experts, num_experts_per_tok and
+        moe_intermediate_size are required; absent others take transformers' Qwen3MoeConfig defaults
+        (num_key_value_heads 4, head_dim hidden_size // heads, norm_topk_prob false,
+        decoder_sparse_step 1, mlp_only_layers none), the rest as `from_hf`. Training-only fields
+        (router_aux_loss_coef, output_router_logits) are ignored."""
+        return cls._from_hf(cfg, "qwen3_moe")
+
+    @classmethod
     def _from_hf(cls, cfg: Mapping[str, Any], family: str) -> "Qwen3Config":
-        what = _WHAT if family == "qwen3" else "Llama config"
+        what = f"{_FAMILY[family]} config"
         if not isinstance(cfg, Mapping):
             raise InputError(f"{what}: expected a JSON object, got {json_type(cfg)}.")
         model_type = cfg.get("model_type", family)
         if model_type != family:
-            raise InputError(f"expected a {'Qwen3' if family == 'qwen3' else 'Llama'} config (model_type "
-                             f"{family!r}), got model_type {json_type(model_type)}.")
-        required(cfg, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
-                 what)
+            raise InputError(f"expected a {_FAMILY[family]} config (model_type {family!r}), got model_type "
+                             f"{json_type(model_type)}.")
+        if family == "qwen3_moe" and cfg.get("num_local_experts") is not None:
+            # transformers 5 writes num_experts under this name; the published configs use num_experts
+            if cfg.get("num_experts", cfg["num_local_experts"]) != cfg["num_local_experts"]:
+                raise InputError(f"{what}: num_experts ({json_type(cfg['num_experts'])}) and num_local_experts "
+                                 f"({json_type(cfg['num_local_experts'])}) disagree; keep one of them.")
+            cfg = {**cfg, "num_experts": cfg["num_local_experts"]}
+        required(cfg, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+                 + (_MOE_SIZES if family == "qwen3_moe" else ()), what)
         if cfg.get("hidden_act", "silu") != "silu":
             raise InputError(f"{what}: only hidden_act 'silu' is supported, got {json_type(cfg['hidden_act'])}.")
         bias = check_bool(what, "attention_bias", cfg.get("attention_bias", False))
-        if bias and family == "qwen3":
+        if bias and family != "llama":
             raise InputError(f"{what}: attention_bias=true is not supported (standard Qwen3 has no q/k/v biases).")
         if family == "llama":
             if check_bool(what, "mlp_bias", cfg.get("mlp_bias", False)):
@@ -219,13 +280,16 @@ class Qwen3Config:
             max_pos = cfg.get("max_position_embeddings", 32768)
             kv_heads = cfg.get("num_key_value_heads", 32)
             head_dim = cfg.get("head_dim", 128)
+        elif family == "qwen3_moe":  # transformers' Qwen3MoeConfig: 4 kv heads, head_dim hidden_size // heads
+            max_pos = cfg.get("max_position_embeddings", 32768)
+            kv_heads = cfg.get("num_key_value_heads", 4)
+            head_dim = cfg.get("head_dim")
         else:
             max_pos = cfg.get("max_position_embeddings", 2048)
             kv_heads = cfg.get("num_key_value_heads")
             head_dim = cfg.get("head_dim")
-            if head_dim is None:
-                head_dim = check_int(what, "hidden_size", cfg["hidden_size"]) // check_int(what, "num_attention_heads",
-                                                                                        heads)
+        if head_dim is None and family != "qwen3":
+            head_dim = check_int(what, "hidden_size", cfg["hidden_size"]) // check_int(what, "num_attention_heads", heads)
 
         # transformers 5 keeps rope_theta and the scaling inside rope_parameters; older configs keep
         # rope_theta at the top level and the scaling in rope_scaling
@@ -254,6 +318,14 @@ class Qwen3Config:
             rope_scaling = freeze(scaling)
 
         eos = cfg.get("eos_token_id")
+        moe = {}
+        if family == "qwen3_moe":
+            only = cfg.get("mlp_only_layers")  # null: none, as in transformers
+            moe = dict(num_experts=cfg["num_experts"], num_experts_per_tok=cfg["num_experts_per_tok"],
+                       moe_intermediate_size=cfg["moe_intermediate_size"],
+                       norm_topk_prob=cfg.get("norm_topk_prob", False),
+                       decoder_sparse_step=cfg.get("decoder_sparse_step", 1),
+                       mlp_only_layers=() if only is None else only)
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -270,6 +342,7 @@ class Qwen3Config:
             eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (eos,),
             model_type=family,
             attention_bias=bias,
+            **moe,
         )
 
 
@@ -278,16 +351,21 @@ def target_config_from_hf(cfg: Mapping[str, Any]) -> Qwen3Config:
     model_type = cfg.get("model_type", "qwen3") if isinstance(cfg, Mapping) else "qwen3"
     if model_type == "llama":
         return Qwen3Config.from_hf_llama(cfg)
+    if model_type == "qwen3_moe":
+        return Qwen3Config.from_hf_qwen3_moe(cfg)
     if model_type != "qwen3":
         raise InputError(f"unsupported target model_type {json_type(model_type)}: supported are {list(TARGET_TYPES)} "
-                         "(Qwen3, and Llama-family bases such as SmolLM2 and Llama 3).")
+                         "(Qwen3, Qwen3-MoE, and Llama-family bases such as SmolLM2 and Llama 3).")
     return Qwen3Config.from_hf(cfg)
 
 
 def tensor_table(config: Qwen3Config) -> dict[str, tuple[tuple[str | int, ...], tuple[int, ...], bool]]:
     """Checkpoint name → (parameter path in the model, shape in the file, transposed on load).
 
-    PyTorch Linear weights are [out, in]; the model's kernels are [in, out]."""
+    PyTorch Linear weights are [out, in]; the model's kernels are [in, out]. A path that ends in
+    an integer e names row e of a stacked parameter: a sparse layer's experts are stored one
+    tensor per expert (`mlp.experts.{e}.gate_proj.weight`, ...) and held as one [E, ...] tensor per
+    projection."""
     c = config
     h, i, d, v = c.hidden_size, c.intermediate_size, c.head_dim, c.vocab_size
     q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
@@ -307,6 +385,13 @@ def tensor_table(config: Qwen3Config) -> dict[str, tuple[tuple[str | int, ...], 
         if c.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 table[p + f"self_attn.{norm}.weight"] = ((*layer, "self_attn", norm, "weight"), (d,), False)
+        if c.sparse_layer(n):
+            e, m = c.num_experts, c.moe_intermediate_size
+            table[p + "mlp.gate.weight"] = ((*layer, "mlp", "gate", "kernel"), (e, h), True)
+            for x in range(e):
+                for name, shape in (("gate_proj", (m, h)), ("up_proj", (m, h)), ("down_proj", (h, m))):
+                    table[p + f"mlp.experts.{x}.{name}.weight"] = ((*layer, "mlp", name, x), shape, True)
+            continue
         for name, shape in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
             table[p + f"mlp.{name}.weight"] = ((*layer, "mlp", name, "kernel"), shape, True)
     return table

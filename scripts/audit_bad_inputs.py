@@ -170,7 +170,7 @@ def cli_cases(a: Audit, tmp: Path) -> None:
     bad_values = {"--max-new-tokens": ["0", "-1", "abc", "1e400", str(2**70)], "--max-length": ["0", "-5", "x"],
                   "--temperature": ["-1", "nan", "inf", "1e308"], "--top-p": ["0", "1.5", "nan"],
                   "--top-k": ["-1", "3000000000", "abc"], "--seed": ["-1", str(2**70)], "--keep": ["0", "-3", "x"],
-                  "--device-steps": ["-1", "x"], "--dtype": ["int8"], "--mesh": ["model=abc", "nonsense"],
+                  "--device-steps": ["-1", "x", "1000000000"], "--dtype": ["int8"], "--mesh": ["model=abc", "nonsense"],
                   "--stop-id": ["-1", "x"], "--beam-width": ["0"], "--tree-topk": ["0"]}
     for flag, values in bad_values.items():
         for i, value in enumerate(values):
@@ -193,10 +193,32 @@ def cli_cases(a: Audit, tmp: Path) -> None:
             ("--messages deep JSON", ["--messages", str(messages)], (messages,)),
             ("--ckpt missing", ["--ckpt", str(tmp / "nohead")], ()),
             ("--ngram missing", ["--ngram", str(tmp / "none.trie")], ()),
-            ("--prompts output over input", ["--prompts", str(prompts), "--output", str(prompts)], (prompts,))]:
+            ("--prompts output over input", ["--prompts", str(prompts), "--output", str(prompts)], (prompts,)),
+            ("--compare-ar --no-warmup", ["--compare-ar", "--no-warmup"], ()),
+            ("--compare --no-warmup", ["--compare", "--no-warmup"], ()),
+            ("--compare ''", ["--compare", ""], ()),
+            ("--max-keep 100000", ["--max-keep", "100000"], ()),
+            ("--device-info --prompt", ["--device-info"], ()),
+            ("--device-info --compare-ar", ["--device-info", "--compare-ar"], ())]:
         argv = [a_ for a_ in gen if a_ not in ("--prompt", "hi")] if "--prompts" in flags or "--messages" in flags else gen
         a.add("cli generate", name, cli([*argv, *flags]), quick=name.startswith("--compare"), inputs=inputs,
               parallel=True)
+
+    good = tmp / "good_prompts.jsonl"
+    good.write_text(json.dumps({"prompt": "hi", "max_new_tokens": 2}) + "\n")
+    user_file = tmp / "results.jsonl.tmp"  # a user's file of the name a fixed scratch name would take
+    user_file.write_text("keep me\n")
+    a.add("cli generate", "--output OUT beside a user file OUT.tmp",
+          cli([*[a_ for a_ in gen if a_ not in ("--prompt", "hi")], "--prompts", str(good), "--output",
+               str(tmp / "results.jsonl")], ok=lambda d: (tmp / "results.jsonl").is_file()),
+          inputs=(good, user_file), parallel=True)
+    for platforms in ("cuda", "tpu", "bogus"):  # JAX's own errors without the check: AssertionError, RuntimeError
+        for name, argv in (("--device-info", ["dart_jax.generate", "--device-info"]), ("generate", gen),
+                           ("train", ["dart_jax.train", "--base", str(DEMO / "base"), "--data", str(good), "--out",
+                                      str(tmp / f"run_{platforms}")])):
+            a.add("cli platforms", f"JAX_PLATFORMS={platforms} {name}",
+                  cli(argv, env={"JAX_PLATFORMS": platforms}), quick=platforms == "bogus" and name == "--device-info",
+                  inputs=(good,), parallel=True)
 
     serve = ["dart_jax.serve", "--demo", "tiny", "--warmup", "none"]
     for flags in (["--port", "-1"], ["--port", "99999"], ["--slots", "0"], ["--max-length", "0"],
@@ -249,6 +271,40 @@ def convert_cases(a: Audit, tmp: Path) -> None:
         a.add("cli convert", name, cli([*conv, *argv]), quick=name in ("int8 HEAD HEAD", "inspect deep config.json"),
               inputs=inputs, parallel=True)
 
+    def stale_scratch_of_another_export():
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        stale = tmp / "exports" / f".first.partial-{gone.stdout.strip()}-0a1b2c3d"  # a killed export of another name
+        stale.mkdir(parents=True)
+        (stale / "model.safetensors").write_bytes(b"half")
+        kind, detail = cli([*conv, "export", str(head), str(tmp / "exports" / "second")],
+                           ok=lambda d: (tmp / "exports" / "second" / "config.json").is_file())()
+        return ("silent", f"{stale} left behind") if kind == "recovered" and stale.exists() else (kind, detail)
+    a.add("cli convert", "export after a killed export of another name", stale_scratch_of_another_export,
+          inputs=(head,))
+    moe_cases(a, tmp)
+
+
+def moe_cases(a: Audit, tmp: Path) -> None:
+    """Qwen3-MoE target folders (the demo base's weights under a qwen3_moe config.json): config
+    values that disagree, and dense weights where the config names experts."""
+    from dart_jax.convert.qwen3 import check_checkpoint
+    from dart_jax.convert.target import load_target_config
+
+    dense = json.loads((DEMO / "base" / "config.json").read_text())
+    moe = {**dense, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+
+    def folder(name: str, config: dict) -> Path:
+        out = copy(DEMO / "base", tmp / name)
+        (out / "config.json").write_text(json.dumps(config))
+        return out
+
+    for name, config, call in [
+            ("qwen3_moe top-k above the experts", {**moe, "num_experts_per_tok": 5}, load_target_config),
+            ("qwen3_moe num_experts vs num_local_experts", {**moe, "num_local_experts": 8}, load_target_config),
+            ("qwen3_moe no sparse layer", {**moe, "mlp_only_layers": list(range(6))}, load_target_config),
+            ("qwen3_moe dense weights, no experts", moe, lambda f: check_checkpoint(f, load_target_config(f)))]:
+        a.add("python convert", name, api(lambda f=folder(name.replace(" ", "_"), config), call=call: call(f)))
+
 
 def ngram_cases(a: Audit, tmp: Path) -> None:
     trie = copy(DEMO / "ngram.trie", tmp / "good.trie")
@@ -292,6 +348,14 @@ def ngram_cases(a: Audit, tmp: Path) -> None:
         a.add("cli ngram", name, cli([*ng, *argv]), quick=name in ("info truncated", "build deep JSON"), inputs=inputs,
               parallel=True)
 
+    def export_to_a_pipe():
+        pipe = tmp / "pipe"
+        os.mkfifo(pipe)
+        kind, detail = cli([*ng, "export", str(trie), str(pipe)])()
+        return ("data lost", "the named pipe was replaced") if not pipe.is_fifo() else (kind, detail)
+    if hasattr(os, "mkfifo"):
+        a.add("cli ngram", "export to a named pipe", export_to_a_pipe, inputs=(trie,))
+
 
 def train_cases(a: Audit, tmp: Path) -> None:
     from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_tokenizer
@@ -318,6 +382,11 @@ def train_cases(a: Audit, tmp: Path) -> None:
                                                                 "--skip-bad"]), inputs=(base, deep), parallel=True)
     a.add("cli train", "--out inside the base", cli([*tr, "--out", str(base / "run")]), inputs=(base, data),
           parallel=True)
+    for name, flags in (("--taps-dir inside the base", ["--taps-dir", str(base / "taps")]),
+                        ("--taps online --taps-dir", ["--taps", "online", "--taps-dir", str(tmp / "taps")]),
+                        ("--taps online --taps-dtype", ["--taps", "online", "--taps-dtype", "float32"])):
+        a.add("cli train", name, cli([*tr, "--out", str(tmp / "run4"), *flags]), inputs=(base, data), parallel=True)
+    manifest_cases(a, tmp)
     run = tmp / "run3"
 
     def damaged_resume():
@@ -333,6 +402,25 @@ def train_cases(a: Audit, tmp: Path) -> None:
                    ok=lambda d: "cannot be read" in d.stderr and f"resuming from micro-step {steps[-2]}" in d.stderr)()
     a.add("cli train", "resume from an emptied checkpoint and a truncated data.npz", damaged_resume,
           inputs=(base, data))
+
+
+def manifest_cases(a: Audit, tmp: Path) -> None:
+    """A taps cache whose manifest.json is valid JSON of the wrong shape: damage, rebuilt with a notice."""
+    from dart_jax.train.taps import MANIFEST, _reusable
+
+    plan = {"version": 1, "dtype": "float32", "width": 8, "row_bytes": 32, "target": {}, "data_sha256": "0",
+            "shards": [{"first": 0, "count": 1, "tokens": 2, "file": "shard-00000.bin", "lengths": [2]}]}
+    for name, text in (("a list", "[]"), ("deep nesting", DEEP), ("a shard entry 5", json.dumps({**plan, "shards": [5]})),
+                       ("shards an object", json.dumps({**plan, "shards": {"a": 1}}))):
+        folder = tmp / f"taps_{name.replace(' ', '_')}"
+        folder.mkdir()
+        (folder / MANIFEST).write_text(text)
+        (folder / "shard-00000.bin").write_bytes(bytes(64))
+        notes: list[str] = []
+        a.add("python taps", f"manifest.json {name}",
+              api(lambda f=folder, n=notes: _reusable(f, plan, n.append),
+                  ok=lambda kept, n=notes, f=folder: kept == {} and any("rebuilding" in line for line in n)
+                  and not (f / "shard-00000.bin").exists()))
 
 
 def gguf_cases(a: Audit, tmp: Path) -> None:

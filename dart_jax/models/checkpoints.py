@@ -6,6 +6,7 @@ parameter along the converter's tensor tables, so peak memory is the model plus 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,13 @@ def _load_target(folder: Path, config, dtype, mesh, rules, fused_projections, un
     model = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
 
     by_file: dict[Path, list[str]] = {}
+    stacked: dict[tuple, list[str]] = {}  # a stacked parameter's path → its rows' names, row by row
     for name in table:
-        by_file.setdefault(index[name][0], []).append(name)
+        path = table[name][0]
+        if isinstance(path[-1], int):
+            stacked.setdefault(path[:-1], []).append(name)
+        else:
+            by_file.setdefault(index[name][0], []).append(name)
     with tqdm(total=len(table), desc=f"loading {folder.name}", unit="tensor", leave=False) as bar:
         for f, names in by_file.items():
             with open_safetensors(f) as fh:
@@ -114,7 +120,34 @@ def _load_target(folder: Path, config, dtype, mesh, rules, fused_projections, un
                     else:
                         var.set_value(_place_tensor(fh, f, name, transpose, var, dtype, mesh, rules))
                     bar.update()
+        if stacked:
+            with contextlib.ExitStack() as files:  # a layer's experts may lie in several shards
+                handles = {f: files.enter_context(open_safetensors(f))
+                           for f in sorted({index[n][0] for names in stacked.values() for n in names})}
+                for path, names in stacked.items():
+                    var = _variable(model, path)
+                    var.set_value(_stacked_tensor(handles, index, names, table[names[0]][2], var, dtype, mesh, rules))
+                    bar.update(len(names))
     return model if mesh is not None else use_backend_layout(model, fused_projections, untied_lm_head)
+
+
+def _stacked_tensor(handles, index, names: list[str], transpose: bool, var: nnx.Variable, dtype, mesh,
+                    rules) -> jax.Array:
+    """The stacked parameter `var` [R, ...] whose row r is the tensor `names[r]` (a sparse layer's
+    experts), on the default device or on its shards, each block read as slices of its rows' files."""
+
+    def read(block: tuple) -> np.ndarray:
+        rows = []
+        for name in names[block[0]]:
+            f = index[name][0]
+            part = cast_weight(read_slice(handles[f], f, name, block[:0:-1] if transpose else block[1:]), dtype, name, f)
+            rows.append(part.T if transpose else part)
+        return np.stack(rows)
+
+    shape = var.get_value().shape
+    if mesh is None:
+        return jnp.asarray(read(tuple(slice(None) for _ in shape)))
+    return place(shape, var.get_metadata()["logical_axes"], mesh, read, rules)
 
 
 def _place_tensor(fh, f: Path, name: str, transpose: bool, var: nnx.Variable, dtype, mesh, rules) -> jax.Array:

@@ -1,5 +1,6 @@
-"""The target model in Flax NNX, numerically matching HF transformers' Qwen3 and Llama (the
-same decoder; Llama has no per-head q/k norms and may have attention biases, `config.model_type`).
+"""The target model in Flax NNX, numerically matching HF transformers' Qwen3, Qwen3-MoE and Llama
+(the same decoder; Llama has no per-head q/k norms and may have attention biases; Qwen3-MoE's sparse
+layers hold `qwen3_moe.SparseMoeBlock` in place of the MLP; `config.model_type`).
 
 Three forwards, one per way the new tokens meet the KV cache, all built from the same layers:
 - `forward_hidden`: no cache; the T tokens attend among themselves (causal, or an explicit mask).
@@ -28,6 +29,7 @@ from .backend import defaults_for
 from .layers import (Linear, RMSNorm, apply_rope, attention, fused_attention, group_mask, group_queries, param,
                      rope_cos_sin, rope_inv_freq, ungroup_queries)
 from .pallas_attention import attention_rows, tree_attention
+from .qwen3_moe import SparseMoeBlock
 
 CACHE_AXES = ("layers", "batch", "seq", "kv_heads", "head_dim")
 # which GEMMs XLA compiles a tree verification with on a GPU (`verify_compiler_options`)
@@ -187,11 +189,12 @@ Attend = Callable[[int, jax.Array, jax.Array, jax.Array], tuple[jax.Array, objec
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, c: Qwen3Config, *, dtype, param_dtype, rngs):
+    def __init__(self, c: Qwen3Config, index: int, *, dtype, param_dtype, rngs):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype)
         self.self_attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype)
-        self.mlp = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        block = SparseMoeBlock if c.sparse_layer(index) else MLP
+        self.mlp = block(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x, cos, sin, attend: Callable):
         b, t, _ = x.shape
@@ -205,7 +208,8 @@ class DecoderLayer(nnx.Module):
 
 
 class Qwen3(nnx.Module):
-    """Qwen3 causal LM: `forward_hidden`, `extend` or `verify`, then `lm_logits` (see the module doc)."""
+    """Qwen3 causal LM (also Qwen3-MoE and Llama, by `config`): `forward_hidden`, `extend` or
+    `verify`, then `lm_logits` (see the module doc)."""
 
     def __init__(self, config: Qwen3Config, *, dtype=None, param_dtype=None, rngs: nnx.Rngs):
         dtype = jnp.dtype(dtype or default_dtype())
@@ -214,7 +218,7 @@ class Qwen3(nnx.Module):
         self.config = config
         self.dtype = dtype
         self.embed_tokens = Embed(config.vocab_size, config.hidden_size, **kw)
-        self.layers = nnx.List([DecoderLayer(config, **kw) for _ in range(config.num_hidden_layers)])
+        self.layers = nnx.List([DecoderLayer(config, i, **kw) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, ("embed", "vocab"), **kw)

@@ -3,7 +3,10 @@
 Every parameter carries `logical_axes` metadata (see `layers.param`), every cache its axes
 (`qwen3.CACHE_AXES`, `HeadCache.axes`); a rules table maps each logical axis to a mesh axis (or
 None = replicated): tensor parallelism over `model` (attention heads, KV heads, MLP width,
-vocabulary), data parallelism over `data` (the batch slots). Mesh axes that the mesh lacks, and
+vocabulary), expert parallelism over `model` too (a Qwen3-MoE layer's experts: each device holds
+E / model experts whole and computes them for every row, and the sum over the experts is one
+all-reduce, where the dense MLP's sum over its sharded width has its own), data parallelism over
+`data` (the batch slots). Mesh axes that the mesh lacks, and
 dimensions that do not divide evenly over their mesh axis, fall back to replication, so one table
 serves a 1-device CPU run and a multi-device mesh alike; `check_fits` turns a model whose head
 counts or vocabulary the mesh does not divide into an InputError before anything is read.
@@ -37,6 +40,7 @@ DEFAULT_RULES: Mapping[str, str | None] = {
     "head_dim": None,
     "embed": None,
     "mlp": "model",
+    "experts": "model",
     "vocab": "model",
     "layers": None,
 }
@@ -137,12 +141,16 @@ def check_fits(mesh: Mesh | None, sizes: Mapping[str, Sequence[tuple[str, int]]]
 def model_sizes(target_config, head_config=None) -> dict[str, list[tuple[str, int]]]:
     """What `check_fits` checks of a target (a Qwen3Config) and its draft head (any config with
     head counts, e.g. DartHeadConfig)."""
+    c = target_config
+    sparse = [c.sparse_layer(i) for i in range(c.num_hidden_layers)]
     sizes: dict[str, list[tuple[str, int]]] = {
-        "heads": [("num_attention_heads", target_config.num_attention_heads)],
-        "kv_heads": [("num_key_value_heads", target_config.num_key_value_heads)],
-        "mlp": [("intermediate_size", target_config.intermediate_size)],
-        "vocab": [("vocab_size", target_config.vocab_size)],
+        "heads": [("num_attention_heads", c.num_attention_heads)],
+        "kv_heads": [("num_key_value_heads", c.num_key_value_heads)],
+        "mlp": [("intermediate_size", c.intermediate_size)] if not all(sparse) else [],
+        "vocab": [("vocab_size", c.vocab_size)],
     }
+    if any(sparse):
+        sizes["experts"] = [("num_experts", c.num_experts)]
     if head_config is not None:
         sizes["heads"].append(("the draft head's num_attention_heads", head_config.num_attention_heads))
         sizes["kv_heads"].append(("the draft head's num_key_value_heads", head_config.num_key_value_heads))
