@@ -76,6 +76,8 @@ speculative steps a device call, the trees searched on the device (`--device-ste
     left out (their packages are not in the image), files that cannot be collected there (a
     missing package) reported, not fatal; when at least 150 s are left.
 19. shapes-Qwen3-4B, shapes-Qwen3-1.7B.
+20. shapes-Qwen3-30B-A3B: stage 8 on the Qwen3-MoE shape (MOE_SHAPE, 48 sparse layers, 128 experts,
+    top-8): what a tree's verify costs where its nodes route to other experts (docs/spec.md §2.2).
 A variant (a name after the stage: -device, -xla, ...; VARIANTS) is its stage again under other
 settings, reported beside it. Settled by earlier campaigns (benchmarks/RESULTS.md) and no longer
 run: fused projections (faster plain decoding, the same verify), XLA's command buffers (on: faster
@@ -120,11 +122,13 @@ TAUS_FIRST = "3.61,1"  # stage 1: the paper's τ on Qwen3-8B, then the bare step
 TAUS_MORE = "5,3,2"
 PER_CALL_TAU = "1"  # stages 6 and 10: the step's cost is what they compare
 SHAPES = ("Qwen3-8B", "Qwen3-4B", "Qwen3-1.7B")
+MOE_SHAPE = "Qwen3-30B-A3B"  # stage 20 (bench.shapes.MOE_SHAPES)
 # tree nodes besides the root (`bench shapes --keeps`): 60 is the engine's keep 60 (61 rows), the
 # others give 2, 4, 16, 32 and 64 rows
 BUDGETS = "1,3,15,31,60,63"
 # real depth and the device memory it needs (bf16 weights, the head, caches, XLA's workspace), GiB
-DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01)}
+DEPTH = {"Qwen3-8B": (36, 24.0), "Qwen3-4B": (36, 14.0), "Qwen3-1.7B": (28, 8.0), "tiny": (6, 0.01),
+         MOE_SHAPE: (48, 70.0)}
 SHALLOW_LAYERS = 4  # stage 14
 # the trainer's stage (benchmarks/train_shape.py): sequences of TRAIN_SEQ tokens, TRAIN_BATCH a device,
 # and the device memory it needs (bf16 weights, the head in fp32 with AdamW's moments, 2048-token
@@ -356,6 +360,8 @@ class Campaign:
                 env={"JAX_DEFAULT_MATMUL_PRECISION": "highest", "JAX_PLATFORMS": ""},
                 min_left_s=150))
         stages += [shapes_stage(s) for s in shapes[1:]]
+        if not smoke:
+            stages.append(shapes_stage(MOE_SHAPE))
         return stages
 
     def run_all(self) -> None:
@@ -584,7 +590,7 @@ def report(out: Path) -> str:
     profiles = sorted(out.glob("profile-*/profile.md"))
     lines += [""] + ([p.read_text().strip() for p in profiles] or ["### Profile\n\n(not measured: see the logs)"])
     shape_files = {(shape, variant): load(out / (f"shapes-{shape}" + (f"-{variant}" if variant else "") + ".json"))
-                   for shape in SHAPES + ("tiny",) for variant in ("", *SHAPE_VARIANTS)}
+                   for shape in SHAPES + (MOE_SHAPE, "tiny") for variant in ("", *SHAPE_VARIANTS)}
     # the tree sizes the files hold (the constants' where none is there yet)
     budgets = sorted({int(b) for d in shape_files.values() if d for b in d["summary"]["verify_ms"]}
                      or {int(b) for b in ",".join([BUDGETS, *SHAPE_VARIANTS.values()]).split(",")})
@@ -595,7 +601,7 @@ def report(out: Path) -> str:
               "| shape | empty call ms | call with the weights ms | decode call ms | plain token ms | "
               + " | ".join(f"{b + 1} nodes" for b in budgets) + " |",
               "|---|---|---|---|---|" + "---|" * len(budgets)]
-    for shape in SHAPES + ("tiny",):
+    for shape in SHAPES + (MOE_SHAPE, "tiny"):
         for variant in ("", *SHAPE_VARIANTS):
             d = shape_files[(shape, variant)]
             label = shape + (f" [{VARIANTS[variant][0]}]" if variant else "")

@@ -282,3 +282,12 @@ def test_train_a_dart_head_on_an_moe_target(request, tmp_path):
         spec, ar = model.generate(prompt, max_new_tokens=16), model.generate_ar(prompt, max_new_tokens=16)
         assert list(spec.token_ids) == list(ar.token_ids)
         assert np.mean(spec.accept_lengths) > 1.5, spec.accept_lengths
+
+
+def test_bench_shapes_counts_an_moe_shape_parameters(folders):
+    from dart_jax.bench.shapes import MOE_SHAPES, param_count
+
+    folder = folders["e8k3_norm_mlp_only"]
+    assert param_count(json.loads((folder / "config.json").read_text())) == sum(
+        p.numel() for p in hf_model(folder).parameters())
+    assert round(param_count(MOE_SHAPES["Qwen3-30B-A3B"]) / 1e9, 1) == 30.5  # the model card's total

@@ -47,6 +47,14 @@ KNOWN_SHAPES: dict[str, dict[str, Any]] = {
                   "num_attention_heads": 64, "tie_word_embeddings": False},
 }
 KNOWN_SHAPES = {name: {**_QWEN3_COMMON, **fields} for name, fields in KNOWN_SHAPES.items()}
+# the published Qwen3-MoE checkpoint's fields (docs/spec.md §2.2): 48 layers, every one sparse;
+# apart from KNOWN_SHAPES, whose dense shapes the end-to-end benchmark's random models also take
+MOE_SHAPES: dict[str, dict[str, Any]] = {}
+MOE_SHAPES["Qwen3-30B-A3B"] = {
+    **_QWEN3_COMMON, "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "tie_word_embeddings": False,
+    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 # small enough to compile and run in seconds on a CPU
 TINY_SHAPE = {**_QWEN3_COMMON, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
@@ -69,9 +77,10 @@ def shape_fields(*, model: str | None = None, config_path: str | None = None, ti
         fields, label = dict(TINY_SHAPE), "tiny"
     else:
         name = model or "Qwen3-8B"
-        if name not in KNOWN_SHAPES:
-            raise ValueError(f"unknown model shape {name!r}; known: {', '.join(KNOWN_SHAPES)} (or pass --config/--tiny)")
-        fields, label = dict(KNOWN_SHAPES[name]), name
+        known = {**KNOWN_SHAPES, **MOE_SHAPES}
+        if name not in known:
+            raise ValueError(f"unknown model shape {name!r}; known: {', '.join(known)} (or pass --config/--tiny)")
+        fields, label = dict(known[name]), name
     if layers is not None:
         if layers < 3:
             raise ValueError(f"--layers must be >= 3 (the taps read layers 2, L//2 and L-3), got {layers}")
@@ -86,12 +95,15 @@ def shape_fields(*, model: str | None = None, config_path: str | None = None, ti
 
 
 def param_count(f: dict[str, Any]) -> int:
-    h, i, L, v = f["hidden_size"], f["intermediate_size"], f["num_hidden_layers"], f["vocab_size"]
-    d = f.get("head_dim") or h // f["num_attention_heads"]
-    qo = 2 * h * f["num_attention_heads"] * d
-    kv = 2 * h * f["num_key_value_heads"] * d
-    per_layer = qo + kv + 3 * h * i + 2 * h + 2 * d
-    return L * per_layer + v * h * (1 if f.get("tie_word_embeddings") else 2) + h
+    config = target_config_from_hf(f)
+    h, i, L, v = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+    d = config.head_dim
+    qo = 2 * h * config.num_attention_heads * d
+    kv = 2 * h * config.num_key_value_heads * d
+    sparse = sum(config.sparse_layer(n) for n in range(L))
+    experts = config.num_experts * (3 * h * config.moe_intermediate_size) + h * config.num_experts  # and the router
+    mlps = (L - sparse) * 3 * h * i + sparse * experts
+    return L * (qo + kv + 2 * h + 2 * d) + mlps + v * h * (1 if config.tie_word_embeddings else 2) + h
 
 
 def _check_memory(fields: dict[str, Any], itemsize: int, cache_bytes: int, devices: int = 1) -> None:
