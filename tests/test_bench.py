@@ -322,3 +322,26 @@ def test_bench_compare_defaults_to_the_demos_held_out_prompts():
     args = parser.parse_args(["compare", "--random"])
     demo_workload(args)
     assert args.prompts is None and args.max_new_tokens == 64
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User + system clock ticks a process has run (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_busy_neighbours_burn_cpu_and_end_with_the_block():
+    import time
+
+    from dart_jax.bench.util import busy_neighbours
+
+    with busy_neighbours(2) as procs:
+        assert len(procs) == 2
+        start = [_cpu_ticks(p.pid) for p in procs]
+        time.sleep(1.5)
+        assert all(p.poll() is None for p in procs)
+        assert all(_cpu_ticks(p.pid) > t for p, t in zip(procs, start))  # each one runs
+    assert all(p.returncode is not None for p in procs)  # gone with the block
+    with pytest.raises(ValueError, match="--neighbours"):
+        with busy_neighbours(-1):
+            pass

@@ -18,7 +18,7 @@ from dart_jax.bench.forced import parse_taus, run_forced
 from dart_jax.bench.host import run_ngram, run_search
 from dart_jax.bench.shapes import run_shapes
 from dart_jax.bench.options import build_parser  # noqa: F401 (importable here, as before)
-from dart_jax.bench.util import meta, parse_int_list
+from dart_jax.bench.util import busy_neighbours, meta, parse_int_list
 from dart_jax.errors import InputError, cli_boundary
 from dart_jax.models.backend import use_compile_cache
 from dart_jax.ngram import MAX_ORDER
@@ -102,8 +102,11 @@ def run(args: argparse.Namespace, on_rows: Callable[[dict[str, Any]], None] | No
     if args.mode == "batch":
         return run_batch(models, work, batches=parse_int_list(args.batches, name="--batches"), **common)
     if args.mode == "compare":
-        return run_compare(models, work, methods=[m.strip() for m in args.methods.split(",") if m.strip()],
-                           draft_reps=args.draft_reps, **common)
+        with busy_neighbours(args.neighbours):
+            result = run_compare(models, work, methods=[m.strip() for m in args.methods.split(",") if m.strip()],
+                                 draft_reps=args.draft_reps, **common)
+        result["config"]["neighbours"] = args.neighbours
+        return result
     if args.mode == "e2e" and args.force_tau:
         if args.plot:
             raise InputError("--plot draws no figure of --force-tau results; leave out --plot (the JSON has the rows)")

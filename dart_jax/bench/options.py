@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eagle3-depth", type=int, help="EAGLE-3 draft steps (default 7; the demo on a CPU: 2)")
     p.add_argument("--eagle3-top-k", type=int, help="EAGLE-3 children per expanded node (default 10; demo on a CPU: 8)")
     p.add_argument("--draft-reps", type=int, default=20, help="timed calls of each drafter alone (default 20)")
+    p.add_argument("--neighbours", type=int, default=0, metavar="N",
+                   help="run beside N busy processes (one core each: compute and memory sweeps), as on a machine "
+                        "shared with other work; 0 (default): none")
     _common(p, reps=1, warmup=1)
     # on the SmolLM2 demo without --prompts: its 20 held-out prompts (10 code, 10 chat) at 128 new
     # tokens, the README's and benchmarks/RESULTS.md's comparison (bench.cli.demo_workload)

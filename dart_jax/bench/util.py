@@ -1,11 +1,13 @@
 """Timing, statistics and environment helpers shared by the benchmark modes."""
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -16,6 +18,43 @@ from tqdm.auto import tqdm
 
 from dart_jax.bench.options import CLOCKS  # noqa: F401 (--clock's choices; importable here, as before)
 
+
+# one busy neighbour (`busy_neighbours`): a process that alternates a small matmul (the core's
+# arithmetic) with a sweep over 64 MB (its share of the memory bandwidth), single-threaded, until
+# its time limit or its parent's end
+_NEIGHBOUR = """
+import os, sys, time
+import numpy as np
+parent, end = os.getppid(), time.monotonic() + float(sys.argv[1])
+a, b = np.random.default_rng(0).random((192, 192)), np.zeros(8 << 20)
+while time.monotonic() < end and os.getppid() == parent:
+    for _ in range(20):
+        a = np.tanh(a @ a)
+    b += 1.0
+"""
+
+
+@contextlib.contextmanager
+def busy_neighbours(n: int, limit_s: float = 4 * 3600):
+    """Run the block beside `n` processes that keep a core busy each (`--neighbours`), as other
+    work on a shared machine does: compute and memory sweeps, one thread each. They end with the
+    block, at `limit_s` seconds, or when this process dies."""
+    if n < 0:
+        raise ValueError(f"--neighbours must be >= 0, got {n}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, str(limit_s)], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def check_reps(reps: int, warmup: int) -> None:
