@@ -214,6 +214,10 @@ def run(args, out=None) -> dict:
     if args.compare:
         return run_compare(args, model, prompt, prompt_ids, chat, settings, stops, out)
     method = _method(args, model)
+    if not args.json:  # what is being answered, before the wait for compilation
+        shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        out.write(f"[prompt] {shown}\n\n")
+        out.flush()
     warmup = CompileTimer()
     if not args.no_warmup:
         with warmup:
@@ -226,6 +230,9 @@ def run(args, out=None) -> dict:
         if not args.json:
             out.write(piece)
             out.flush()
+    if not args.json:
+        out.write("\n")  # the answer's last line ends before anything else prints (a compile notice on stderr)
+        out.flush()
     result = sink[0]
     report = {"method": method, "prompt": prompt, "text": result.text, "token_ids": result.token_ids,
               "accept_lengths": result.accept_lengths, "stats": result.stats, "finish_reason": result.finish_reason,
@@ -250,7 +257,7 @@ def run(args, out=None) -> dict:
     if args.json:
         out.write(json.dumps(report) + "\n")
     else:
-        out.write("\n\n")
+        out.write("\n")
         if warmup.wall > 0:
             out.write(f"[warm-up] {warmup.wall:.1f}s before timing ({warmup.seconds:.1f}s of it compiling)\n")
         out.write(_summary(result, f"[{method.upper()}]") + "\n")
