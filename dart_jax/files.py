@@ -116,12 +116,21 @@ def check_output(path, what: str = "output") -> str:
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path):
         raise InputError(f"{what} {path!r} is a folder; pass a file name (e.g. {os.path.join(path, 'ngram.trie')!r}).")
+    check_regular(path, what)
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):
         if os.path.exists(folder):
             raise InputError(f"{what} {path!r}: {folder!r} is not a folder; pass a path inside a folder.")
         raise MissingFileError(f"{what} {path!r}: the folder {folder!r} does not exist; create it first.")
     return path
+
+
+def check_regular(path, what: str = "output") -> None:
+    """An InputError when `path` exists and is not a regular file (a named pipe, a device, a
+    socket): the atomic rename that writes an output would replace it rather than write into it."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise InputError(f"{what} {os.fspath(path)!r} exists and is not a regular file (a named pipe, device or "
+                         "socket), which writing would replace; pass the name of a file.")
 
 
 def check_apart(output, inputs: Iterable[tuple[str, object]], what: str = "output", *,
@@ -159,6 +168,10 @@ def atomic_path(path: str) -> Iterator[str]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as e:
+        if not e.filename or str(e.filename) == tmp:  # a full disk met at a flush names no file: name the output
+            e.filename = path
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -195,15 +208,16 @@ def _open_permissions(folder: Path) -> None:
 
 
 def clean_leftovers(dest: Path) -> None:
-    """Remove what a killed writer of `dest` left; put an old folder back when `dest` is missing
-    (the kill fell between moving the old folder away and moving the new one in)."""
-    dest = Path(dest)
-    pattern = re.compile(rf"\.{re.escape(dest.name)}\.(?P<kind>partial|old)-(?P<pid>\d+)-[0-9a-f]+")
-    found = sorted((match.group("kind"), Path(entry.path)) for match, entry in _dead_entries(dest.parent, pattern)
-                   if entry.is_dir(follow_symlinks=False))
-    for kind, entry in found:
-        if kind == "old" and not dest.exists():
-            os.rename(entry, dest)
+    """Remove what killed writers left beside `dest`, of any folder of its parent (the next export
+    may have another name); put an old folder back when its folder is missing (the kill fell
+    between moving the old folder away and moving the new one in)."""
+    parent = Path(dest).parent
+    pattern = re.compile(r"\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)-[0-9a-f]+")
+    found = sorted((match.group("kind"), match.group("name"), Path(entry.path))
+                   for match, entry in _dead_entries(parent, pattern) if entry.is_dir(follow_symlinks=False))
+    for kind, name, entry in found:
+        if kind == "old" and not (parent / name).exists():
+            os.rename(entry, parent / name)
         else:
             shutil.rmtree(entry, ignore_errors=True)
 

@@ -7,6 +7,7 @@ work starts, and output paths before anything is read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ import numpy as np
 from dart_jax.errors import (FileFormatError, InputError, MissingFileError, check_text, cli_boundary,
                              load_tokenizer_folder, parse_json)
 
-from ._atomic import check_apart, check_output
+from ._atomic import check_apart, check_output, scratch_dir
 from ._format import looks_like_reference, MAGIC as CSR_MAGIC
 from ._reference import MAX_CHUNK_BYTES
 from .compressed import MAGIC as COMPRESSED_MAGIC, compress, load_any
@@ -215,23 +216,21 @@ def cmd_compress(args):
     out = check_output(args.output, "compressed trie output")
     if head[:8] == COMPRESSED_MAGIC:
         raise InputError(f"{path} is already a compressed trie; pass a CSR trie or a reference .trie.")
-    if head[:8] == CSR_MAGIC:
-        trie = Trie.load(path)
-        csr_bytes = os.path.getsize(path)
-        scratch = None
-    elif looks_like_reference(head):
-        scratch = Path(out).with_name(Path(out).name + ".csr.tmp")
-        trie = Trie.from_reference(path, out=scratch, chunk_bytes=args.chunk_mb << 20, progress=True)
-        csr_bytes = os.path.getsize(scratch)
-    else:
-        raise FileFormatError(path, "neither a dart_jax trie nor a reference .trie (unknown header); pass a file "
-                                    "written by `ngram build`/`convert` or a reference .trie.")
-    try:
-        result = compress(trie, out)
-    finally:
-        del trie
-        if scratch is not None and os.path.exists(scratch):
-            os.remove(scratch)
+    with contextlib.ExitStack() as stack:
+        if head[:8] == CSR_MAGIC:
+            trie = Trie.load(path)
+            csr_bytes = os.path.getsize(path)
+        elif looks_like_reference(head):  # converted to a CSR trie in a scratch folder beside the output
+            scratch = os.path.join(stack.enter_context(scratch_dir(os.path.dirname(out))), "converted.trie")
+            trie = Trie.from_reference(path, out=scratch, chunk_bytes=args.chunk_mb << 20, progress=True)
+            csr_bytes = os.path.getsize(scratch)
+        else:
+            raise FileFormatError(path, "neither a dart_jax trie nor a reference .trie (unknown header); pass a file "
+                                        "written by `ngram build`/`convert` or a reference .trie.")
+        try:
+            result = compress(trie, out)
+        finally:
+            del trie  # its memory maps closed before the scratch folder goes
     size = os.path.getsize(out)
     print(f"wrote {out}: {result.num_nodes} nodes, order {result.order}, {size} bytes "
           f"({size / result.num_nodes:.3f} bytes/node; CSR {csr_bytes / result.num_nodes:.3f})")

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from dart_jax.convert.base_files import check_base_files
 from dart_jax.errors import FileFormatError, InputError, check_text, load_tokenizer_folder, not_utf8, parse_json
+from dart_jax.files import atomic_path
 
 from .masks import sample_anchors
 
@@ -161,12 +162,10 @@ class Dataset:
 
     def save(self, path) -> None:
         """Written to a temporary file first, so that a killed run never leaves half a file."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
         lengths = np.asarray([len(x) for x in self.ids], np.int64)
-        np.savez(tmp, lengths=lengths, ids=np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32),
-                 loss_mask=np.concatenate(self.loss_mask) if self.ids else np.zeros(0, bool))
-        os.replace(tmp, path)
+        with atomic_path(os.path.abspath(path)) as tmp, open(tmp, "wb") as f:  # a file object: savez adds no ".npz"
+            np.savez(f, lengths=lengths, ids=np.concatenate(self.ids) if self.ids else np.zeros(0, np.int32),
+                     loss_mask=np.concatenate(self.loss_mask) if self.ids else np.zeros(0, bool))
 
     def digest(self) -> str:
         """sha256 of the token ids, sample by sample (what the target's taps depend on)."""

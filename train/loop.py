@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from dart_jax.convert.dart_head import DartHeadConfig
+from dart_jax.files import atomic_path
 from dart_jax.models.head import TRAINABLE, DartHead
 from dart_jax.models.multihost import is_writer
 
@@ -246,17 +247,15 @@ def load_batch(data: Dataset, settings: TrainSettings, step: int, pad_id: int, t
 def write_json_atomic(path: Path, obj) -> None:
     if not is_writer():  # several processes (multi-host): process 0 writes the run's files
         return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    with atomic_path(os.path.abspath(path)) as tmp:
+        Path(tmp).write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def save_npz_atomic(path: Path, **arrays) -> None:
     if not is_writer():
         return
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    with atomic_path(os.path.abspath(path)) as tmp, open(tmp, "wb") as f:  # a file object: savez adds no ".npz"
+        np.savez(f, **arrays)
 
 
 def output_rows(target) -> np.ndarray:

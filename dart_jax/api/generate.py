@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import InputError, MissingFileError, check_text, cli_boundary, read_json
+from dart_jax.files import atomic_path
 from dart_jax.models.backend import defaults_for
 from dart_jax.models.multihost import is_writer
 
@@ -130,14 +131,8 @@ def run_batch(args) -> list[dict]:
             print(f"note: {args.prompts}:{request['line']}: {notice}", file=sys.stderr)
     text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
     if args.output and is_writer():  # several processes (python -m dart_jax.launch): process 0 writes
-        out = Path(args.output)
-        tmp = out.with_name(out.name + ".tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, out)
-        finally:
-            if tmp.is_file():
-                tmp.unlink()
+        with atomic_path(os.path.abspath(args.output)) as tmp:
+            Path(tmp).write_text(text, encoding="utf-8")
     elif not args.output:
         sys.stdout.write(text)
     return lines

@@ -21,6 +21,7 @@ from dart_jax.bench.options import build_parser  # noqa: F401 (importable here, 
 from dart_jax.bench.util import busy_neighbours, meta, parse_int_list
 from dart_jax.errors import InputError, cli_boundary
 from dart_jax.models.backend import use_compile_cache
+from dart_jax.files import atomic_path
 from dart_jax.ngram import MAX_ORDER
 
 # the columns each mode's table shows, in order (the JSON rows hold these and possibly more)
@@ -266,9 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_path(os.path.abspath(path)) as tmp:
+        Path(tmp).write_text(text)
 
 
 if __name__ == "__main__":
