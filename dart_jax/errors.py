@@ -5,14 +5,17 @@ the field, the flag), what was expected, and what to do. The Python API raises t
 (`ValueError` / `FileNotFoundError` subclasses, so `except ValueError` keeps working); every
 command line tool runs its body through `cli_boundary`, which turns any user error into one
 `error: …` line and exit code 2. Anything else is a bug in dart_jax and keeps its traceback.
+The commands' help formatter (`DefaultsHelpFormatter`) is here too, beside that boundary.
 
 This module is a leaf that every layer may import; it imports nothing of dart_jax, nor jax.
 """
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import numbers
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -186,10 +189,32 @@ _USER_OS_ERRORS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errn
                    errno.EROFS, errno.ENAMETOOLONG, errno.ENOTEMPTY, errno.EADDRINUSE, errno.EADDRNOTAVAIL}
 
 
+def _platform_message(e: BaseException) -> str | None:
+    """The message for JAX failing to start a backend that JAX_PLATFORMS names (its build not
+    installed, no such device, a misspelt name): a RuntimeError from JAX's backend setup, or an
+    AssertionError there when no backend at all came up; None for anything else."""
+    platforms = os.environ.get("JAX_PLATFORMS")
+    if not platforms or not isinstance(e, (RuntimeError, AssertionError)):
+        return None
+    frame = e.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    in_setup = frame is not None and frame.tb_frame.f_code.co_filename.replace("\\", "/").endswith("jax/_src/xla_bridge.py")
+    if not in_setup and not str(e).startswith("Unable to initialize backend"):
+        return None
+    reason = str(e).split(" (set JAX_PLATFORMS")[0].strip() or "none of the backends it names is installed"
+    return (f"JAX_PLATFORMS={platforms}: JAX cannot start that backend here ({reason[:300]}). Install JAX's build for "
+            "it (pip install '.[cuda]' for NVIDIA GPUs, '.[tpu]' for TPUs) on a machine that has the device, or unset "
+            "JAX_PLATFORMS so that JAX picks the devices there are.")
+
+
 def user_error_message(e: BaseException) -> str | None:
     """The message to show for a user error, or None when `e` is a bug (keep its traceback)."""
     if isinstance(e, (ValueError, FileNotFoundError)):
         return str(e)
+    platform = _platform_message(e)
+    if platform is not None:
+        return platform
     if isinstance(e, OSError) and e.errno in _USER_OS_ERRORS:
         where = f"{e.filename}: " if e.filename and str(e.filename) not in str(e.strerror or "") else ""
         fix = "; free some space there or write to another disk" if e.errno == errno.ENOSPC else ""
@@ -201,6 +226,16 @@ def user_error_message(e: BaseException) -> str | None:
         first = str(e).strip().splitlines()[0][:300]
         return f"out of device memory ({first}); use smaller sizes (max length, batch size, tree size)."
     return None
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with each option's default after its text, except where the text states the
+    default itself or there is none to show (None: the option was not given)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def cli_boundary(body: Callable[[], int | None], *, prog: str = "dart_jax") -> int:

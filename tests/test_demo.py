@@ -30,7 +30,7 @@ def test_everything_shipped_stays_within_30_mb():
 def test_demo_cli_is_lossless_and_accepts_long_runs():
     env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-m", "dart_jax.generate", "--demo", "tiny", "--compare-ar", "--json", "--no-warmup",
+        [sys.executable, "-m", "dart_jax.generate", "--demo", "tiny", "--compare-ar", "--json",
          "--max-new-tokens", "48", "--prompt", "How is a head trained?", "--keep", "16"],  # a fixed tree: every step drafts
         capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -48,7 +48,7 @@ def test_smollm2_demo_cli_is_lossless_on_a_held_out_prompt():
     that the target accepts (the speed figures are the benchmark's, not a test's)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-m", "dart_jax.generate", "--compare-ar", "--json", "--no-warmup", "--max-new-tokens", "64",
+        [sys.executable, "-m", "dart_jax.generate", "--compare-ar", "--json", "--max-new-tokens", "64",
          "--keep", "8"], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
@@ -63,7 +63,7 @@ def test_smollm2_demo_compares_dart_eagle3_and_plain_out_of_the_box():
     tokens the target accepts."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-m", "dart_jax.generate", "--compare", "--json", "--no-warmup", "--max-new-tokens", "48",
+        [sys.executable, "-m", "dart_jax.generate", "--compare", "--json", "--max-new-tokens", "48",
          "--prompt", "Write a Python function that returns the n-th Fibonacci number."],
         capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -31,8 +31,8 @@ import argparse
 import os
 from pathlib import Path
 
-from dart_jax.errors import InputError, MissingFileError, check_text
-from dart_jax.files import compile_cache_dir
+from dart_jax.errors import DefaultsHelpFormatter, InputError, MissingFileError, check_text
+from dart_jax.files import check_regular, compile_cache_dir
 
 from . import methods as decoding_methods
 from .prompts import read_prompt_file
@@ -45,6 +45,8 @@ DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (de
 FUSED_CHOICES = {"auto": None, "on": True, "off": False}
 DEFAULT_BATCH_SIZE = 8  # --batch-size of --prompts
 INT32_MAX = 2**31 - 1  # top_k and token counts are int32 on the device
+DTYPE_CHOICES = ("float32", "bfloat16", "float16")  # `dart_jax.models.qwen3.MODEL_DTYPES`, likewise
+MAX_DEVICE_STEPS = 4096  # `dart_jax.models.backend.MAX_DEVICE_STEPS`, likewise
 
 
 def top_k_value(text: str) -> int:
@@ -55,6 +57,17 @@ def top_k_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"top-k must be an integer, got {text!r}") from None
     if not 0 <= value <= INT32_MAX:
         raise argparse.ArgumentTypeError(f"top-k must lie in [0, {INT32_MAX}] (0 = off), got {value}")
+    return value
+
+
+def device_steps(text: str) -> int:
+    """--device-steps: an integer in [0, MAX_DEVICE_STEPS], else an argparse error naming the limit."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_DEVICE_STEPS:
+        raise argparse.ArgumentTypeError(f"must lie in [0, {MAX_DEVICE_STEPS}] (0: a host call per step), got {value}")
     return value
 
 
@@ -81,8 +94,8 @@ def add_backend_flags(p, *, fixed: bool = False) -> None:
     def default(value: str):
         return value if fixed else None
 
-    def says(value: str) -> str:  # "%(default).0s" prints nothing: argparse then adds no "(default: None)"
-        return f" (default {value})" if fixed else f" (default: the backend's, {value})%(default).0s"
+    def says(value: str) -> str:
+        return f" (default {value})" if fixed else f" (default: the backend's, {value})"
 
     p.add_argument("--verify-gemms", choices=VERIFY_GEMMS_CHOICES, default=default("auto"),
                    help="GEMMs a GPU compiles the tree verification with: auto (cuBLAS for trees of 32 rows or more, "
@@ -117,16 +130,16 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
                             "(draft rows x beam width x candidates); 'auto' picks the fastest of a few sizes up to "
                             "--max-keep each step, plain decoding included, from timings on this device (default: "
                             "the backend's, see --device-info: 60 on a GPU or TPU, 'auto' on a CPU, where the "
-                            "SmolLM2 demo, when neither --keep nor --max-keep is given, uses a fixed 7)%(default).0s")
-    # "%(default).0s" prints nothing: it stops argparse from adding "(default: None)" where None means
-    # "not given" (the demo's CPU settings apply) and the text names the real default
+                            "SmolLM2 demo, when neither --keep nor --max-keep is given, chooses per sequence among "
+                            "plain decoding and trees of up to 7 nodes)")
     group.add_argument("--max-keep", type=int, default=None,
-                       help="the largest tree 'auto' may use, the reference's size (default: 60)%(default).0s")
-    group.add_argument("--device-steps", type=int, default=None, metavar="N",
+                       help="the largest tree 'auto' may use, at most what the tree search can fill, as for --keep "
+                            "(default: 60, the reference's size)")
+    group.add_argument("--device-steps", type=device_steps, default=None, metavar="N",
                        help="run N DART steps per device call, the draft trees searched on the device (the same "
                             "trees; for accelerators: slower on a CPU); needs a fixed --keep; 0: one device call a "
                             "step, the host searching (default: the backend's, see --device-info: 32 on a GPU or "
-                            "TPU with a fixed tree on one device, else 0)%(default).0s")
+                            f"TPU with a fixed tree on one device, else 0; at most {MAX_DEVICE_STEPS})")
     add_backend_flags(group)
     group.add_argument("--fused-projections", choices=FUSED_CHOICES, default="auto",
                        help="each layer's q/k/v and gate/up kernels fused into one matmul each (one device only): "
@@ -138,20 +151,21 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
     group.add_argument("--eagle3", metavar="PATH", help="an EAGLE-3 head (hub id or folder, published layout) "
                                                         "loaded beside DART over the same target (--method eagle3)")
     group.add_argument("--eagle3-total-token", type=int, help="EAGLE-3 tree size, root included; the SmolLM2 "
-                                                              "demo's shipped EAGLE-3 head on a CPU: 8 (default: 60)%(default).0s")
+                                                              "demo's shipped EAGLE-3 head on a CPU: 8 (default: 60)")
     group.add_argument("--eagle3-depth", type=int, help="EAGLE-3 draft steps per tree; the demo on a CPU: 2 "
-                                                        "(default: 7)%(default).0s")
+                                                        "(default: 7)")
     group.add_argument("--eagle3-top-k", type=int, help="EAGLE-3 children per expanded node; the demo on a CPU: 8 "
-                                                        "(default: 10)%(default).0s")
-    group.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                       help="parameter/compute dtype (None: float32 on CPU, bfloat16 on accelerators)")
+                                                        "(default: 10)")
+    group.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                       help="parameter/compute dtype (default: float32 on a CPU, bfloat16 on accelerators)")
     group.add_argument("--no-compile-cache", action="store_true",
                        help=f"do not keep compiled steps on disk (default: kept in {default_cache_dir()}, "
                             "so a second run of the same shapes starts in seconds)")
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every option's default after its help."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
+    """The module docstring as written, and every option's default after its help where the help
+    does not state it."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -200,8 +214,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=None,
                     help=f"with --prompts: sequences decoded together (a pool of this many slots, rounded up to a "
                          f"power of two; a finished sequence's slot takes the next prompt at once) "
-                         f"(default: {DEFAULT_BATCH_SIZE})%(default).0s")
-    return ap.parse_args(argv)
+                         f"(default: {DEFAULT_BATCH_SIZE})")
+    args = ap.parse_args(argv)
+    if args.device_info:  # it loads no model: every other option would do nothing
+        ignored = [action.option_strings[0] for action in ap._actions if action.option_strings
+                   and action.dest not in ("help", "device_info") and getattr(args, action.dest) != action.default]
+        if ignored:
+            ap.error(f"--device-info prints the backend, its devices and the defaults there, and loads no model or "
+                     f"prompt, so {', '.join(ignored)} would do nothing; drop {'them' if len(ignored) > 1 else 'it'} or "
+                     "run without --device-info.")
+    return args
 
 
 def check_modes(args) -> None:
@@ -232,6 +254,14 @@ def check_modes(args) -> None:
     if args.batch_size is not None and not args.prompts:
         raise InputError("--batch-size sets how many --prompts lines are decoded together; add --prompts FILE.jsonl "
                          "or drop --batch-size.")
+    if args.compare is not None and not args.compare.strip(" ,"):
+        raise InputError("--compare names no method; pass a comma list of "
+                         f"{', '.join(decoding_methods.names())}, or --compare alone for all that are loaded.")
+    compares = [flag for flag, on in (("--compare-ar", args.compare_ar), ("--compare", args.compare)) if on]
+    if args.no_warmup and compares:
+        raise InputError(f"{compares[0]} compares speeds measured after a warm-up that compiles each method's steps; "
+                         "--no-warmup would time one method's compilation against another's run. Drop --no-warmup "
+                         "(the warm-up compiles what the timed runs use, so it adds little).")
     if args.compare_ar and args.method == decoding_methods.baseline().name:
         raise InputError(f"--compare-ar compares --method {args.method} with plain decoding, which --method "
                          f"{args.method} already is; drop --compare-ar, or use --method dart (or --compare).")
@@ -243,6 +273,7 @@ def check_output(path: str | Path, flag: str = "--output") -> Path:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{flag} {path} is a folder; pass a file name (e.g. {path / 'out.jsonl'}).")
+    check_regular(path, flag)
     folder = path.parent
     if not folder.is_dir():
         if folder.exists():

@@ -128,10 +128,12 @@ def reference_names(opts: dict, base, dart, ngram, small_ngram, dtype) -> tuple:
 
 
 def fit_tree(tree: TreeSettings, rows: int, draft_vocab: int, adaptive: bool) -> TreeSettings:
-    """Tree settings checked against a DART head of `rows` rows over `draft_vocab` ids; with
-    `adaptive` ("auto"), the largest size capped at what the search can fill."""
+    """Tree settings checked against a DART head of `rows` rows over `draft_vocab` ids. With
+    `adaptive` ("auto") the largest size is max_keep: at its default, the reference's size, it is
+    capped at what the search can fill (a small head fills fewer nodes); a max_keep given is
+    checked as a fixed keep is."""
     tree.check_fits(rows, draft_vocab)
-    if adaptive:
+    if adaptive and tree.keep == TreeSettings().keep:
         tree = dataclasses.replace(tree, keep=min(tree.keep, _methods.max_tree_nodes(tree, rows)))
-    _methods.check_tree_size(tree.keep, tree, rows)
+    _methods.check_tree_size(tree.keep, tree, rows, "max_keep (--max-keep)" if adaptive else "keep (--keep)")
     return tree

@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from dart_jax.api.options import add_backend_flags, tree_size
+from dart_jax.api.options import DTYPE_CHOICES, MAX_DEVICE_STEPS, add_backend_flags, device_steps, tree_size
 
 # what --clock picks: wall time, or this process's CPU time (steadier on a machine shared with
 # other work, but it counts every thread, so only for single-threaded host code)
@@ -68,7 +68,9 @@ def _trie_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", type=int, default=3, help="order of the synthetic trie (default 3)")
 
 
-def _model_options(p: argparse.ArgumentParser) -> None:
+def _model_options(p: argparse.ArgumentParser, *, demo_workload: bool = False) -> None:
+    """The options that choose the model and the prompts; `demo_workload`: bench compare's defaults
+    (`bench.cli.demo_workload`: the SmolLM2 demo's held-out prompts at 128 new tokens)."""
     p.add_argument("--base", help="target checkpoint (hub id or folder); with --ckpt")
     p.add_argument("--ckpt", "--dart", dest="dart", metavar="CKPT",
                    help="DART head checkpoint (hub id or folder), as generate's --ckpt (--dart: the old spelling)")
@@ -86,17 +88,22 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                         "bfloat16) with --random-layers layers, its weights drawn on the device (no checkpoint "
                         "written; 'tiny' for a CPU check); for accelerators")
     p.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ..., \"category\": ...} per line "
-                                     "(default: the shipped dart_jax/data/prompts.jsonl)")
+                                     + ("(default: on the SmolLM2 demo its 20 held-out prompts, the first 10 of each "
+                                        "category of dart_jax/demo/smollm2/prompts_eval.jsonl; else the shipped "
+                                        "dart_jax/data/prompts.jsonl)" if demo_workload else
+                                        "(default: the shipped dart_jax/data/prompts.jsonl)"))
     p.add_argument("--categories", help="comma-separated categories to keep (default: all)")
     p.add_argument("--limit", type=int, help="at most this many prompts per category")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=None if demo_workload else 64,
+                   help="tokens to generate per prompt " + ("(default: 128 on the SmolLM2 demo's held-out prompts, else "
+                                                            "64)" if demo_workload else "(default 64)"))
     p.add_argument("--max-length", type=int, default=2048, help="prompt + generation limit (default 2048)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--keep", type=tree_size, help="tree budget (nodes besides the root) or 'auto' (per-step choice "
                                                   "by measured speed); default: the model's default, auto")
-    p.add_argument("--device-steps", type=int, default=0, metavar="N",
+    p.add_argument("--device-steps", type=device_steps, default=0, metavar="N",
                    help="DART runs N steps per device call, its trees searched on the device (needs a fixed --keep); "
-                        "default 0: one device call a step, the host searching")
+                        f"default 0: one device call a step, the host searching; at most {MAX_DEVICE_STEPS}")
     add_backend_flags(p, fixed=True)
     p.add_argument("--no-chat", action="store_true", help="feed the prompts without the chat template")
 
@@ -140,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "how many outputs equal plain decoding. Default: the SmolLM2 demo with the DART and "
                                    "EAGLE-3 heads we trained for it, on its 20 held-out prompts (10 code, 10 chat) "
                                    "at 128 new tokens; --prompts, --limit and --max-new-tokens change that.")
-    _model_options(p)
+    _model_options(p, demo_workload=True)
     p.add_argument("--methods", default="dart,eagle3,ar", help="methods, comma-separated (default dart,eagle3,ar)")
     p.add_argument("--eagle3", metavar="PATH", help="EAGLE-3 head (hub id or folder); default: the demo's own")
     p.add_argument("--eagle3-total-token", type=int, help="EAGLE-3 tree size, root included (default 60; the SmolLM2 "
@@ -152,9 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run beside N busy processes (one core each: compute and memory sweeps), as on a machine "
                         "shared with other work; 0 (default): none")
     _common(p, reps=1, warmup=1)
-    # on the SmolLM2 demo without --prompts: its 20 held-out prompts (10 code, 10 chat) at 128 new
-    # tokens, the README's and benchmarks/RESULTS.md's comparison (bench.cli.demo_workload)
-    p.set_defaults(max_new_tokens=None)
 
     p = sub.add_parser("phases", help="per-step time of each phase of a DART step",
                        description="Generate the prompts with DART and split each decoding step into its phases "
@@ -228,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "spelling; default 1,8,16,32,60)")
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default 512)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 elsewhere")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, help="default: float32 on CPU, bfloat16 elsewhere")
     add_backend_flags(p, fixed=True)
     _common(p, reps=10, warmup=2)
     return parser

@@ -23,6 +23,12 @@ REFERENCE_KEEP = 60
 # DART steps a device call on an accelerator: the device loop of 32 steps beat the host loop and
 # smaller loops at the Qwen3-8B shape on an H200 (benchmarks/RESULTS.md)
 ACCELERATOR_DEVICE_STEPS = 32
+# The most DART steps a device call may take. Its answer holds device_steps x (depth + 1) token
+# ids per sequence, allocated whether the steps run or not, and the host sees none of them (no
+# streaming, no stop string, no freed slot) before the call ends; every step commits at least one
+# token, so a call never takes more steps than its sequences have tokens: twice the default
+# max_length (2048) is more than any call can use.
+MAX_DEVICE_STEPS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,11 @@ class BackendDefaults:
         if unknown:
             raise InputError(f"unknown backend option(s) {unknown}; valid: "
                              f"{[f.name for f in dataclasses.fields(self) if f.name != 'backend']}.")
+        steps = given.get("device_steps")
+        if steps is not None and not (isinstance(steps, int) and not isinstance(steps, bool)
+                                      and 0 <= steps <= MAX_DEVICE_STEPS):
+            raise InputError(f"device_steps (--device-steps) must be an integer in [0, {MAX_DEVICE_STEPS}] (0: a host "
+                             f"call per step), got {steps!r}.")
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
@@ -71,6 +82,7 @@ def defaults_for(backend: str | None = None) -> BackendDefaults:
         return BackendDefaults(backend, fused_projections=True, device_steps=ACCELERATOR_DEVICE_STEPS,
                                keep=REFERENCE_KEEP)
     return BackendDefaults(backend, untied_lm_head=backend == "cpu")
+
 
 def use_compile_cache(path: str | os.PathLike | None = None) -> Path | None:
     """Keep compiled programs on disk: JAX's persistent compilation cache, so that a later process
