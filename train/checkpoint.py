@@ -9,8 +9,10 @@ checkpoint folder, and the one before is used (`restore_latest`).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +20,42 @@ import jax
 import orbax.checkpoint as ocp
 
 from dart_jax.errors import InputError
+
+
+# where orbax's worker threads (absl) and its event loop's futures (asyncio) log their failures
+_ORBAX_LOGGERS = ("absl", "asyncio")
+
+
+class _Held(logging.Filter):
+    """Holds back every record of the loggers it is added to (re-emitted unless the disk was full)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+
+def _drop_full_disk(record: logging.LogRecord) -> bool:
+    """False for a record about a full disk (told once, by the command's error line)."""
+    error = record.exc_info[1] if record.exc_info else None
+    text = record.getMessage() + (str(error) if error is not None else "")
+    return not ((isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in text
+                or f"os_error_code={errno.ENOSPC}" in text.replace("'", ""))
+
+
+def _without_failed_save(hook: Callable) -> Callable:
+    """`hook` (a sys.unraisablehook) less what a save that failed on a full disk leaves to report:
+    orbax's storage callbacks into its closed event loop, and its abandoned write coroutines,
+    which fail when the interpreter finalises them at exit."""
+    def quiet(report) -> None:
+        code = getattr(report.object, "cr_code", None)
+        if not ((isinstance(report.exc_value, RuntimeError) and str(report.exc_value) == "Event loop is closed")
+                or (code is not None and "orbax" in code.co_filename)):
+            hook(report)
+    return quiet
 
 
 class Checkpoints:
@@ -33,8 +71,17 @@ class Checkpoints:
 
     def save(self, step: int, state) -> None:
         """Save `state` as step `step`. A failed write leaves no temporary folder behind; a full disk
-        (which orbax reports as a ValueError of TensorStore's) is the OSError it is."""
+        (which orbax reports as a ValueError of TensorStore's) is the OSError it is, and nothing
+        else: the tracebacks orbax's threads log about it are dropped (any other failure's are kept)."""
         leaves = jax.tree.leaves(state)
+        held = _Held()
+        for name in _ORBAX_LOGGERS:
+            logging.getLogger(name).addFilter(held)
+        full = False
+        # orbax's storage threads call back into its event loop after a failed write has closed it:
+        # "Event loop is closed", reported through sys.unraisablehook
+        unraisable, previous_hook = [], sys.unraisablehook
+        sys.unraisablehook = unraisable.append
         try:
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(leaves), meta=ocp.args.JsonSave({"step": int(step), "leaves": len(leaves)})))
@@ -43,8 +90,20 @@ class Checkpoints:
             for partial in self.folder.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
                 shutil.rmtree(partial, ignore_errors=True)
             if f"os_error_code='{errno.ENOSPC}'" in str(e) or "No space left on device" in str(e):
+                full = True
+                for name in _ORBAX_LOGGERS:  # what orbax's threads and futures still report later, at exit
+                    logging.getLogger(name).addFilter(_drop_full_disk)
                 raise OSError(errno.ENOSPC, f"No space left on device for checkpoint {step}", str(self.folder)) from None
             raise
+        finally:
+            for name in _ORBAX_LOGGERS:
+                logging.getLogger(name).removeFilter(held)
+            sys.unraisablehook = _without_failed_save(previous_hook) if full else previous_hook
+            if not full:
+                for record in held.records:
+                    logging.getLogger(record.name).handle(record)
+                for report in unraisable:
+                    previous_hook(report)
 
     def restore(self, step: int, like):
         """The state saved at `step`, in the tree structure (and shardings) of `like`."""

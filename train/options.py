@@ -7,16 +7,19 @@ import math
 import os
 from pathlib import Path
 
-from dart_jax.errors import InputError
+from dart_jax.errors import DefaultsHelpFormatter, InputError
 from dart_jax.files import check_apart
 
 from .settings import DEFAULT_GAMMA, METHODS, TrainSettings
+
+TAPS_DTYPE = "bfloat16"  # --taps-dtype when not given
+TAPS_SHARD_MB = 256.0  # --taps-shard-mb when not given
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainSettings()
     p = argparse.ArgumentParser(
-        prog="python -m dart_jax.train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m dart_jax.train", formatter_class=DefaultsHelpFormatter,
         description="Train a draft head on JSONL conversations with the frozen target as teacher: DART "
                     "(annealed KL over the d rows, prefix-shared masked training) or EAGLE-3 (--method eagle3: "
                     "training-time test over --ttt-steps unrolled draft steps). Re-running with the same "
@@ -57,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy regeneration")
     p.add_argument("--regen-max-new", type=int, default=512, help="new tokens per regenerated turn")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed JSONL lines (counted) instead of failing")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+    # the choices of `dart_jax.models.qwen3.MODEL_DTYPES`, which this light module cannot import (jax)
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="target dtype (default float32 on CPU, bfloat16 on accelerators); the head trains in float32")
     p.add_argument("--mesh", metavar="SPEC", default=None,
                    help="devices: 'data=N' data parallel over N devices (default: all local devices), "
@@ -68,11 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "target (resumable, checksummed); online: the target runs every step (for data too big to "
                         "cache); auto: cache when there are 2 or more epochs, one process, and the cache takes at "
                         "most half the free disk space there, else online (the choice is printed)")
+    # the cache's options default to None, "not given", so that --taps online can refuse them
     p.add_argument("--taps-dir", default=None, help="the taps cache's folder (default OUT/taps)")
-    p.add_argument("--taps-dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                   help="the cache's dtype (bfloat16 halves its size; the effect on the loss is in README)")
-    p.add_argument("--taps-shard-mb", type=float, default=256.0,
-                   help="size of one cache file: a killed cache pass resumes from the last finished one")
+    p.add_argument("--taps-dtype", choices=("bfloat16", "float32"), default=None,
+                   help=f"the cache's dtype (default {TAPS_DTYPE}: it halves the cache's size; the effect on the loss "
+                        "is in README)")
+    p.add_argument("--taps-shard-mb", type=float, default=None,
+                   help=f"size of one cache file: a killed cache pass resumes from the last finished one (default "
+                        f"{TAPS_SHARD_MB:g})")
     p.add_argument("--profile", type=int, default=None, metavar="N",
                    help="time N training steps split into data loading, host work, the target's forward, the "
                         "head's forward+backward and the optimizer (separately jitted pieces, each timed with "
@@ -102,6 +109,14 @@ def check_args(args) -> None:
         raise InputError(f"--stop-after must be >= 1 (micro-batches), got {args.stop_after}.")
     if args.profile is not None and args.profile < 1:
         raise InputError(f"--profile must be >= 1 (steps to time), got {args.profile}.")
+    cache_flags = [f"--{name.replace('_', '-')}" for name in ("taps_dir", "taps_dtype", "taps_shard_mb")
+                   if getattr(args, name) is not None]
+    if args.taps == "online" and cache_flags:
+        raise InputError(f"--taps online runs the target every step and makes no taps cache, so {', '.join(cache_flags)} "
+                         f"would do nothing; drop {'them' if len(cache_flags) > 1 else 'it'}, or pass --taps cache "
+                         "(or auto).")
+    args.taps_dtype = args.taps_dtype or TAPS_DTYPE
+    args.taps_shard_mb = TAPS_SHARD_MB if args.taps_shard_mb is None else args.taps_shard_mb
     if not (math.isfinite(args.taps_shard_mb) and args.taps_shard_mb > 0):
         raise InputError(f"--taps-shard-mb must be a finite number > 0, got {args.taps_shard_mb}.")
     if args.draft_vocab is not None and args.draft_vocab < 1:
@@ -109,8 +124,11 @@ def check_args(args) -> None:
     if not (math.isfinite(args.regen_temperature) and args.regen_temperature >= 0):
         raise InputError(f"--regen-temperature must be a finite number >= 0, got {args.regen_temperature}.")
     settings_from_args(args, vocab_size=max(args.draft_vocab or 1, 1))  # TrainSettings' own checks
-    check_apart(args.out, [("--base", args.base), ("--data", args.data), ("--init-head", args.init_head),
-                           ("--tokenizer", args.tokenizer)], "--out")
+    inputs = [("--base", args.base), ("--data", args.data), ("--init-head", args.init_head),
+              ("--tokenizer", args.tokenizer)]
+    check_apart(args.out, inputs, "--out")
+    if args.taps_dir is not None:  # the cache deletes what it does not own in its folder
+        check_apart(args.taps_dir, inputs, "--taps-dir")
     out = Path(os.path.expanduser(args.out))
     if (out / "config.json").is_file() and not (out / "run.json").is_file():
         raise InputError(f"--out {args.out} holds a model or head (config.json) and is no training run (no run.json): "

@@ -36,7 +36,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from dart_jax.errors import InputError, ResourceError
+from dart_jax.errors import FileFormatError, InputError, ResourceError, read_json
 from dart_jax.files import PREFIX, atomic_path, file_sha256
 
 from .data import Dataset, pad_length
@@ -161,18 +161,29 @@ def _write_json(path: Path, obj) -> None:
         Path(tmp).write_text(json.dumps(obj, indent=1) + "\n")
 
 
+def _manifest_shaped(manifest) -> bool:
+    """Whether a parsed manifest has the shape `build_cache` writes (an object whose shards are a
+    list of objects), so that comparing it with a plan cannot fail; its values are compared there."""
+    return (isinstance(manifest, dict) and isinstance(manifest.get("shards", []), list)
+            and all(isinstance(shard, dict) for shard in manifest.get("shards", [])))
+
+
 def _reusable(folder: Path, plan: dict, log: Callable[[str], None]) -> dict[str, str]:
     """{shard file: sha256} of the finished shards a previous pass left that this one can keep."""
-    try:
-        old = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
+    if not (folder / MANIFEST).exists():
         return {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        old = {"damaged": True}
+    try:
+        old = read_json(folder / MANIFEST, "a taps cache manifest")
+    except FileFormatError as e:
+        old, damage = None, str(e)
+    else:
+        damage = None if _manifest_shaped(old) else f"{folder / MANIFEST}: not a taps cache manifest (wrong shape)"
     header = {k: v for k, v in plan.items() if k != "shards"}
     keep = {}
-    if {k: old.get(k) for k in header} == header and [{k: v for k, v in s.items() if k != "sha256"}
-                                                      for s in old.get("shards", [])] == plan["shards"]:
+    if damage is not None:
+        log(f"taps: {damage.splitlines()[0][:300]}; rebuilding the cache")
+    elif {k: old.get(k) for k in header} == header and [{k: v for k, v in s.items() if k != "sha256"}
+                                                        for s in old["shards"]] == plan["shards"]:
         for shard in old["shards"]:
             path = folder / shard["file"]
             if shard.get("sha256") is None:
