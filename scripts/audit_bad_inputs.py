@@ -636,6 +636,21 @@ def python_api_types(a: Audit, model) -> None:
     for name, call in calls.items():
         a.add("python api", name, api(call))
 
+    def on_pool(call, closed: bool = False):
+        def run():
+            pool = model.batcher(slots=1, max_length=64)
+            try:
+                if closed:
+                    pool.close()
+                return call(pool)
+            finally:
+                pool.close()
+        return run
+
+    a.add("python api", "pool.submit(ids, None)", api(on_pool(lambda p: p.submit(ids, None))))
+    a.add("python api", "pool.cancel(None)", api(on_pool(lambda p: p.cancel(None))))
+    a.add("python api", "pool.step() after close()", api(on_pool(lambda p: (p.submit(ids, few), p.step()), closed=True)))
+
     def load(**opts):
         return lambda: DartModel.from_pretrained(DEMO / "base", DEMO / "head", DEMO / "ngram.trie", keep=16, **opts)
 

@@ -213,3 +213,29 @@ def test_the_reference_calls_still_take_numpy_integers_and_top_p_zero(tiny):
     plain = tiny.dart_generate([IDS], max_new_token_num=2)
     again = tiny.dart_generate(np.array([IDS]), top_p=0, max_new_token_num=np.int64(2), remain_total=np.int64(16))
     assert again.tolist() == plain.tolist() and again.shape == (1, len(IDS) + 2)
+
+
+def test_a_pool_refuses_what_is_not_a_request_and_works_no_more_once_closed(tiny):
+    """A closed pool has given its caches back: a second close, a submit or a step would hand out
+    or write buffers that another pool holds (the oracle: the next two pools hold distinct caches)."""
+    import jax
+
+    pool = tiny.batcher(slots=1, max_length=64)
+    with pytest.raises(InputError, match=r"^settings must be a GenerationSettings, got NoneType None"):
+        pool.submit(IDS, None)
+    with pytest.raises(InputError, match=r"^settings must be a GenerationSettings \(GenerationSettings\(\*\*d\)"):
+        pool.submit(IDS, {"max_new_tokens": 2})
+    with pytest.raises(InputError, match=r"^request must be a Request \(the handle that submit\(\) returned\), got "
+                                         r"NoneType None"):
+        pool.cancel(None)
+    assert not pool.waiting
+    pool.close()
+    taker = tiny.batcher(slots=1, max_length=64)
+    pool.close()  # gives nothing back twice
+    other = tiny.batcher(slots=1, max_length=64)
+    assert jax.tree.leaves(taker.state.caches())[0] is not jax.tree.leaves(other.state.caches())[0]
+    for call in (lambda: pool.submit(IDS, G(max_new_tokens=2)), pool.step):
+        with pytest.raises(InputError, match=r"^(submit|step)\(\) on a closed pool: close\(\) gave its caches back"):
+            call()
+    taker.close()
+    other.close()

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dart_jax.errors import InputError
+from dart_jax.errors import InputError, check_type
 from dart_jax.models.multihost import to_host
 
 from .adaptive import RowAcceptance, median_time
@@ -46,7 +46,7 @@ from .device_tree import TreeEdit
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats
 from .sampling import SamplingParams
-from .settings import GenerationSettings
+from .settings import GenerationSettings, check_settings
 from .state import PoolState
 
 
@@ -135,6 +135,7 @@ class SlotPool:
         self.busy: list[Request | None] = [None] * b
         self.waiting: collections.deque[Request] = collections.deque()
         self._submitted = 0
+        self.closed = False  # close() handed the caches back: no request joins and no step runs after it
 
     # ------------------------------------------------------------------ requests
     def submit(self, prompt_ids, settings: GenerationSettings = GenerationSettings(),
@@ -142,6 +143,8 @@ class SlotPool:
         """Queue a request; it joins the pool at a step when a slot is free. `stop_at_eos=False`
         decodes past the model's EOS ids, up to the token limits (a warm-up that must run steps
         whatever the model answers)."""
+        self._check_open("submit")
+        settings = check_settings(settings)
         if settings.max_length > self.max_length:
             raise ValueError(f"the request's max_length {settings.max_length} exceeds the pool's {self.max_length}; "
                              "open the pool with a larger max_length.")
@@ -159,6 +162,7 @@ class SlotPool:
         """Stop a request now: a waiting one leaves the queue, a running one frees its slot (the
         next admission overwrites its cache rows). Its tokens so far stay; finish_reason becomes
         'cancelled'. False when it had already finished."""
+        check_type(request, "request", Request, "a Request (the handle that submit() returned)")
         if request.done:
             return False
         request.cancelled, request.budget.done = True, True
@@ -178,6 +182,7 @@ class SlotPool:
         """Admit waiting requests into free slots, or else advance every busy slot by one step.
         Returns (request, new token ids, accepted length; 0 for a prefill's first token) for each
         request that moved."""
+        self._check_open("step")
         free = [i for i, r in enumerate(self.busy) if r is None]
         if self.waiting and free:
             return self._admit(free)
@@ -191,7 +196,11 @@ class SlotPool:
             self.step()
 
     def close(self) -> None:
-        """Give the caches back to the engine for the next pool (unfinished requests stay unfinished)."""
+        """Give the caches back to the engine for the next pool (unfinished requests stay unfinished);
+        once: a second close gives nothing back twice."""
+        if self.closed:
+            return
+        self.closed = True
         now = time.perf_counter()
         for request in self.busy:
             if request is not None:
@@ -199,6 +208,11 @@ class SlotPool:
         self._keep_caches()
         self.busy = [None] * self.slots
         self.waiting.clear()
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise InputError(f"{call}() on a closed pool: close() gave its caches back to the engine, another pool "
+                             "may hold them now; open a new pool (DartModel.batcher / Engine.batcher).")
 
     def _cache_length(self) -> int:
         """Cache slots per sequence of this pool (its caches are the engine's `new_caches`)."""
