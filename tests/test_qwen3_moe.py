@@ -224,12 +224,14 @@ SHARDED = textwrap.dedent(r'''
     assert len(jax.devices()) == 4, jax.devices()
     folder, bad = sys.argv[1], sys.argv[2]
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 11)))
-    one = np.asarray(load_target(folder, dtype=jnp.float32)(ids))
+    whole = load_target(folder, dtype=jnp.float32)
     sharded = load_target(folder, dtype=jnp.float32, mesh="data=2,model=2")
     experts = sharded.layers[0].mlp.gate_proj.get_value()
     assert tuple(experts.sharding.spec)[:1] == ("model",), experts.sharding.spec
     assert max(s.data.shape[0] for s in experts.addressable_shards) == experts.shape[0] // 2
-    np.testing.assert_allclose(np.asarray(sharded(ids)), one, atol=1e-4, rtol=0)
+    # every expert over every row, and (one row) each row's experts gathered from their shards
+    for rows in (ids, ids[:1, :1]):
+        np.testing.assert_allclose(np.asarray(sharded(rows)), np.asarray(whole(rows)), atol=1e-4, rtol=0)
     try:
         load_target(bad, mesh="model=4")
     except InputError as e:
