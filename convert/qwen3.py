@@ -289,7 +289,8 @@ class Qwen3Config:
             kv_heads = cfg.get("num_key_value_heads")
             head_dim = cfg.get("head_dim")
         if head_dim is None and family != "qwen3":
-            head_dim = check_int(what, "hidden_size", cfg["hidden_size"]) // check_int(what, "num_attention_heads", heads)
+            head_dim = (check_int(what, "hidden_size", cfg["hidden_size"])
+                        // check_int(what, "num_attention_heads", heads))
 
         # transformers 5 keeps rope_theta and the scaling inside rope_parameters; older configs keep
         # rope_theta at the top level and the scaling in rope_scaling

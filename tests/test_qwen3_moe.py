@@ -248,7 +248,8 @@ def test_experts_shard_over_the_model_axis_and_match_one_device(folders, tmp_pat
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 4, "num_key_value_heads": 4}))
     env = {k: v for k, v in os.environ.items() if k != "DART_JAX_TEST_XLA_CACHE"}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
+    env.update(JAX_PLATFORMS="cpu",
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
     done = subprocess.run([sys.executable, "-c", SHARDED, str(folders["e8k3_norm_mlp_only"]), str(bad)], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "SHARDED OK" in done.stdout, done.stdout[-3000:] + done.stderr[-5000:]

@@ -140,7 +140,8 @@ def _stacked_tensor(handles, index, names: list[str], transpose: bool, var: nnx.
         rows = []
         for name in names[block[0]]:
             f = index[name][0]
-            part = cast_weight(read_slice(handles[f], f, name, block[:0:-1] if transpose else block[1:]), dtype, name, f)
+            part = read_slice(handles[f], f, name, block[:0:-1] if transpose else block[1:])  # [out, in] in the file
+            part = cast_weight(part, dtype, name, f)
             rows.append(part.T if transpose else part)
         return np.stack(rows)
 
