@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from dart_jax import DartModel
-from dart_jax.bench.tiny import make_tiny_head, make_tiny_tokenizer
+from dart_jax.bench.tiny import make_tiny_eagle3, make_tiny_head, make_tiny_tokenizer
 from dart_jax.convert import load_target, load_target_config
 from dart_jax.convert.qwen3 import Qwen3Config, target_config_from_hf
 from dart_jax.errors import FileFormatError, InputError
@@ -164,19 +164,21 @@ def test_cached_prefill_steps_and_tree_verify_match_transformers(folders):
                                atol=1e-4, rtol=0)
 
 
-def test_greedy_dart_equals_plain_decoding_and_transformers(tmp_path):
+def test_greedy_dart_and_eagle3_equal_plain_decoding_and_transformers(tmp_path):
     base = write_hf_moe(tmp_path / "base", seed=11, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0])
     make_tiny_tokenizer(base, vocab_size=VOCAB)
     head = make_tiny_head(tmp_path / "head", base, seed=11, head_dim=8)
+    eagle3 = make_tiny_eagle3(tmp_path / "eagle3", base, seed=11, head_dim=8)
     rng = np.random.default_rng(11)
     trie = tmp_path / "ngram.trie"
     Trie.build([rng.integers(3, VOCAB, 64) for _ in range(20)], order=3).save(trie)
-    model = DartModel.from_pretrained(base, head, trie, keep=12, dtype="float32")
+    model = DartModel.from_pretrained(base, head, trie, keep=12, eagle3=eagle3, eagle3_total_token=13, dtype="float32")
     ref = hf_model(base)
     for prompt in ("hello there", "abc abc abc"):
         dart = model.generate(prompt, max_new_tokens=24)
         plain = model.generate_ar(prompt, max_new_tokens=24)
         assert list(dart.token_ids) == list(plain.token_ids)
+        assert list(model.generate(prompt, max_new_tokens=24, method="eagle3").token_ids) == list(plain.token_ids)
         ids = model.encode(prompt)
         with torch.no_grad():
             out = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=2, pad_token_id=0)
