@@ -186,6 +186,42 @@ def test_greedy_dart_and_eagle3_equal_plain_decoding_and_transformers(tmp_path):
         assert len(dart.token_ids) > 1
 
 
+def test_sampling_keeps_the_target_distribution(tmp_path):
+    """Sampled DART on an MoE target: the first two tokens' law is transformers' (temperature,
+    then top-k), by a chi-square test at the 0.1 % level, with drafts accepted often (a trie of the
+    target's own greedy continuations)."""
+    base = write_hf_moe(tmp_path / "base", seed=12, num_experts=4, num_experts_per_tok=2)
+    make_tiny_tokenizer(base, vocab_size=VOCAB)
+    head = make_tiny_head(tmp_path / "head", base, seed=12, head_dim=8)
+    ref = hf_model(base)
+    prompt = [5, 17, 40, 9, 33]
+    with torch.no_grad():
+        greedy = ref.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0].tolist()
+    trie = tmp_path / "ngram.trie"
+    Trie.build([greedy], order=3).save(trie)
+    model = DartModel.from_pretrained(base, head, trie, keep=12, dtype="float32")
+    temperature, top_k, n = 1.3, 3, 200
+
+    def law(seq):  # transformers' warpers: temperature, then top-k
+        with torch.no_grad():
+            scores = ref(torch.tensor([seq])).logits[0, -1] / temperature
+        kept = torch.topk(scores, top_k)
+        return dict(zip(kept.indices.tolist(), torch.softmax(kept.values, -1).tolist()))
+
+    exact = {(a, b): pa * pb for a, pa in law(prompt).items() for b, pb in law(prompt + [a]).items()}
+    counts, accepted = {}, 0
+    for seed in range(n):
+        out = model.generate(prompt, max_new_tokens=2, temperature=temperature, top_k=top_k, seed=seed)
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+        accepted += sum(a - 1 for a in out.accept_lengths)
+    assert accepted > n // 4, "the test needs drafts to be accepted to exercise the rejection sampling"
+    assert set(counts) <= set(exact), set(counts) - set(exact)
+    stat = sum((counts.get(k, 0) - n * p) ** 2 / (n * p) for k, p in exact.items())
+    df = len(exact) - 1
+    assert stat < df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3, (stat, counts, exact)
+
+
 def test_loader_names_what_does_not_match(tmp_path, folders):
     cfg = json.loads((folders["e4k2"] / "config.json").read_text())
     assert target_config_from_hf(cfg).num_experts == 4  # transformers 5 writes num_local_experts
