@@ -164,17 +164,32 @@ def test_cached_prefill_steps_and_tree_verify_match_transformers(folders):
                                atol=1e-4, rtol=0)
 
 
-def test_greedy_dart_and_eagle3_equal_plain_decoding_and_transformers(tmp_path):
-    base = write_hf_moe(tmp_path / "base", seed=11, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0])
+PROMPT = [5, 17, 40, 9, 33]
+
+
+@pytest.fixture(scope="module")
+def moe_set(tmp_path_factory):
+    """A DartModel on a tiny MoE target with a random DART head, a random EAGLE-3 head and a trie
+    of the target's own greedy continuation of PROMPT (so that drafts are accepted), and
+    transformers' model of the same folder."""
+    root = tmp_path_factory.mktemp("moe_set")
+    base = write_hf_moe(root / "base", seed=12, num_experts=4, num_experts_per_tok=2)
     make_tiny_tokenizer(base, vocab_size=VOCAB)
-    head = make_tiny_head(tmp_path / "head", base, seed=11, head_dim=8)
-    eagle3 = make_tiny_eagle3(tmp_path / "eagle3", base, seed=11, head_dim=8)
-    rng = np.random.default_rng(11)
-    trie = tmp_path / "ngram.trie"
-    Trie.build([rng.integers(3, VOCAB, 64) for _ in range(20)], order=3).save(trie)
-    model = DartModel.from_pretrained(base, head, trie, keep=12, eagle3=eagle3, eagle3_total_token=13, dtype="float32")
+    head = make_tiny_head(root / "head", base, seed=12, head_dim=8)
+    eagle3 = make_tiny_eagle3(root / "eagle3", base, seed=12, head_dim=8)
     ref = hf_model(base)
-    for prompt in ("hello there", "abc abc abc"):
+    with torch.no_grad():
+        greedy = ref.generate(torch.tensor([PROMPT]), max_new_tokens=40, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0].tolist()
+    trie = root / "ngram.trie"
+    Trie.build([greedy], order=3).save(trie)
+    model = DartModel.from_pretrained(base, head, trie, keep=12, eagle3=eagle3, eagle3_total_token=13, dtype="float32")
+    return model, ref
+
+
+def test_greedy_dart_and_eagle3_equal_plain_decoding_and_transformers(moe_set):
+    model, ref = moe_set
+    for prompt in ("hello there", PROMPT):
         dart = model.generate(prompt, max_new_tokens=24)
         plain = model.generate_ar(prompt, max_new_tokens=24)
         assert list(dart.token_ids) == list(plain.token_ids)
@@ -186,22 +201,11 @@ def test_greedy_dart_and_eagle3_equal_plain_decoding_and_transformers(tmp_path):
         assert len(dart.token_ids) > 1
 
 
-def test_sampling_keeps_the_target_distribution(tmp_path):
+def test_sampling_keeps_the_target_distribution(moe_set):
     """Sampled DART on an MoE target: the first two tokens' law is transformers' (temperature,
-    then top-k), by a chi-square test at the 0.1 % level, with drafts accepted often (a trie of the
-    target's own greedy continuations)."""
-    base = write_hf_moe(tmp_path / "base", seed=12, num_experts=4, num_experts_per_tok=2)
-    make_tiny_tokenizer(base, vocab_size=VOCAB)
-    head = make_tiny_head(tmp_path / "head", base, seed=12, head_dim=8)
-    ref = hf_model(base)
-    prompt = [5, 17, 40, 9, 33]
-    with torch.no_grad():
-        greedy = ref.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0].tolist()
-    trie = tmp_path / "ngram.trie"
-    Trie.build([greedy], order=3).save(trie)
-    model = DartModel.from_pretrained(base, head, trie, keep=12, dtype="float32")
-    temperature, top_k, n = 1.3, 3, 200
+    then top-k), by a chi-square test at the 0.1 % level, with drafts accepted often."""
+    model, ref = moe_set
+    prompt, temperature, top_k, n = PROMPT, 1.3, 3, 200
 
     def law(seq):  # transformers' warpers: temperature, then top-k
         with torch.no_grad():
