@@ -22,6 +22,7 @@ from pathlib import Path
 from dart_jax.api.model import DartModel
 from dart_jax.bench.e2e import load_prompts
 from dart_jax.decoding.batcher import PlainBatcher
+from dart_jax.decoding.driver import decode
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 
@@ -32,6 +33,11 @@ def prompt_sets(limit: int) -> dict[str, list[str]]:
     train = [json.loads(line)["messages"][0]["content"] for line in CORPUS.read_text().splitlines() if line.strip()]
     held_out = [p["prompt"] for p in load_prompts(None)]
     return {"training": train[:limit], "held-out": held_out[:limit]}
+
+
+def dart_steps(engine):
+    """One sequence through the pool driver, as (ids, settings, stats=) → (new ids, accepted length)."""
+    return lambda ids, settings, stats: ((e.ids, e.accepted) for e in decode(engine, ids, settings, stats))
 
 
 def run_steps(steps_fn, ids, settings) -> tuple[list[int], Stats, float]:
@@ -70,8 +76,8 @@ def main() -> None:
              for s in args.sizes.split(",")}
     methods = {"ar (device loop)": lambda ids, st: run_steps(auto.generate_ar_steps, ids, st),
                "ar (per token)": lambda ids, st: per_token_baseline(auto, ids, st),
-               "auto": lambda ids, st: run_steps(auto.generate_steps, ids, st),
-               **{f"keep {s}": (lambda e: lambda ids, st: run_steps(e.generate_steps, ids, st))(e)
+               "auto": lambda ids, st: run_steps(dart_steps(auto), ids, st),
+               **{f"keep {s}": (lambda e: lambda ids, st: run_steps(dart_steps(e), ids, st))(e)
                   for s, e in fixed.items()}}
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     rows = []

@@ -15,6 +15,7 @@ from dart_jax.api.model import DartModel
 from dart_jax.api.generate import load_model
 from dart_jax.api.options import parse_args
 from dart_jax.bench.tiny import make_tiny_setup
+from dart_jax.decoding.driver import decode as driver_decode
 from dart_jax.decoding.engine import Stats
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import InputError
@@ -72,8 +73,9 @@ def test_a_cpu_keeps_the_host_loop_and_its_layout(monkeypatch):
 
 def decode(engine, prompt, n, ar=False):
     stats = Stats()
-    steps = (engine.generate_ar_steps if ar else engine.generate_steps)(prompt, GenerationSettings(max_new_tokens=n),
-                                                                         stats=stats)
+    settings = GenerationSettings(max_new_tokens=n)
+    steps = (engine.generate_ar_steps(prompt, settings, stats=stats) if ar else
+             ((e.ids, e.accepted) for e in driver_decode(engine, prompt, settings, stats)))
     ids, counts = [], []
     for kept, accepted in steps:
         ids += kept

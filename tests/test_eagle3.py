@@ -17,6 +17,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_tokenizer
+from dart_jax.decoding.driver import decode
 from dart_jax.decoding.eagle3 import Eagle3Drafter, draft
 from dart_jax.decoding.engine import Engine, Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
@@ -291,6 +292,12 @@ def engine(tiny):
                   tree=TreeSettings(keep=59, topk=10), shapes=ShapeSettings(min_bucket=64))
 
 
+def dart_steps(engine):
+    """One sequence decoded alone through the pool driver: (prompt, settings, stats=) → (new ids,
+    accepted length) per step."""
+    return lambda prompt, settings, stats=None: ((e.ids, e.accepted) for e in decode(engine, prompt, settings, stats))
+
+
 def run(steps_fn, prompt, **kwargs):
     stats = Stats()
     ids, counts = [], []
@@ -319,7 +326,7 @@ def hf_greedy(hf, prompt, max_new_tokens):
 def test_greedy_eagle3_equals_greedy_target(engine, hf):
     accepted = 0
     for prompt in PROMPTS:
-        eagle, counts, stats = run(engine.generate_steps, prompt, max_new_tokens=24)
+        eagle, counts, stats = run(dart_steps(engine), prompt, max_new_tokens=24)
         assert eagle == hf_greedy(hf, prompt, 24)
         assert all(1 <= c <= 9 for c in counts) and stats.steps == len(counts)
         accepted += sum(c - 1 for c in counts)
@@ -368,7 +375,7 @@ def test_sampling_keeps_the_target_distribution(engine, hf):
     counter = collections.Counter()
     accepted = 0
     for seed in range(n):
-        ids, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=3, temperature=temperature, top_p=top_p,
+        ids, counts, _ = run(dart_steps(engine), prompt, max_new_tokens=3, temperature=temperature, top_p=top_p,
                              top_k=top_k, seed=seed)
         counter[tuple(ids)] += 1
         accepted += sum(c - 1 for c in counts)

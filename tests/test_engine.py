@@ -20,6 +20,7 @@ from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
 from dart_jax.errors import InputError
 from dart_jax.decoding.batcher import Batcher, PlainBatcher
 from dart_jax.decoding.drafter import DartDrafter
+from dart_jax.decoding.driver import Driver, decode, pool_for
 from dart_jax.decoding.engine import Engine, Stats
 from dart_jax.decoding import engine as engine_module
 from dart_jax.decoding import sampling as sampling_module
@@ -59,6 +60,34 @@ def engine_for(tiny, trie=None, *, eos=(EOS,), adaptive=False, **tree):
     return Engine(tiny.model.target, DartDrafter(tiny.model.head), trie if trie is not None else tiny.model.engine.trie,
                   eos_ids=eos, tree_eos_id=EOS, tree=TreeSettings(**tree), shapes=ShapeSettings(min_bucket=64),
                   adaptive=adaptive)
+
+
+def dart_steps(engine):
+    """One sequence decoded alone through the pool driver (`driver.decode`), as (prompt, settings,
+    stats=) → (new ids, accepted length) per step: the speculative path the tests hold against
+    the oracles (`generate_ar_steps`, the baseline decoder; transformers)."""
+    def steps(prompt, settings, stats=None):
+        for event in decode(engine, prompt, settings, stats):
+            yield event.ids, event.accepted
+    return steps
+
+
+def decode_rows(engine, prompts, settings, stats):
+    """B prompts decoded together in one pool (`driver.pool_for`) stepped by the driver: per step,
+    each sequence's (new ids, accepted length), ([], 0) for one that did not move; a device call
+    that moved a sequence by several steps gives one row per step."""
+    pool = pool_for(engine, len(prompts), max(s.max_length for s in settings))
+    try:
+        for prompt, s, st in zip(prompts, settings, stats):
+            pool.submit(prompt, s, st)
+        for step in Driver(pool).run():
+            moves = {}
+            for event in step.events:
+                moves.setdefault(event.request.index, []).append((event.ids, event.accepted))
+            for t in range(max(map(len, moves.values()), default=1)):
+                yield [moves[i][t] if t < len(moves.get(i, ())) else ([], 0) for i in range(len(prompts))]
+    finally:
+        pool.close()
 
 
 def run(steps_fn, prompt, **kwargs):
@@ -110,7 +139,7 @@ def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
     engine = engine_for(tiny, keep=keep, topk=topk, draft_rows=rows)
     for prompt in PROMPTS:
         expected = hf_generate(tiny, prompt, 20)
-        dart, counts, stats = run(engine.generate_steps, prompt, max_new_tokens=20)
+        dart, counts, stats = run(dart_steps(engine), prompt, max_new_tokens=20)
         ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=20)
         assert dart == ar == expected
         assert all(1 <= c <= (rows or 4) + 1 for c in counts)
@@ -127,7 +156,7 @@ def test_fused_projections_keep_greedy_decoding_exact(tiny):
                     tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64))
     for prompt in PROMPTS:
         expected = hf_generate(tiny, prompt, 24)
-        dart, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=24)
+        dart, counts, _ = run(dart_steps(engine), prompt, max_new_tokens=24)
         ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=24)
         assert dart == ar == expected
         assert max(counts) > 2  # runs of accepted draft tokens were verified
@@ -161,7 +190,7 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
                         verify_gemms=gemms)
         made.clear()
         for prompt in PROMPTS[:2]:
-            dart, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=16)
+            dart, counts, _ = run(dart_steps(engine), prompt, max_new_tokens=16)
             assert dart == hf_generate(tiny, prompt, 16)
         assert (keep + 1, gemms) in asked  # the rule asked with the engine's choice
         assert made == [options]  # the step, made once with its options (the prefill keeps XLA's)
@@ -182,7 +211,7 @@ def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):
     for prompt in PROMPTS:
         expected = hf_generate(tiny, prompt, 23)
         for kwargs in ({"max_new_tokens": 23}, {"max_new_tokens": 19, "temperature": 0.8, "seed": 5}):
-            ran = [run(e.generate_steps, prompt, **kwargs) for e in (host, device)]
+            ran = [run(dart_steps(e), prompt, **kwargs) for e in (host, device)]
             assert ran[0][0] == ran[1][0] and ran[0][1] == ran[1][1]  # tokens, accepted lengths
             if "temperature" not in kwargs:
                 assert ran[1][0] == expected and max(ran[1][1]) > 2
@@ -191,7 +220,7 @@ def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):
     stop = greedy[9]
     with_eos = [Engine(tiny.model.target, DartDrafter(tiny.model.head), trie, eos_ids=(stop,), tree_eos_id=EOS,
                        tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64), device_steps=s) for s in (0, 4)]
-    ran = [run(e.generate_steps, PROMPTS[0], max_new_tokens=30) for e in with_eos]
+    ran = [run(dart_steps(e), PROMPTS[0], max_new_tokens=30) for e in with_eos]
     assert ran[0][0] == ran[1][0] == greedy[:greedy.index(stop) + 1]
     # a batch: each sequence as the host's pool decodes it
     settings = [GenerationSettings(max_new_tokens=n) for n in (7, 25, 16)]
@@ -199,7 +228,7 @@ def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):
     for e in (host, device):
         stats = [Stats() for _ in settings]
         outs = [[] for _ in settings]
-        for rows in e.decode_batch(PROMPTS[:3], settings, stats):
+        for rows in decode_rows(e, PROMPTS[:3], settings, stats):
             for i, (kept, _) in enumerate(rows):
                 outs[i] += kept
         results.append((outs, [s.accept_lengths for s in stats]))
@@ -217,10 +246,10 @@ def test_a_device_loop_attends_over_every_slot_its_steps_reach(tiny, monkeypatch
     device = Engine(tiny.model.target, DartDrafter(tiny.model.head), trie, eos_ids=(EOS,), tree_eos_id=EOS,
                     tree=TreeSettings(keep=60), shapes=ShapeSettings(min_bucket=64), device_steps=4)
     prompt = PROMPTS[1]
-    dart, counts, _ = run(device.generate_steps, prompt, max_new_tokens=30)
+    dart, counts, _ = run(dart_steps(device), prompt, max_new_tokens=30)
     assert dart == hf_generate(tiny, prompt, 30) and max(counts) > 2
     host = engine_for(tiny, trie, keep=60)
-    cut = [run(e.generate_steps, prompt, max_new_tokens=30, max_length=len(prompt) + 13)[:2] for e in (host, device)]
+    cut = [run(dart_steps(e), prompt, max_new_tokens=30, max_length=len(prompt) + 13)[:2] for e in (host, device)]
     assert cut[0] == cut[1] and len(cut[1][0]) == 13
 
 
@@ -242,7 +271,7 @@ def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     trie = cheating_trie(tiny)
     engine = engine_for(tiny, trie)
     prompt = PROMPTS[2]
-    full, counts, _ = run(engine.generate_steps, prompt, max_new_tokens=30)
+    full, counts, _ = run(dart_steps(engine), prompt, max_new_tokens=30)
     assert full == hf_generate(tiny, prompt, 30)
     assert max(counts) >= 3, f"the cheating trie should give long accepted runs, got {counts}"
 
@@ -254,31 +283,31 @@ def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     assert inside, f"no token first appears inside an accepted run: {full} {counts}"
     j = inside[0]
     eos_engine = engine_for(tiny, trie, eos=(full[j],))
-    stopped, _, _ = run(eos_engine.generate_steps, prompt, max_new_tokens=30)
+    stopped, _, _ = run(dart_steps(eos_engine), prompt, max_new_tokens=30)
     assert stopped == full[: j + 1] == hf_generate(tiny, prompt, 30, eos=full[j])
     # the baseline's device loop stops on EOS inside a chunk of tokens too
     assert run(eos_engine.generate_ar_steps, prompt, max_new_tokens=30)[0] == stopped
 
     s, c = next((s, c) for s, c in zip(starts, counts) if c >= 3)
-    cut, _, _ = run(engine.generate_steps, prompt, max_new_tokens=int(s) + 1)
+    cut, _, _ = run(dart_steps(engine), prompt, max_new_tokens=int(s) + 1)
     assert cut == full[: s + 1] == hf_generate(tiny, prompt, int(s) + 1)
-    by_length, _, _ = run(engine.generate_steps, prompt, max_length=len(prompt) + int(s) + 2)
+    by_length, _, _ = run(dart_steps(engine), prompt, max_length=len(prompt) + int(s) + 2)
     assert by_length == full[: s + 2]
 
 
 def test_no_compilation_after_warmup(tiny):
     engine = engine_for(tiny, cheating_trie(tiny))
     other = engine_for(tiny)  # another Engine over the same modules shares the executables
-    run(engine.generate_steps, PROMPTS[0], max_new_tokens=12)
-    run(engine.generate_steps, PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=1)
+    run(dart_steps(engine), PROMPTS[0], max_new_tokens=12)
+    run(dart_steps(engine), PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=1)
     run(engine.generate_ar_steps, PROMPTS[0], max_new_tokens=4)
     with compilations() as compiles:
         seen_counts = set()
         for prompt in PROMPTS[1:]:
             for eng in (engine, other):
-                _, counts, _ = run(eng.generate_steps, prompt, max_new_tokens=17)
+                _, counts, _ = run(dart_steps(eng), prompt, max_new_tokens=17)
                 seen_counts.update(counts)
-            run(engine.generate_steps, prompt, max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=3)
+            run(dart_steps(engine), prompt, max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=3)
             run(engine.generate_ar_steps, prompt, max_new_tokens=5)
     assert len(seen_counts) > 1
     assert compiles == []
@@ -409,7 +438,7 @@ def test_sampling_keeps_the_target_distribution(tiny):
     accepted_drafts = 0
     for seed in range(n):
         kw = dict(max_new_tokens=3, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        ids, counts, _ = run(engine.generate_steps, prompt, **kw)
+        ids, counts, _ = run(dart_steps(engine), prompt, **kw)
         samples["dart"][tuple(ids)] += 1
         accepted_drafts += sum(c - 1 for c in counts)
         ar, _, _ = run(engine.generate_ar_steps, prompt, **kw)
@@ -465,7 +494,7 @@ def test_bad_inputs_raise_before_compiling(tiny, tmp_path):
         (dict(top_p=1.5), "top_p"),
         (dict(top_k=-1), "top_k"),
         (dict(prompt=[3, VOCAB + 5]), "vocabulary"),
-        (dict(prompt=[]), "non-empty"),
+        (dict(prompt=[]), "empty"),
     ]
     with compilations() as compiles:
         for kwargs, word in cases:
@@ -540,7 +569,7 @@ def test_generation_across_attention_windows(tiny):
     rng = np.random.default_rng(11)
     prompt = [int(t) for t in rng.integers(3, VOCAB, 236)]
     expected = hf_generate(tiny, prompt, 40, eos=None)
-    dart, _, _ = run(engine.generate_steps, prompt, max_new_tokens=40, max_length=1024)
+    dart, _, _ = run(dart_steps(engine), prompt, max_new_tokens=40, max_length=1024)
     ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=40, max_length=1024)
     assert dart == ar == expected
 
@@ -556,7 +585,7 @@ def test_batch_dimension_decodes_each_sequence_as_alone(tiny):
     assert [len(a) for a in alone] == [18, 6] or any(a and a[-1] == EOS for a in alone)
     stats = [Stats(), Stats()]
     out = [[], []]
-    for rows in engine.decode_batch(prompts, [GenerationSettings(**kw)] * 2, stats):
+    for rows in decode_rows(engine, prompts, [GenerationSettings(**kw)] * 2, stats):
         for i, (kept, _) in enumerate(rows):
             out[i].extend(kept)
     assert out == alone
@@ -578,7 +607,7 @@ def test_batch_with_own_settings_and_stops_equals_each_alone(tiny):
     assert len(alone[1]) == 4
     stats = [Stats() for _ in prompts]
     out = [[] for _ in prompts]
-    for rows in engine.decode_batch([np.asarray(p, np.int32) for p in prompts], settings, stats):
+    for rows in decode_rows(engine, [np.asarray(p, np.int32) for p in prompts], settings, stats):
         for o, (kept, _) in zip(out, rows):
             o.extend(kept)
     assert out == alone
@@ -600,7 +629,7 @@ def test_sampling_keeps_the_target_distribution_beside_other_sequences(tiny):
         settings.append(GenerationSettings(max_new_tokens=3))
         prompts = [np.asarray(prompt, np.int32)] * per_batch + [np.asarray(PROMPTS[1], np.int32)]
         out = [[] for _ in prompts]
-        for rows in engine.decode_batch(prompts, settings, [Stats() for _ in prompts]):
+        for rows in decode_rows(engine, prompts, settings, [Stats() for _ in prompts]):
             for o, (kept, _) in zip(out, rows):
                 o.extend(kept)
         assert out[-1] == greedy
@@ -624,7 +653,7 @@ def test_branch_decided_on_the_host_keeps_every_output(tiny, monkeypatch):
 
     def decode(settings):
         out = [[] for _ in prompts]
-        for rows in engine.decode_batch(prompts, settings, [Stats() for _ in prompts]):
+        for rows in decode_rows(engine, prompts, settings, [Stats() for _ in prompts]):
             for o, (kept, _) in zip(out, rows):
                 o.extend(kept)
         return out
@@ -834,7 +863,7 @@ def test_adaptive_sizes_and_plain_chunks_keep_the_greedy_output(tiny):
     for plan in ([0, 3, 8, 0], [8, 0]):
         engine = adaptive_engine(tiny, plan, trie)
         for prompt in PROMPTS:
-            ids, _, stats = run(engine.generate_steps, prompt, max_new_tokens=40)
+            ids, _, stats = run(dart_steps(engine), prompt, max_new_tokens=40)
             assert ids == hf_generate(tiny, prompt, 40)
             assert {0, 8} <= set(stats.tree_sizes), stats.tree_sizes
             assert len(stats.tree_sizes) == len(stats.accept_lengths) == stats.steps
@@ -845,8 +874,8 @@ def test_adaptive_sizes_and_plain_chunks_keep_the_greedy_output(tiny):
     full = hf_generate(tiny, PROMPTS[1], 30, eos=None)
     stop = full[5]
     stopping = adaptive_engine(tiny, [0], trie, eos=(stop,))
-    assert run(stopping.generate_steps, PROMPTS[1], max_new_tokens=30)[0] == hf_generate(tiny, PROMPTS[1], 30, eos=stop)
-    assert run(adaptive_engine(tiny, [0, 3]).generate_steps, PROMPTS[2], max_new_tokens=7)[0] == \
+    assert run(dart_steps(stopping), PROMPTS[1], max_new_tokens=30)[0] == hf_generate(tiny, PROMPTS[1], 30, eos=stop)
+    assert run(dart_steps(adaptive_engine(tiny, [0, 3])), PROMPTS[2], max_new_tokens=7)[0] == \
         hf_generate(tiny, PROMPTS[2], 7)
 
 
@@ -865,14 +894,14 @@ def test_where_no_tree_can_pay_the_plain_decoder_runs_without_the_drafter(tiny):
     prompts, limits = [PROMPTS[2], PROMPTS[0], PROMPTS[1]], (30, 5, 21)
     stats = [Stats() for _ in prompts]
     outs = [[] for _ in prompts]
-    for rows in engine.decode_batch(prompts, [GenerationSettings(max_new_tokens=n) for n in limits], stats):
+    for rows in decode_rows(engine, prompts, [GenerationSettings(max_new_tokens=n) for n in limits], stats):
         for out, (kept, _) in zip(outs, rows):
             out.extend(kept)
     assert outs == [hf_generate(tiny, p, n) for p, n in zip(prompts, limits)]
     for out, st in zip(outs, stats):
         assert st.token_ids == out and st.new_tokens == len(out)
         assert st.tree_sizes == [0] * (len(out) - 1) == [0] * len(st.accept_lengths)
-    ids, counts, _ = run(engine.generate_steps, PROMPTS[1], max_new_tokens=9)
+    ids, counts, _ = run(dart_steps(engine), PROMPTS[1], max_new_tokens=9)
     assert ids == hf_generate(tiny, PROMPTS[1], 9) and set(counts) == {1}
 
 
@@ -881,7 +910,7 @@ def test_adaptive_sizes_in_a_batch_decode_each_sequence_as_alone(tiny):
     prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
     limits = (30, 5, 21)
     outs = [[] for _ in prompts]
-    for rows in engine.decode_batch(prompts, [GenerationSettings(max_new_tokens=n) for n in limits],
+    for rows in decode_rows(engine, prompts, [GenerationSettings(max_new_tokens=n) for n in limits],
                                     [Stats() for _ in prompts]):
         for out, (kept, _) in zip(outs, rows):
             out.extend(kept)
@@ -894,7 +923,7 @@ def test_plain_chunks_sample_what_the_baseline_samples(tiny):
     engine = adaptive_engine(tiny, [0])
     for seed in range(4):
         kw = dict(max_new_tokens=24, temperature=1.1, top_p=0.9, seed=seed)
-        assert run(engine.generate_steps, PROMPTS[0], **kw)[0] == run(engine.generate_ar_steps, PROMPTS[0], **kw)[0]
+        assert run(dart_steps(engine), PROMPTS[0], **kw)[0] == run(engine.generate_ar_steps, PROMPTS[0], **kw)[0]
 
 
 def test_keep_auto_is_the_default_and_its_options(tiny):
@@ -912,9 +941,9 @@ def test_keep_auto_is_the_default_and_its_options(tiny):
 
 def test_adaptive_budget_compiles_nothing_after_its_first_generation(tiny):
     engine = engine_for(tiny, cheating_trie(tiny), adaptive=True, keep=8)
-    run(engine.generate_steps, PROMPTS[0], max_new_tokens=24)  # times every size: each compiles once
+    run(dart_steps(engine), PROMPTS[0], max_new_tokens=24)  # times every size: each compiles once
     with compilations() as compiles:
         for prompt in PROMPTS:
-            assert run(engine.generate_steps, prompt, max_new_tokens=24)[0] == hf_generate(tiny, prompt, 24)
+            assert run(dart_steps(engine), prompt, max_new_tokens=24)[0] == hf_generate(tiny, prompt, 24)
     assert compiles == []
     assert set(engine.sizer.summary()["step_ms_by_size"][1]) == {0, 3, 8}

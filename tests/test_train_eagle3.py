@@ -23,6 +23,7 @@ from safetensors.numpy import load_file, save_file
 
 from dart_jax.bench.tiny import make_tiny_llama, make_tiny_tokenizer
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder
+from dart_jax.decoding.driver import decode
 from dart_jax.decoding.eagle3 import Eagle3Drafter, draft
 from dart_jax.decoding.engine import Engine, Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
@@ -264,7 +265,7 @@ def held_out(base, target, head, prompts, decoder):
     for prompt in prompts:
         plain = decoder.generate(prompt, GenerationSettings(max_new_tokens=24), (EOS,))
         got, accepted = [], []
-        for kept, count in engine.generate_steps(prompt, GenerationSettings(max_new_tokens=24), stats=Stats()):
+        for kept, count in ((e.ids, e.accepted) for e in decode(engine, prompt, GenerationSettings(max_new_tokens=24), Stats())):
             got.extend(kept)
             accepted.append(count)
         assert got == plain

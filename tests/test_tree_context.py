@@ -12,6 +12,7 @@ import pytest
 
 from dart_jax.api.generate import _demo_paths
 from dart_jax.api.model import DartModel
+from dart_jax.decoding.driver import decode
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.ngram.trie import Trie
 
@@ -45,7 +46,7 @@ def test_the_search_context_is_the_references(order, tiny, tmp_path):
 
     # a prompt the head knows nothing about: steps that accept nothing come up
     prompt = [int(t) for t in rng.integers(3, vocab, size=7)]
-    out = list(engine.generate_steps(prompt, GenerationSettings(max_new_tokens=48, max_length=256)))
+    out = [(e.ids, e.accepted) for e in decode(engine, prompt, GenerationSettings(max_new_tokens=48, max_length=256))]
     emitted = [list(map(int, ids)) for ids, _ in out]
     counts = [int(accepted) for _, accepted in out]
     assert counts[0] == 0 and len(emitted[0]) == 1  # the prefill's first token

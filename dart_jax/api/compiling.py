@@ -1,95 +1,28 @@
-"""Compilation as users see it: how long it took (so that speeds leave it out), a notice while
-it runs, and the persistent XLA cache the command lines turn on (a second run of the same shapes
-loads its executables instead of compiling them again).
-
-JAX reports the start (a scalar event holding the start time) and the duration of every trace,
-lowering and backend compilation through `jax.monitoring`, Numba the start and end of each
-compilation of the tree search (the first run after installing or upgrading); listeners,
-installed once, add them up per thread, outermost event only (a function compiled inside
-another's compilation is part of its time).
-"""
+"""Compilation as users see it: a notice while it runs (what compiles, in words, and for how
+long) and the persistent XLA cache (`use_compile_cache`: a second run of the same shapes loads its
+executables instead of compiling them again). The counting itself, `CompileTimer`, lives with
+the pool driver (`dart_jax.decoding.compile_time`)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import TextIO
 
 import jax
-from numba.core import event as numba_event
 
+from dart_jax.decoding.compile_time import NUMBA, CompileTimer, busy, install  # noqa: F401 (CompileTimer: importable from here)
 from dart_jax.models.backend import no_compile_cache, use_compile_cache  # noqa: F401 (importable from here)
 
 from .options import default_cache_dir  # noqa: F401 (the command lines' option default, defined with them)
 
-_NUMBA = "numba:compile"
-_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-           "/jax/core/compile/backend_compile_duration", _NUMBA)
 # the jitted functions of dart_jax.decoding, in words
 _NAMES = {"_step": "the DART decode step", "_prefill": "the DART prefill", "_decode": "the plain decode step",
           "_plain": "the plain-decoding chunk (tree size 0)", "_decode_chunk": "the plain decode loop",
           "_prefill_rows": "the plain prefill", "_step_rows": "the DART decode step of half a pool",
-          "_device_steps": "the device loop", _NUMBA: "the tree search (Numba)"}
-
-_lock = threading.Lock()
-_installed = False
-_local = threading.local()
-_busy: dict[int, tuple[float, str]] = {}  # thread id → (start, function) of the compilation running in it
-
-
-def _state():
-    if not hasattr(_local, "depth"):
-        _local.depth, _local.start, _local.timers = 0, 0.0, []
-    return _local
-
-
-def _on_start(event: str, value, **kwargs) -> None:
-    if event not in _EVENTS:
-        return
-    state = _state()
-    state.depth += 1
-    if state.depth == 1:
-        state.start = time.perf_counter()
-        _busy[threading.get_ident()] = (time.monotonic(), str(kwargs.get("fun_name", "")))
-
-
-def _on_duration(event: str, duration: float, **kwargs) -> None:
-    if event not in _EVENTS:
-        return
-    state = _state()
-    if state.depth == 0:  # a compilation that began before the listener was installed
-        return
-    state.depth -= 1
-    if state.depth == 0:
-        spent = time.perf_counter() - state.start
-        _busy.pop(threading.get_ident(), None)
-        for timer in state.timers:
-            timer.seconds += spent
-            timer.compilations += 1
-
-
-class _NumbaCompiles(numba_event.Listener):
-    def on_start(self, event) -> None:
-        _on_start(_NUMBA, 0, fun_name=_NUMBA)
-
-    def on_end(self, event) -> None:
-        _on_duration(_NUMBA, 0.0)
-
-
-def install() -> None:
-    """Listen to JAX's and Numba's compilation events (idempotent; the listeners cost nothing
-    between compilations)."""
-    global _installed
-    with _lock:
-        if not _installed:
-            jax.monitoring.register_scalar_listener(_on_start)
-            jax.monitoring.register_event_duration_secs_listener(_on_duration)
-            numba_event.register(_NUMBA, _NumbaCompiles())
-            _installed = True
+          "_device_steps": "the device loop", NUMBA: "the tree search (Numba)"}
 
 
 def describe(name: str) -> str:
@@ -102,36 +35,11 @@ def describe(name: str) -> str:
 def compiling_in(thread_id: int | None) -> tuple[float, str] | None:
     """(seconds so far, what in words) of the compilation that thread `thread_id` runs now, or None
     (e.g. for a server's UI to show "compiling…" instead of a speed while its scheduler compiles)."""
-    busy = _busy.get(thread_id) if thread_id is not None else None
-    if busy is None:
+    running = busy.get(thread_id) if thread_id is not None else None
+    if running is None:
         return None
-    start, name = busy
+    start, name = running
     return time.monotonic() - start, describe(name)
-
-
-class CompileTimer:
-    """`with timer:` adds up the seconds this thread spends compiling (tracing, lowering, XLA or
-    loading from the persistent cache) inside the block, and `wall` the block's own seconds;
-    re-entering keeps adding."""
-
-    def __init__(self):
-        install()
-        self.seconds = 0.0
-        self.wall = 0.0
-        self.compilations = 0
-        self.last_wall = self.last_seconds = 0.0
-        self._entered = self._before = 0.0
-
-    def __enter__(self) -> "CompileTimer":
-        _state().timers.append(self)
-        self._entered, self._before = time.perf_counter(), self.seconds
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.last_wall = time.perf_counter() - self._entered
-        self.last_seconds = self.seconds - self._before  # compilation inside the block just ended
-        self.wall += self.last_wall
-        _state().timers.remove(self)
 
 
 class CompileNotice:
@@ -148,7 +56,7 @@ class CompileNotice:
         self._lock = threading.Lock()
         self._shown_since: float | None = None  # when the notice went up
         self._seen: dict[str, None] = {}  # what compiled while it was up, in words, in order
-        self._last_busy = 0.0
+        self._lastbusy = 0.0
         self._thread = threading.Thread(target=self._watch, name="dart_jax-compile-notice", daemon=True)
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
 
@@ -167,8 +75,8 @@ class CompileNotice:
     def settle(self) -> None:
         """End the notice's line now when nothing is compiling (before the command prints more)."""
         with self._lock:
-            if not _busy:
-                self._close(self._last_busy)
+            if not busy:
+                self._close(self._lastbusy)
 
     def _write(self, text: str) -> None:
         try:
@@ -188,9 +96,9 @@ class CompileNotice:
         while not self._stop.wait(0.25):
             with self._lock:
                 now = time.monotonic()
-                running = list(_busy.values())
+                running = list(busy.values())
                 if running:
-                    self._last_busy = now
+                    self._lastbusy = now
                     start = min(running)[0]
                     # every compilation running now (the tree search compiles beside XLA's), oldest first
                     now_running = dict.fromkeys(describe(name) for _, name in sorted(running))
@@ -204,8 +112,8 @@ class CompileNotice:
                                     f"{where})…" + ("" if self._tty else "\n"))
                     if self._shown_since is not None and self._tty:
                         self._write(f"\rcompiling {what} for this shape… {now - self._shown_since:.0f} s\x1b[K")
-                elif now - self._last_busy >= self.idle:
-                    self._close(self._last_busy)
+                elif now - self._lastbusy >= self.idle:
+                    self._close(self._lastbusy)
                     self._seen = {}  # short compilations that never showed a notice
 
 

@@ -57,12 +57,6 @@ class Method:
                              "(hub id or folder).")
         return engine
 
-    def steps(self, model):
-        """The step generator of this method on `model` (`Engine.generate_steps`, or the plain
-        decoder's `generate_ar_steps`): (prompt ids, settings, stats=) → (new ids, accepted length)."""
-        engine = self.engine_of(model)
-        return engine.generate_steps if self.drafts else engine.generate_ar_steps
-
     def pool(self, model, slots: int, max_length: int, tree_size: int | None = None):
         """A pool of `slots` sequences decoding with this method (continuous batching): a `Batcher`
         (with `tree_size` nodes when the method takes one per request, a fixed size then) or, for

@@ -4,7 +4,6 @@ from is `resolution.py`, the loading options `settings.py`, the results and figu
 the decoding methods `methods.py`; their public names are importable from here too."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -27,8 +26,9 @@ from dart_jax.convert.gguf import is_gguf
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots  # noqa: F401 (PlainBatcher: a public name here)
 from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafter
-from dart_jax.decoding.engine import Continued, Engine
-from dart_jax.decoding.requests import Stats, WarmTime
+from dart_jax.decoding.driver import Driver, single
+from dart_jax.decoding.engine import Engine
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings, check_settings
 from dart_jax.errors import (InputError, MissingFileError, check_bool, check_int, check_number, check_text, check_type,
                              load_tokenizer_folder)
@@ -387,34 +387,34 @@ class DartModel:
         return GenerationResult(out, text, list(stats.accept_lengths),
                                 figures(stats, compile_s, len(out), wall_s, warm), list(prompt_ids), reason, thinking)
 
-    def _steps(self, steps_fn, prompt, chat: bool, settings: GenerationSettings, stop, stop_token_ids,
-               enable_thinking, sink: list | None = None, stats: Stats | None = None) -> Iterator[tuple[str, int]]:
-        """Run one generation, yielding (text piece, accepted length) per step; its result is appended
-        to `sink` at the end. Stops at a stop string or stop id; compilation is timed apart."""
+    def _steps(self, decoder: tuple[Engine, bool], prompt, chat: bool, settings: GenerationSettings, stop,
+               stop_token_ids, enable_thinking, sink: list | None = None,
+               stats: Stats | None = None) -> Iterator[tuple[str, int]]:
+        """Run one generation with `decoder` (an engine, and whether it decodes plainly: `_decoder`)
+        in a pool of one slot stepped by the pool driver, yielding (text piece, accepted length)
+        per step; its result is appended to `sink` at the end. Stops at a stop string or stop id;
+        compilation is timed apart."""
         ids = self.encode(prompt, chat, enable_thinking=enable_thinking)
         follow = self._follow(stop, stop_token_ids)
         stats = stats if stats is not None else Stats()
+        engine, plain = decoder
         timer = CompileTimer()
-        clock = WarmTime()  # only its warm calls: the compilation is the timer's
-        compiled = False  # whether the device call of the last step compiled
-        steps = steps_fn(ids, settings, stats=stats)
-        with contextlib.closing(steps), api_notice(self.compile_notice):
-            while not follow.stopped:
-                with timer:
-                    step = next(steps, None)
-                if step is None:
-                    break
-                kept, accepted = step
-                before = len(follow.ids)
-                piece = follow.feed(kept)
-                continued = isinstance(step, Continued)  # the same device call as the step before
-                if not continued:
-                    compiled = timer.last_seconds > 0
-                clock.moved(len(follow.ids) - before, timer.last_wall, compiled=compiled, same_call=continued)
-                yield piece, accepted
+        with timer:
+            pool, request = single(engine, ids, settings, stats, plain=plain)
+        driver = Driver(pool, timer)
+        try:
+            with api_notice(self.compile_notice):
+                while not follow.stopped and pool.active:
+                    for event in driver.step().events:
+                        yield follow.feed(event.ids), event.accepted
+                        if follow.stopped:
+                            break
+        finally:
+            pool.close()
         rest = follow.finish()
         if rest:
             yield rest, 0
+        clock = request.clock
         result = self._finish(ids, follow, stats, timer.seconds, self._split(prompt, chat), wall_s=timer.wall,
                               warm=(clock.tokens, clock.seconds))
         notice = length_notice(result, settings)
@@ -423,12 +423,17 @@ class DartModel:
         if sink is not None:
             sink.append(result)
 
-    def _run(self, steps_fn, prompt, chat: bool, settings: GenerationSettings, stop=None, stop_token_ids=None,
-             enable_thinking: bool | None = None) -> GenerationResult:
+    def _run(self, decoder: tuple[Engine, bool], prompt, chat: bool, settings: GenerationSettings, stop=None,
+             stop_token_ids=None, enable_thinking: bool | None = None) -> GenerationResult:
         sink: list[GenerationResult] = []
-        for _ in self._steps(steps_fn, prompt, chat, settings, stop, stop_token_ids, enable_thinking, sink):
+        for _ in self._steps(decoder, prompt, chat, settings, stop, stop_token_ids, enable_thinking, sink):
             pass
         return sink[0]
+
+    def _decoder(self, method: str) -> tuple[Engine, bool]:
+        """A method's engine and whether it decodes plainly (no drafts)."""
+        spec = _methods.get(method)
+        return spec.engine_of(self), not spec.drafts
 
     def generate(self, prompt, *, max_new_tokens: int = 512, max_length: int = 2048, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
@@ -454,16 +459,12 @@ class DartModel:
                                         GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed),
                                         stop, stop_token_ids, enable_thinking, method=method)
         settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
-        return self._run(self.steps_fn(method), prompt, chat, settings, stop, stop_token_ids, enable_thinking)
+        return self._run(self._decoder(method), prompt, chat, settings, stop, stop_token_ids, enable_thinking)
 
     def engine_for(self, method: str = "dart") -> Engine:
         """The engine of a method (dart_jax.api.methods): "dart", "eagle3" (loaded with eagle3=...)
         or "ar" (plain decoding runs on the DART engine's baseline decoder)."""
         return _methods.get(method).engine_of(self)
-
-    def steps_fn(self, method: str = "dart"):
-        """The step generator of a method (`Engine.generate_steps`, or `generate_ar_steps` for "ar")."""
-        return _methods.get(method).steps(self)
 
     def batcher(self, slots: int = 8, max_length: int = 2048, method: str = "dart") -> Batcher:
         """A pool of `slots` sequences over this model (continuous batching): `submit(ids, settings)`
@@ -509,8 +510,6 @@ class DartModel:
             except (ValueError, TypeError) as e:
                 raise ValueError(f"prompt {i} of the batch: {e}") from None
         follows = [self._follow(stop, stop_token_ids) for _ in prompts]
-        timer = CompileTimer()
-        clocks = [WarmTime() for _ in prompts]  # the compilation of a pool step counts for each sequence in it
         batcher = self.batcher(slots, max(s.max_length for s in settings), method)
         try:
             requests = []
@@ -519,23 +518,13 @@ class DartModel:
                     requests.append(batcher.submit(prompt_ids, s))
                 except ValueError as e:
                     raise ValueError(f"prompt {i} of the batch: {e}") from None
-            while batcher.active:
-                before = timer.seconds
-                with timer:
-                    moved = batcher.step()
-                if timer.seconds > before:
-                    for request in {e.request for e in moved} | {r for r in batcher.busy if r is not None}:
-                        clocks[request.index].waited(timer.seconds - before)
-                for event in moved:
-                    request = event.request
-                    follow = follows[request.index]
-                    count = len(follow.ids)
+            for step in Driver(batcher).run():
+                for event in step.events:
+                    follow = follows[event.request.index]
                     follow.feed(event.ids)
-                    clocks[request.index].moved(len(follow.ids) - count, timer.last_wall,
-                                                compiled=timer.last_seconds > 0, same_call=event.same_call)
                     if follow.stopped:
-                        batcher.cancel(request)
-                finished = len({e.request.index for e in moved if e.request.done})
+                        batcher.cancel(event.request)
+                finished = len({e.request.index for e in step.events if e.request.done})
                 if on_done is not None and finished:
                     on_done(finished)
         finally:
@@ -543,7 +532,7 @@ class DartModel:
         results = []
         for prompt, p, r, follow, s in zip(prompts, ids, requests, follows, settings):
             follow.finish()
-            clock = clocks[r.index]
+            clock = r.clock
             result = self._finish(p, follow, r.stats, clock.compile_s, self._split(prompt, chat), r.finish_reason,
                                   warm=(clock.tokens, clock.seconds))
             notice = length_notice(result, s)
@@ -559,7 +548,7 @@ class DartModel:
                     enable_thinking: bool | None = None) -> GenerationResult:
         """Plain autoregressive decoding of the target (the baseline), same arguments."""
         settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
-        return self._run(self.engine.generate_ar_steps, check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
+        return self._run((self.engine, True), check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
                          enable_thinking)
 
     def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
@@ -577,7 +566,7 @@ class DartModel:
         settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
         check_type(result, "result", (list, type(None)), "a list (the GenerationResult is appended to it) or None")
         check_type(stats, "stats", (Stats, type(None)), "a Stats (dart_jax.decoding.requests.Stats) or None")
-        return self._steps(self.steps_fn(method), check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
+        return self._steps(self._decoder(method), check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
                            enable_thinking, result, stats)
 
     # ------------------------------------------------------------------ the reference's names
@@ -598,7 +587,7 @@ class DartModel:
                 tree = dataclasses.replace(engine.tree, keep=remain_total)
                 self._engines[remain_total] = engine.with_tree(tree, adaptive=False)
             engine = self._engines[remain_total]
-        out = self._run(engine.generate_steps, prompt, False, settings).token_ids
+        out = self._run((engine, False), prompt, False, settings).token_ids
         return np.asarray([prompt + out], dtype=np.int64)
 
     def ar_generate(self, input_ids, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
@@ -606,7 +595,7 @@ class DartModel:
         """The reference's plain decoding call, same conventions as `dart_generate`."""
         prompt = _reference_ids(input_ids)
         settings = _reference_settings(temperature, top_p, top_k, max_new_token_num, max_length)
-        out = self._run(self.engine.generate_ar_steps, prompt, False, settings).token_ids
+        out = self._run((self.engine, True), prompt, False, settings).token_ids
         return np.asarray([prompt + out], dtype=np.int64)
 
 

@@ -38,6 +38,7 @@ from dart_jax.models.head import DartHead
 from dart_jax.models.qwen3 import Qwen3, default_dtype, use_backend_layout
 from dart_jax.ngram import Trie
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
+from dart_jax.decoding.driver import decode
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import load_tokenizer_folder
@@ -499,12 +500,12 @@ def run_phases(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int =
         for item in items:
             ids = model.encode(item["prompt"], work.chat)
             for _ in range(warmup):
-                for _ in engine.generate_steps(ids, settings):
+                for _ in decode(engine, ids, settings):
                     pass
                 bar.update()
             for _ in range(reps):
                 stats = Stats()
-                steps = engine.generate_steps(ids, settings, stats=stats)
+                steps = decode(engine, ids, settings, stats)
                 next(steps)  # the prefill's token
                 prefill_ms.append(stats.prefill_s * 1e3)
                 while True:

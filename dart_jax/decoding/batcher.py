@@ -44,7 +44,7 @@ from .adaptive import RowAcceptance, median_time
 from .autoregressive import attention_window, live_rows
 from .device_tree import TreeEdit
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
-from .requests import Budget, Stats
+from .requests import Budget, Stats, WarmTime
 from .sampling import SamplingParams
 from .settings import GenerationSettings, check_settings
 from .state import PoolState
@@ -62,6 +62,7 @@ class Request:
     slot: int | None = None
     cancelled: bool = False
     _started: float = 0.0
+    clock: WarmTime = dataclasses.field(default_factory=WarmTime)  # its share of the pool's calls (`driver.Driver`)
 
     @property
     def token_ids(self) -> list[int]:
@@ -712,6 +713,9 @@ class PlainBatcher(SlotPool):
 
     def __init__(self, engine, slots: int, max_length: int = 2048):
         super().__init__(engine, slots, max_length)
+        # the tree size its tokens are recorded with: None (plain decoding, method "ar"), or 0 where
+        # keep="auto" decodes a pool plainly because no tree size can pay (`driver.pool_for`)
+        self.tree_size: int | None = None
         self.decoder = engine.baseline
         self.token = jnp.zeros((self.slots,), jnp.int32)  # each slot's last token, not yet in the cache
 
@@ -763,5 +767,5 @@ class PlainBatcher(SlotPool):
         events = []
         for slot in rows:
             fed = host[slot][host[slot] >= 0]
-            events += self._record(slot, [(fed, fed.size)], size=None, device_s=elapsed, plain=True)
+            events += self._record(slot, [(fed, fed.size)], size=self.tree_size, device_s=elapsed, plain=True)
         return events

@@ -13,7 +13,7 @@ every shape is static for a given (prompt bucket, cache size, attention window),
 no generation of the same lengths compiles anything.
 
 Every array keeps a batch dimension B, and the host state is per sequence (lengths, budgets,
-stats); `generate_steps` drives one sequence.
+stats); `driver.Driver` steps a pool of them (`Engine.batcher`), `driver.single` one sequence.
 
 Attention window: a step attends over the first `window` cache slots only, a power of two (>= 256)
 that covers the committed length plus what the step writes (`attention_window`); slots past the
@@ -46,7 +46,7 @@ from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inp
 from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
-from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, decode_tokens, jitted, last_logits, live_rows,
+from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, decode_tokens, jitted, last_logits,
                              param_rows, put_window, split_flat, window_view)
 from .batcher import Batcher, PlainBatcher
 from .drafter import DartDrafter, Drafter
@@ -354,11 +354,6 @@ def _pinned(fn, mesh):
     return run
 
 
-class Continued(tuple):
-    """(new ids, accepted length) of a step that came from the same device call as the step before
-    it (an engine with `device_steps`; a `StepEvent` with `same_call`): its time was the first step's."""
-
-
 class Engine:
     """Speculative decoding of `target` with `drafter`; the drafter's trees are searched with `trie`
     (None: the drafter's scores alone) under `tree` settings. Also runs the autoregressive baseline
@@ -534,64 +529,7 @@ class Engine:
             return self.new_caches(batch, length)
         return sharded_caches(lambda: self.new_caches(batch, length), self.mesh)
 
-    # ------------------------------------------------------------------ decoding loops
-    def generate_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
-                       stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:
-        """Speculative decoding of one prompt. Yields (new token ids, accepted length k+1 of the
-        step; 0 for the first token, which comes from the prefill). Stops after EOS (included),
-        max_new_tokens or max_length."""
-        stats = stats if stats is not None else Stats()
-        for (kept, accepted), in self.decode_batch([prompt_ids], [settings], [stats]):
-            yield kept, accepted
-
-    def decode_batch(self, prompts: list, settings: list[GenerationSettings],
-                     stats: list[Stats]) -> Iterator[list[tuple[list[int], int]]]:
-        """Speculative decoding of B prompts together in a pool of B slots, each with its own
-        settings (limits, sampling, seed) and stats: yields, per call of the pool, (new ids,
-        accepted length) per sequence (([], 0) for one that did not move) until all are done."""
-        for prompt, s in zip(prompts, settings):  # bad input is refused before any cache is built
-            self.check_request(prompt, s, warn=False)
-        if not self.sizer.drafting_pays(live_rows(len(prompts), len(prompts))):
-            yield from self._decode_plain(prompts, settings, stats)
-            return
-        batcher = Batcher(self, len(prompts), max(s.max_length for s in settings))
-        try:
-            for prompt, s, st in zip(prompts, settings, stats):
-                batcher.submit(prompt, s, st)
-            while batcher.active:
-                # a call of the pool moves each sequence by one step, or by several (device_steps)
-                moves: dict[int, list[tuple[list[int], int]]] = {}
-                for request, kept, accepted in batcher.step():
-                    moves.setdefault(request.index, []).append((kept, accepted))
-                for t in range(max(map(len, moves.values()), default=1)):
-                    rows: list[tuple[list[int], int]] = [([], 0)] * len(prompts)
-                    for index, steps in moves.items():
-                        if t < len(steps):
-                            rows[index] = steps[t] if t == 0 else Continued(steps[t])
-                    yield rows
-        finally:
-            batcher.close()
-
-    def _decode_plain(self, prompts: list, settings: list[GenerationSettings],
-                      stats: list[Stats]) -> Iterator[list[tuple[list[int], int]]]:
-        """`decode_batch` by the plain decoder, for keep="auto" where no tree size can pay on this
-        device (`TreeSizer.drafting_pays`): the same outputs, stats with every token a plain one."""
-        ids = [self.check_request(p, s) for p, s in zip(prompts, settings)]
-        length = max(self.cache_length(i.size, s.max_length) for i, s in zip(ids, settings))
-        for st, i in zip(stats, ids):
-            st.prompt_tokens, st.token_ids = i.size, []
-        calls = self.baseline.decode_batch(ids, settings, self.eos_ids, cache_length=length, stats=stats)
-        for call, rows in enumerate(calls):
-            out = []
-            for st, kept in zip(stats, rows):
-                kept = [int(t) for t in kept]
-                st.token_ids.extend(kept)
-                st.new_tokens = len(st.token_ids)
-                if call:
-                    st.tree_sizes.extend([0] * len(kept))
-                out.append((kept, min(call, 1) if kept else 0))
-            yield out
-
+    # ------------------------------------------------------------------ the baseline
     def generate_ar_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
                           stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:
         """Plain autoregressive decoding of the target with the same sampling; yields ([token], 1)

@@ -47,6 +47,7 @@ from dart_jax.api.compiling import CompileTimer, compiling_in
 from dart_jax.api.model import DartModel
 from dart_jax.api.methods import TREE_SIZE_RANGE, max_tree_nodes
 from dart_jax.decoding.batcher import SlotPool
+from dart_jax.decoding.driver import Driver
 from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings
 
@@ -88,7 +89,7 @@ class Job:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     created: float = dataclasses.field(default_factory=time.perf_counter)
-    clock: WarmTime = dataclasses.field(default_factory=WarmTime)  # its pool's compilation and warm calls
+    clock: WarmTime = dataclasses.field(default_factory=WarmTime)  # its Request's once admitted (`Driver`)
     stop_at_eos: bool = True  # False: a warm-up, which decodes past EOS to run (and compile) the steps
     _handle: Any = None  # its Request in a pool
 
@@ -376,6 +377,7 @@ class Scheduler:
         try:
             job._handle = self._pool(job.method, job.tree_size).submit(job.prompt_ids, job.settings, job.stats,
                                                                         stop_at_eos=job.stop_at_eos)
+            job.clock = job._handle.clock  # its share of its pool's calls, kept by the pool driver
             self._jobs[job._handle] = job
         except ValueError as e:
             self._finish(job, "error", error=str(e))
@@ -394,14 +396,8 @@ class Scheduler:
         self._finish(job, "cancelled")
 
     def _step_pool(self, pool: SlotPool) -> None:
-        inside = [self._jobs.get(r) for r in [*pool.busy, *pool.waiting] if r is not None]
-        with self._timer:
-            moved = pool.step()
-        compiled, wall = self._timer.last_seconds, self._timer.last_wall
-        if compiled:  # the compilation counts for every job that waited on it
-            for job in inside:
-                if job is not None:
-                    job.clock.waited(compiled)
+        # the pool driver times the call and gives each request (hence its job: `Job.clock`) its share
+        moved = Driver(pool, self._timer).step().events
         # a call may move a request by several steps (an engine with device_steps): one event each,
         # the job finished at its last event
         last = {event.request: i for i, event in enumerate(moved)}
@@ -411,7 +407,6 @@ class Scheduler:
             if job is None:
                 continue
             job.token_ids.extend(kept)
-            job.clock.moved(len(kept), wall, compiled=compiled > 0, same_call=event.same_call)
             if request.done and last[request] == i:
                 del self._jobs[request]
                 self._finish(job, request.finish_reason, kept, accepted, plain=plain)
