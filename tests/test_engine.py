@@ -254,8 +254,9 @@ def test_a_device_loop_attends_over_every_slot_its_steps_reach(tiny, monkeypatch
 
 
 def test_device_steps_are_refused_where_they_cannot_run(tiny):
-    with pytest.raises(InputError, match="device_steps must be an integer >= 0"):
-        Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, device_steps=-1)
+    for bad in (-1, 4097, 10**9):
+        with pytest.raises(InputError, match=r"device_steps must be an integer in \[0, 4096\]"):
+            Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, device_steps=bad)
     with pytest.raises(InputError, match='pass keep=N / --keep N \\(not "auto"\\)'):
         Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, adaptive=True,
                device_steps=2)

@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from dart_jax.errors import InputError
+from dart_jax.models.backend import MAX_DEVICE_STEPS
 from dart_jax.models.qwen3 import (KVCache, Qwen3, check_verify_gemms, init_cache, verify_compiler_options,
                                    write_cache)
 from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inputs_on_mesh, make_mesh,
@@ -366,8 +367,10 @@ class Engine:
                  mesh=None, adaptive: bool = False, device_steps: int = 0, verify_gemms: str = "auto"):
         # device_steps > 0: speculative steps run that many at a time in one device loop, the trees
         # searched on the device (`_device_steps`); 0: one device call per step, the host searching
-        if isinstance(device_steps, bool) or not isinstance(device_steps, int) or device_steps < 0:
-            raise InputError(f"device_steps must be an integer >= 0 (0: a host call per step), got {device_steps!r}")
+        if (isinstance(device_steps, bool) or not isinstance(device_steps, int)
+                or not 0 <= device_steps <= MAX_DEVICE_STEPS):
+            raise InputError(f"device_steps must be an integer in [0, {MAX_DEVICE_STEPS}] (0: a host call per step), "
+                             f"got {device_steps!r}")
         if device_steps and not isinstance(drafter, DartDrafter):
             raise InputError("device_steps needs the DART drafter (its trees are searched on the device); "
                              f"this engine drafts with {type(drafter).__name__}: pass device_steps=0")
