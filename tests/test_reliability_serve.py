@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 
@@ -69,8 +70,8 @@ class StandIn:
         self.steps, self.pause, self.jobs, self.encoded = steps, pause, [], 0
         self._interrupted = threading.Event()
 
-    def submit(self, ids, settings, sink, *, method="dart", tree_size=None):
-        job = Job(len(self.jobs) + 1, method, list(ids), settings, tree_size or 16, sink)
+    def submit(self, ids, settings, sink, *, method="dart", tree_size=None, stop_at_eos=True):
+        job = Job(len(self.jobs) + 1, method, list(ids), settings, tree_size or 16, sink, stop_at_eos=stop_at_eos)
         self.jobs.append(job)
         threading.Thread(target=self._run, args=(job,), daemon=True).start()
         return job
@@ -200,21 +201,29 @@ def test_without_a_key_the_ui_needs_no_login(text_model):
 
 
 def test_tree_sizes_are_bounded_to_a_few_offered_ones(model):
+    """Only the offered sizes are served; any other is refused naming them (issue 50: 3 ran as 7,
+    61 as 60, while the README promised a 400)."""
     scheduler = Scheduler(model, slots=1, max_length=64)
     try:
         assert scheduler.default_tree_size == 16 and scheduler.tree_sizes == sorted({16, *TREE_SIZES})
         ids = model.encode("hi", chat=False)
         from dart_jax.decoding.settings import GenerationSettings
         settings = GenerationSettings(max_new_tokens=4, max_length=64)
-        sizes = {scheduler.check(ids, settings, "dart", n) for n in range(1, 257)}
-        assert sizes == set(scheduler.tree_sizes)
-        assert scheduler.check(ids, settings, "dart", 17) == 16 and scheduler.check(ids, settings, "dart", 250) == 96
-        assert scheduler.check(ids, settings, "dart", 12) == 8  # a tie goes to the smaller size
+        served = []
+        for n in range(1, 257):
+            try:
+                served.append(scheduler.check(ids, settings, "dart", n))
+            except ValueError as e:
+                assert f"tree_size {n} is not offered" in str(e) and "8, 16, 32, 60, 96" in str(e), str(e)
+        assert served == scheduler.tree_sizes
+        assert scheduler.check(ids, settings, "dart", None) == 16
         for n in (3, 40, 77, 200):
+            with pytest.raises(ValueError, match="not offered"):
+                scheduler.submit(ids, settings, lambda e: None, tree_size=n)
+        for n in scheduler.tree_sizes:
             scheduler.submit(ids, settings, lambda e: None, tree_size=n)
         scheduler._drain(block=False)  # admits them (no step runs: nothing compiles)
-        assert {key for key in scheduler._pools if key[0] == "dart"} <= {("dart", s) for s in scheduler.tree_sizes}
-        assert len(scheduler._pools) <= len(scheduler.tree_sizes)
+        assert {key for key in scheduler._pools if key[0] == "dart"} == {("dart", s) for s in scheduler.tree_sizes}
     finally:
         scheduler._fail_all(None)
         for pool in scheduler._pools.values():
@@ -312,7 +321,7 @@ def test_shutdown_ends_running_streams_with_an_error_event_and_done(text_model):
     readers = [threading.Thread(target=stream, args=(i,)) for i in (0, 1)] + [threading.Thread(target=complete)]
     for t in readers:
         t.start()
-    while (len(lines[0]) < 3 or len(lines[1]) < 3) and time.monotonic() < deadline:
+    while (len(lines[0]) < 3 or len(lines[1]) < 3 or len(scheduler.jobs) < 3) and time.monotonic() < deadline:
         time.sleep(0.05)
     started = time.monotonic()
     server.should_exit = True  # what SIGTERM does
@@ -572,3 +581,215 @@ def test_without_the_key_nothing_tells_the_model_or_the_load(text_model):
     open_client, _ = _ui_client(text_model, api_key=None)
     assert "jobs" in open_client.get("/health").json()
     assert NAME in open_client.get("/ui/manifest.json").json()["name"]
+
+
+# ---------------------------------------------------------------- issue 50: what the server cannot honour, strict types
+
+# each field that would change the answer, with a value that asks for something (→ a 400 naming
+# the field) and its default (→ served): written out here, not read from the server's table
+NOT_HONOURED = [("logit_bias", {"50256": -100}, {}), ("presence_penalty", 0.5, 0), ("frequency_penalty", -1.0, 0.0),
+                ("repetition_penalty", 1.2, 1.0), ("min_tokens", 4, 0), ("guided_json", {"type": "object"}, None),
+                ("top_logprobs", 2, None), ("tool_choice", "auto", "none"), ("functions", [{"name": "f"}], None),
+                ("function_call", {"name": "f"}, "none"), ("parallel_tool_calls", False, True),
+                ("modalities", ["audio"], ["text"]), ("prediction", {"type": "content", "content": "x"}, None),
+                ("reasoning_effort", "low", None)]
+
+
+def test_fields_that_would_change_the_answer_are_refused_naming_them_and_their_defaults_pass(text_model):
+    client, scheduler = client_for(text_model)
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for field, asked, default in NOT_HONOURED:
+        err = openai_error(client.post("/v1/chat/completions", json={**chat, field: asked}, headers=AUTH), 400)
+        assert err["param"] == field and field in err["message"] and "drop the field" in err["message"], err
+        assert scheduler.jobs == [], field
+        r = client.post("/v1/chat/completions", json={**chat, field: default}, headers=AUTH)
+        assert r.status_code == 200, (field, default, r.text)
+        scheduler.jobs.clear()
+    # False is not the number 0
+    assert openai_error(client.post("/v1/chat/completions", json={**chat, "presence_penalty": False}, headers=AUTH),
+                        400)["param"] == "presence_penalty"
+    calls = {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    err = openai_error(client.post("/v1/chat/completions", headers=AUTH,
+                                   json={**chat, "messages": [chat["messages"][0], calls, chat["messages"][0]]}), 400)
+    assert err["param"] == "messages" and "tool_calls" in err["message"]
+    completion = {"model": NAME, "prompt": "hi", "max_tokens": 2}
+    for field, asked in (("logit_bias", {"5": 1}), ("presence_penalty", 1), ("echo", "no"), ("min_tokens", 1)):
+        r = client.post("/v1/completions", json={**completion, field: asked}, headers=AUTH)
+        assert openai_error(r, 400)["param"] == field, field
+    assert scheduler.jobs == []
+
+
+def test_types_are_strict_on_every_field(text_model):
+    client, scheduler = client_for(text_model)
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    cases = [({"n": True}, "n"), ({"n": "1"}, "n"), ({"stream": "yes"}, "stream"), ({"stream": 1}, "stream"),
+             ({"temperature": True}, "temperature"), ({"temperature": "0.5"}, "temperature"), ({"top_p": "1"}, "top_p"),
+             ({"tree_size": True}, "tree_size"), ({"tree_size": "16"}, "tree_size"),
+             ({"stream": True, "stream_options": {"include_usage": "maybe"}}, "stream_options"),
+             ({"ignore_eos": "yes"}, "ignore_eos"), ({"stop_token_ids": ["5"]}, "stop_token_ids"),
+             ({"stop_token_ids": [True]}, "stop_token_ids")]
+    for change, param in cases:
+        assert openai_error(client.post("/v1/chat/completions", json={**chat, **change}, headers=AUTH),
+                            400)["param"] == param, change
+    assert scheduler.jobs == []
+    # what the types take is still served: an integer temperature, a boolean include_usage
+    r = client.post("/v1/chat/completions", headers=AUTH, json={**chat, "temperature": 1, "n": 1, "stream": True,
+                                                                "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and '"usage"' in r.text, r.text[-300:]
+
+
+def test_a_json_body_without_the_json_content_type_is_refused_naming_the_header(text_model):
+    client, scheduler = client_for(text_model)
+    body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    for content_type in (None, "text/plain", "application/x-www-form-urlencoded"):
+        headers = {**AUTH, **({"content-type": content_type} if content_type else {})}
+        message = openai_error(client.post("/v1/chat/completions", content=body, headers=headers), 400)["message"]
+        assert "Content-Type: application/json" in message and (content_type or "no Content-Type") in message, message
+    assert scheduler.jobs == []
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        r = client.post("/v1/chat/completions", content=body, headers={**AUTH, "content-type": content_type})
+        assert r.status_code == 200, (content_type, r.text)
+
+
+def test_the_cheap_vllm_fields_reach_the_scheduler(text_model):
+    """max_completion_tokens on /v1/completions too (it once ran 8 tokens for 2), ignore_eos (the
+    job decodes past EOS); stop_token_ids ids outside the vocabulary are refused."""
+    client, scheduler = client_for(text_model, steps=6)
+    r = client.post("/v1/completions", headers=AUTH,
+                    json={"model": NAME, "prompt": "hi", "max_completion_tokens": 2, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    job = scheduler.jobs[-1]
+    assert job.settings.max_new_tokens == 2 and job.stop_at_eos is False
+    r = client.post("/v1/chat/completions", headers=AUTH,
+                    json={"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    assert scheduler.jobs[-1].settings.max_new_tokens == 3 and scheduler.jobs[-1].stop_at_eos is True
+
+
+def test_the_connection_limit_answers_a_clear_503_and_frees_its_place():
+    from dart_jax.serve.app import ConnectionLimit
+
+    release, inside = asyncio.Event(), []
+
+    async def slow(scope, receive, send):  # a request held open (a stream) until released
+        inside.append(1)
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    async def run():
+        limited = ConnectionLimit(slow, limit=2)
+        transport = httpx.ASGITransport(app=limited)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            held = [asyncio.create_task(client.get("/")) for _ in range(2)]
+            while len(inside) < 2:
+                await asyncio.sleep(0.01)
+            refused = await client.get("/")
+            release.set()
+            done = [await t for t in held]
+            after = await client.get("/")
+        return refused, done, after
+    refused, done, after = asyncio.run(run())
+    err = openai_error(refused, 503)
+    assert err["code"] == "server_busy" and "--max-connections" in err["message"] and "2 requests" in err["message"]
+    assert refused.headers["retry-after"] == "1"
+    assert [r.status_code for r in done] == [200, 200] and after.status_code == 200
+
+
+def test_every_ui_route_but_the_login_form_and_static_files_needs_the_login(text_model):
+    """Every route Gradio adds (read from its app, path parameters filled in) answers 401 without a
+    login, except the page (the login form then), the login and the static files; Gradio guards
+    only some itself (its heartbeat streamed to anyone)."""
+    from fastapi.routing import APIRoute
+    from starlette.routing import Mount
+
+    client, scheduler = _ui_client(text_model)
+    gradio_app = next(r for r in client.app.routes if isinstance(r, Mount) and r.path == "/ui").app.app
+    public = {"/", "/login", "/login/", "/manifest.json", "/favicon.ico", "/robots.txt", "/theme.css",
+              "/gradio_api/theme.css"}
+    def api_routes(routes):  # FastAPI keeps an included router (Gradio's /gradio_api) as one entry
+        for route in routes:
+            if hasattr(route, "original_router"):
+                yield from api_routes(route.original_router.routes)
+            elif isinstance(route, APIRoute):
+                yield route
+    checked = 0
+    for route in api_routes(gradio_app.routes):
+        path = re.sub(r"\{[^}]*\}", "x", route.path)
+        static = path.startswith(("/assets/", "/static/", "/svelte/", "/pwa_icon"))
+        for method in route.methods - {"HEAD"}:
+            r = client.request(method, "/ui" + path, json={})
+            if path in public or static:
+                assert r.status_code != 401, (method, path)
+            else:
+                assert r.status_code == 401 and r.json()["error"]["code"] == "login_required", (method, path, r.text[:200])
+                checked += 1
+    assert checked > 40, checked  # the heartbeat, queue, upload, file, stream, monitoring, ... routes
+    assert client.post("/ui/login", data={"username": "me", "password": KEY}).status_code == 200
+    with client.stream("GET", "/ui/gradio_api/heartbeat/me") as r:
+        assert r.status_code == 200 and next(r.iter_lines()) == "data: ALIVE"
+    assert scheduler.jobs == []
+
+
+def test_the_ui_mounts_at_the_smallest_max_length(text_model):
+    """--max-length 16 (and 17), the documented minimum, once died in the answer-length slider."""
+    from dart_jax.serve.ui import mount
+
+    for length in (16, 17):
+        scheduler = StandIn(text_model)
+        scheduler.max_length = length
+        client = TestClient(mount(create_app(scheduler, model_name=NAME), scheduler, title="t"))
+        sliders = [c["props"] for c in client.get("/ui/config").json()["components"]
+                   if c.get("props", {}).get("elem_id") == "dj-max-new"]
+        assert sliders and sliders[0]["minimum"] < sliders[0]["maximum"], sliders
+
+
+def test_serve_options_refuse_what_cannot_work_before_jax_loads(capsys):
+    from dart_jax.serve.options import parse_args
+
+    for argv, words in ((["--shutdown-timeout", "nan"], "finite"), (["--shutdown-timeout", "inf"], "finite"),
+                        (["--shutdown-timeout", "-1"], ">= 0"), (["--max-length", "15"], ">= 16"),
+                        (["--model-name", ""], "model id is empty"), (["--model-name", "  "], "model id is empty"),
+                        (["--max-connections", "0"], ">= 1")):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and argv[0] in err and words in err, (argv, err)
+    assert parse_args(["--max-length", "16", "--shutdown-timeout", "0"]).max_length == 16
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    entries = re.split(r"\n  (?=-)", capsys.readouterr().out)  # one per option
+    for option, default in (("--warmup", "full"), ("--beam-width", "20"), ("--topk", "25"),
+                            ("--max-connections", "256"), ("--shutdown-timeout", "10.0")):
+        entry = " ".join(next(e for e in entries if e.startswith(option + " ")).split())
+        assert f"(default: {default})" in entry, (option, entry)
+
+
+def test_the_ui_takes_a_null_tree_size_and_refuses_bad_values_in_one_log_line(model, caplog, capfd):
+    """Through Gradio's own API, as any client may post: a null tree size (a cleared dropdown) is
+    the server's default, no longer int(None); each refused value is shown to the user and logged
+    in one line, without the traceback Gradio's checks printed."""
+    from dart_jax.serve.ui import mount
+
+    scheduler = Scheduler(model, slots=2, max_length=64).start()
+    try:
+        with TestClient(mount(create_app(scheduler, model_name=NAME), scheduler, title="t")) as client:
+            def send(change: dict) -> str:
+                data = ["hello", [], "dart", False, "ar", 0, 1, 0, 8, None]
+                for index, value in change.items():
+                    data[index] = value
+                event = client.post("/ui/gradio_api/call/respond", json={"data": data}).json()["event_id"]
+                lines = client.get(f"/ui/gradio_api/call/respond/{event}").text.splitlines()
+                return json.loads(next(line for line in reversed(lines) if line.startswith("data: "))[6:])[-1]
+            stats = send({})
+            assert "DART" in stats and "8 tokens" in stats and "error" not in stats, stats
+            capfd.readouterr()
+            caplog.clear()
+            refused = {5: 99, 6: 0, 7: 2.5, 8: None, 9: 3, 2: "magic", 3: "yes", 0: 5}
+            for index, value in refused.items():
+                assert send({index: value}).startswith("error: "), (index, value)
+            records = [r for r in caplog.records if r.name == "dart_jax.serve"]
+            assert len(records) == len(refused) and all("refused" in r.getMessage() for r in records)
+            assert "Traceback" not in capfd.readouterr().err
+    finally:
+        scheduler.stop()

@@ -270,3 +270,72 @@ def test_sigterm_finishes_running_requests_and_exits_cleanly():
         assert proc.wait(60) == 0
         log = proc.log.read_text()
         assert "Traceback" not in log and "dart_jax: stopped" in log, log[-2000:]
+
+
+def test_fields_the_server_cannot_honour_are_refused_by_name_through_the_official_client(client):
+    """Issue 50: each was answered with a 200 while ignored; now a 400 naming the field."""
+    message = [{"role": "user", "content": "hello"}]
+    refused = [("presence_penalty", dict(presence_penalty=0.5)), ("frequency_penalty", dict(frequency_penalty=1.0)),
+               ("logit_bias", dict(logit_bias={"5": 10})), ("top_logprobs", dict(top_logprobs=2)),
+               ("tool_choice", dict(tool_choice="required")), ("parallel_tool_calls", dict(parallel_tool_calls=False)),
+               ("modalities", dict(modalities=["text", "audio"])),
+               ("prediction", dict(prediction={"type": "content", "content": "x"})),
+               ("reasoning_effort", dict(reasoning_effort="high")),
+               ("functions", dict(functions=[{"name": "f", "parameters": {"type": "object"}}])),
+               ("function_call", dict(function_call={"name": "f"})),
+               ("min_tokens", dict(extra_body={"min_tokens": 4})), ("guided_json", dict(extra_body={"guided_json": {}})),
+               ("repetition_penalty", dict(extra_body={"repetition_penalty": 1.3}))]
+    for param, kw in refused:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=NAME, messages=message, max_tokens=4, **kw)
+        assert e.value.body["param"] == param and param in e.value.body["message"], (param, e.value.body)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt="hi", max_tokens=4, presence_penalty=1.0)
+    assert e.value.body["param"] == "presence_penalty"
+    # their defaults ask for nothing: served
+    ok = client.chat.completions.create(model=NAME, messages=message, max_tokens=4, presence_penalty=0,
+                                        frequency_penalty=0, logit_bias={}, parallel_tool_calls=True)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tree_sizes_the_server_does_not_offer_are_refused_naming_those_it_does(server, client):
+    offered = httpx.get(server[0] + "/v1/models", headers={"Authorization": f"Bearer {KEY}"},
+                        timeout=HANG).json()["data"][0]["tree_sizes"]
+    for size in (3, 61):
+        assert size not in offered
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                           extra_body={"tree_size": size})
+        assert e.value.body["param"] == "tree_size"
+        assert f"tree_size {size} is not offered" in e.value.body["message"]
+        assert ", ".join(map(str, offered)) in e.value.body["message"], (offered, e.value.body)
+
+
+def test_max_completion_tokens_stop_token_ids_and_ignore_eos_are_honoured(client, model):
+    """max_completion_tokens on /v1/completions (it ran 8 tokens for 2), stop_token_ids (the
+    answer ends at the id, which is kept as the Python API keeps it), ignore_eos (the answer runs
+    past EOS to its limit). The oracles: the in-process model's greedy answers."""
+    raw = "Speculative decoding is"
+    assert len(oracle(model, raw, 8, chat=False).token_ids) == 8  # no EOS within 8 tokens
+    got = client.completions.create(model=NAME, prompt=raw, temperature=0, max_tokens=8,
+                                    extra_body={"max_completion_tokens": 2})
+    assert got.usage.completion_tokens == 2 and got.choices[0].finish_reason == "length"
+    assert got.choices[0].text == oracle(model, raw, 2, chat=False).text
+    want = oracle(model, PROMPTS[0], 24)
+    stop_id = want.token_ids[5]
+    cut = want.token_ids[:want.token_ids.index(stop_id) + 1]
+    got = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPTS[0]}], temperature=0,
+                                         max_tokens=24, extra_body={"stop_token_ids": [stop_id]})
+    assert got.choices[0].message.content == model.decode(cut) and got.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       extra_body={"stop_token_ids": [10**9]})
+    assert e.value.body["param"] == "stop_token_ids"
+    # a prompt the model answers with EOS well inside the limit
+    ended = [(p, w) for p in PROMPTS if (w := oracle(model, p, 60)).finish_reason == "eos"]
+    assert ended, "the demo model ends none of the prompts by EOS within 60 tokens"
+    prompt, short = ended[0]
+    got = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}], temperature=0,
+                                         max_tokens=60, extra_body={"ignore_eos": True})
+    assert got.usage.completion_tokens == 60 and got.choices[0].finish_reason == "length"
+    assert got.choices[0].message.content.startswith(short.text)

@@ -7,8 +7,9 @@
                                  without one set: the job counters too)
     GET  /docs, /openapi.json    the API's description (behind the key when there is one)
 
-A request's `tree_size` is rounded to the nearest size the server offers (`tree_sizes` in GET
-/v1/models), so that requests cannot make it build pools and compile steps without bound.
+A request's `tree_size` must be one of the sizes the server offers (`tree_sizes` in GET
+/v1/models; another is a 400 naming them), so that requests cannot make it build pools and
+compile steps without bound.
 Every response carries a `dart` object saying how it was decoded: the method, the draft tree size,
 the accepted length of every step and their mean, tokens/s (compilation left out; `compile_s`
 says how much there was) and, where plain decoding produced tokens (method "ar", or tree size 0 of
@@ -19,7 +20,9 @@ decoding (no draft was accepted). Errors are OpenAI's {"error": {message, type, 
 code}} with a 4xx status (5xx only for the server's own faults). Every request body, on every
 route (the chat UI's too, its login included), is counted as it arrives and cut at one size limit
 (a 413): no client, with or without the key, can make the server hold or parse more than that,
-nor tokenise megabytes of text for a request that cannot fit its context anyway.
+nor tokenise megabytes of text for a request that cannot fit its context anyway. At most
+`max_connections` requests are served at once (streams, the UI's included): one more gets a 503
+at once, so that no client can hold the process's file descriptors.
 """
 from __future__ import annotations
 
@@ -37,9 +40,10 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dart_jax.api.text import StopText
+from dart_jax.api.text import StopText, check_stops
 from dart_jax.decoding.settings import GenerationSettings
 
+from .options import MAX_CONNECTIONS
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest
 from .scheduler import Job, Scheduler, async_sink
 
@@ -114,8 +118,40 @@ class BodyLimit:
         await JSONResponse(error.body(), status_code=413)(scope, receive, send)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+class ConnectionLimit:
+    """ASGI middleware: at most `limit` HTTP requests served at once (a stream counts until it
+    ends); one more gets a 503 in OpenAI's error shape at once, so that open connections (each a
+    file descriptor) stay bounded whoever sends them."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.open = app, int(limit), 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.open >= self.limit:
+            error = APIError(503, f"the server is serving its limit of {self.limit} requests at once "
+                                  "(--max-connections); try again shortly.", kind="server_error", code="server_busy")
+            return await JSONResponse(error.body(), status_code=503, headers={"Retry-After": "1"})(scope, receive, send)
+        self.open += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.open -= 1
+
+
+def _json_content(request: Request) -> bool:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def _validation_message(request: Request, exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
+    if request.method == "POST" and not _json_content(request):
+        # FastAPI reads a body of another content type as no JSON at all: name the header, not the symptom
+        got = request.headers.get("content-type")
+        return (f"the request body must be JSON sent with the header 'Content-Type: application/json' (got "
+                f"{repr(got) if got else 'no Content-Type'}).", None)
     if not errors:
         return "invalid request", None
     first = errors[0]
@@ -159,12 +195,22 @@ class Server:
         return GenerationSettings(max_new_tokens=max_tokens or context - prompt_len, max_length=context,
                                   temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=seed)
 
+    def stop_text(self, body) -> StopText:
+        """The request's detokenizer, with its stop strings and stop ids (checked against the vocabulary)."""
+        if body.stop_token_ids:
+            try:
+                check_stops(None, body.stop_token_ids, self.model.engine.vocab_size)
+            except ValueError as e:
+                raise APIError(400, str(e), param="stop_token_ids") from None
+        return StopText(self.model.decode, body.stop, body.stop_token_ids or ())
+
     def submit(self, ids: list[int], settings: GenerationSettings, body) -> tuple[Job, asyncio.Queue]:
         q, sink = async_sink(asyncio.get_running_loop())
         try:
-            job = self.scheduler.submit(ids, settings, sink, method=body.method, tree_size=body.tree_size)
+            job = self.scheduler.submit(ids, settings, sink, method=body.method, tree_size=body.tree_size,
+                                        stop_at_eos=not body.ignore_eos)
         except ValueError as e:
-            raise APIError(400, str(e)) from None
+            raise APIError(400, str(e), param="tree_size" if str(e).startswith("tree_size") else None) from None
         except RuntimeError as e:
             raise APIError(503, str(e), kind="server_error") from None
         return job, q
@@ -210,9 +256,9 @@ class Server:
         prompt, out = len(job.prompt_ids), len(job.token_ids)
         return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
 
-    async def complete(self, request: Request, job: Job, q: asyncio.Queue, stops: list[str]) -> tuple[str, str]:
+    async def complete(self, request: Request, job: Job, q: asyncio.Queue, stream: StopText) -> tuple[str, str]:
         """Run a job to its end for a non-streaming answer; cancelled if the client disconnects."""
-        stream, text, reason = StopText(self.model.decode, stops), [], None
+        text, reason = [], None
 
         async def watch():
             while True:
@@ -241,7 +287,8 @@ class Server:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = None,
+               max_connections: int = MAX_CONNECTIONS) -> FastAPI:
     """The API app; mount the UI on it with `dart_jax.serve.ui.mount`."""
     server = Server(scheduler, model_name, api_key)
     # with a key, the API's description is served behind it too (below) rather than by FastAPI
@@ -251,14 +298,15 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
                   redoc_url=None)
     app.state.server = server
     app.add_middleware(BodyLimit, limit=body_limit(scheduler.max_length))
+    app.add_middleware(ConnectionLimit, limit=max_connections)  # the outermost: counts every request
 
     @app.exception_handler(APIError)
     async def _api_error(_, exc: APIError):
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_, exc: RequestValidationError):
-        message, param = _validation_message(exc)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(request, exc)
         return JSONResponse(APIError(400, message, param=param).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -305,12 +353,13 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
         except TemplateError as e:  # the model's chat template is broken: the server's fault, not the client's
             raise APIError(500, f"the model's chat template failed ({type(e).__name__}: {e}); the server's "
                                 "tokenizer_config.json / chat_template.jinja needs fixing.", kind="server_error") from None
-        settings = server.settings(body, len(ids), body.max_completion_tokens or body.max_tokens)
+        stream = server.stop_text(body)
+        settings = server.settings(body, len(ids), body.answer_tokens())
         job, q = server.submit(ids, settings, body)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         head = {"id": rid, "created": created, "model": model_name}
         if not body.stream:
-            text, reason = await server.complete(request, job, q, body.stop)
+            text, reason = await server.complete(request, job, q, stream)
             return {**head, "object": "chat.completion", "usage": server.usage(job), "dart": server.decoding(job),
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                  "finish_reason": reason, "logprobs": None}]}
@@ -320,7 +369,7 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
                 return {**head, "object": "chat.completion.chunk",
                         "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}], **extra}
             yield chunk({"role": "assistant", "content": ""})
-            async for piece, step, reason in server.pieces(job, q, StopText(server.model.decode, body.stop)):
+            async for piece, step, reason in server.pieces(job, q, stream):
                 if piece or reason:
                     yield chunk({"content": piece} if piece else {}, reason,
                                 dart=step if not reason else server.decoding(job))
@@ -337,17 +386,18 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
                 raise APIError(400, "the prompt is empty.", param="prompt")
         else:
             ids = list(body.prompt)
-        settings = server.settings(body, len(ids), body.max_tokens)
+        stream = server.stop_text(body)
+        settings = server.settings(body, len(ids), body.answer_tokens())
         job, q = server.submit(ids, settings, body)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
         if not body.stream:
-            text, reason = await server.complete(request, job, q, body.stop)
+            text, reason = await server.complete(request, job, q, stream)
             return {**head, "usage": server.usage(job), "dart": server.decoding(job),
                     "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
 
         async def chunks():
-            async for piece, step, reason in server.pieces(job, q, StopText(server.model.decode, body.stop)):
+            async for piece, step, reason in server.pieces(job, q, stream):
                 if piece or reason:
                     yield {**head, "choices": [{"index": 0, "text": piece, "finish_reason": reason, "logprobs": None}],
                            "dart": step if not reason else server.decoding(job)}

@@ -8,8 +8,9 @@
 The API is at http://HOST:PORT/v1 (GET /v1/models, POST /v1/chat/completions, POST
 /v1/completions, streaming or not); the UI at http://HOST:PORT/ui. Concurrent requests share a
 pool of --slots sequences (continuous batching). The server compiles its shapes before it accepts
-requests, prints its URL when ready, and stops cleanly on Ctrl-C or SIGTERM: running requests
-finish, or after --shutdown-timeout seconds end with an error (a stream: an error event and [DONE]).
+requests, prints its URL when ready, and stops cleanly on Ctrl-C, SIGTERM or SIGHUP (also during
+the warm-up): running requests finish, or after --shutdown-timeout seconds (at once on a second
+Ctrl-C) end with an error (a stream: an error event and [DONE]).
 """
 from __future__ import annotations
 
@@ -17,31 +18,66 @@ from __future__ import annotations
 # model options need: a bad flag or value is refused, and --help answered, before jax loads.
 
 import argparse
+import math
 import os
 
-from dart_jax.api.options import add_model_options
+from dart_jax.api.options import HelpFormatter, add_model_options
+
+MIN_LENGTH = 16  # the smallest --max-length: a prompt and an answer of a few tokens
+MAX_CONNECTIONS = 256  # requests served at once by default: well under the usual limit of 1024 open files
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _at_least(low: int):
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return check
+
+
+def _name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the model id is empty; pass a name, or leave --model-name out for the default")
+    return text
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m dart_jax.serve", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m dart_jax.serve", description=__doc__, formatter_class=HelpFormatter)
     add_model_options(ap)
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    # "%(default).0s" prints nothing: argparse then adds no "(default: …)" where the text says it
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=int, default=8000, help="TCP port")
     ap.add_argument("--no-ui", action="store_true", help="serve the API only")
     ap.add_argument("--api-key", default=os.environ.get("DART_JAX_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on /v1, /docs and /openapi.json, and a login with the "
-                         "key as the password on /ui (default: $DART_JAX_API_KEY; unset = open)")
-    ap.add_argument("--model-name", help="the model id clients send (default: the head's folder or hub id; "
-                                         "'dart-jax-demo' for the demo)")
-    ap.add_argument("--slots", type=int, default=8, help="sequences decoded together per method (the pool size; default 8)")
-    ap.add_argument("--max-length", type=int, default=None,
-                    help="context per request: prompt + answer tokens (default: the model's max_position_embeddings, "
-                         "at most 2048)")
+                         "key as the password on every route of /ui but its login form and static files (default: "
+                         "$DART_JAX_API_KEY; unset = open)%(default).0s")
+    ap.add_argument("--model-name", type=_name, help="the model id clients send (default: the head's folder or hub id; "
+                                                     "'dart-jax-demo' for the demo)%(default).0s")
+    ap.add_argument("--slots", type=int, default=8, help="sequences decoded together per method (the pool size)")
+    ap.add_argument("--max-length", type=_at_least(MIN_LENGTH), default=None,
+                    help=f"context per request: prompt + answer tokens, at least {MIN_LENGTH} (default: the model's "
+                         "max_position_embeddings, at most 2048)%(default).0s")
+    ap.add_argument("--max-connections", type=_at_least(1), default=MAX_CONNECTIONS,
+                    help="requests served at once, streams and the UI's included; one more gets a 503 at once")
     ap.add_argument("--warmup", choices=["full", "quick", "none"], default="full",
                     help="compile before accepting requests: 'full' every pool size up to --slots (1, 2, 4, … "
                          "requests at once), 'quick' one request per method (more concurrent requests compile on "
                          "first use), 'none' nothing (the first requests wait for compilation)")
-    ap.add_argument("--shutdown-timeout", type=float, default=10.0,
-                    help="seconds that running requests get to finish at shutdown (default 10)")
+    ap.add_argument("--shutdown-timeout", type=_seconds, default=10.0,
+                    help="seconds that running requests get to finish at shutdown (a finite number >= 0)")
     return ap.parse_args(argv)

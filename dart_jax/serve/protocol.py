@@ -1,16 +1,19 @@
 """The HTTP API's request bodies (pydantic) and OpenAI-shaped errors.
 
 Fields follow OpenAI's chat and completions APIs; a few extras say how to decode (`method`,
-`top_k`, `tree_size`). Unknown fields are ignored, as OpenAI-compatible servers do, except those
-whose meaning we cannot honour (`n` > 1, `logprobs`, `echo`, `best_of` > 1, tools, a
-`response_format` other than {"type": "text"}): those are a 400. Integers are strict (a string
-"4" is a 400, as OpenAI answers). Every number is bounded here by the type it takes on the device
-(top_k and token counts int32, the seed 63 bits, a finite temperature of at most 10): a value
-beyond is a 400 that names the limit, never an overflow inside the scheduler.
+`top_k`, `tree_size`) and three of vLLM's are honoured (`stop_token_ids`, `ignore_eos`,
+`max_completion_tokens` on both endpoints). Unknown fields are ignored, as OpenAI-compatible
+servers do, except those that would change the answer and that we cannot honour (`UNHONOURED`:
+penalties, logit_bias, tools, logprobs, guided decoding, ...; and `n` > 1, a `response_format`
+other than text): any value but the field's default is a 400 naming it. Types are strict (a string "4", or `true` for a number, is a 400, as
+OpenAI answers). Every number is bounded here by the type it takes on the device (top_k and token
+counts int32, the seed 63 bits, a finite temperature of at most 10): a value beyond is a 400 that
+names the limit, never an overflow inside the scheduler.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -46,15 +49,75 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+def _is_default(value, defaults: tuple) -> bool:
+    """Whether `value` (parsed JSON) is one of `defaults`: 0 and 0.0 alike, `false` never a number."""
+    numbers = (int, float)  # exact types: bool is not one of them
+    return any(value is d or ((type(value) is type(d) or (type(value) in numbers and type(d) in numbers))
+                              and value == d) for d in defaults)
+
+
+# Fields that change the answer and that this server cannot honour: field → (the values that ask
+# for nothing, what the field asks for). Any other value is a 400 naming the field: ignoring it
+# would answer something else than what the client asked for.
+UNHONOURED = {
+    "logit_bias": ((None, {}), "token biases"),
+    "presence_penalty": ((None, 0), "a presence penalty"),
+    "frequency_penalty": ((None, 0), "a frequency penalty"),
+    "repetition_penalty": ((None, 1), "a repetition penalty"),
+    "min_p": ((None, 0), "min-p sampling"),
+    "min_tokens": ((None, 0), "a minimum answer length (EOS held back)"),
+    "guided_json": ((None,), "guided decoding"),
+    "guided_regex": ((None,), "guided decoding"),
+    "guided_choice": ((None,), "guided decoding"),
+    "guided_grammar": ((None,), "guided decoding"),
+    # the chat endpoint's
+    "logprobs": ((None, False), "log probabilities"),
+    "top_logprobs": ((None, 0), "log probabilities"),
+    "tools": ((None, []), "function calling"),
+    "tool_choice": ((None, "none"), "function calling"),
+    "parallel_tool_calls": ((None, True), "function calling"),
+    "functions": ((None, []), "function calling"),
+    "function_call": ((None, "none"), "function calling"),
+    "modalities": ((None, ["text"]), "an answer other than text"),
+    "prediction": ((None,), "predicted outputs"),
+    "reasoning_effort": ((None,), "a reasoning effort"),
+    # the completions endpoint's
+    "echo": ((None, False), "the prompt echoed before the answer"),
+    "best_of": ((None, 1), "several answers to choose from"),
+    "suffix": ((None, ""), "text after the answer (insertion)"),
+}
+COMMON_UNHONOURED = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+                     "min_tokens", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def _unhonoured(value, info):
+    """The validator of every UNHONOURED field: its default passes, anything else is refused."""
+    defaults, what = UNHONOURED[info.field_name]
+    if not _is_default(value, defaults):
+        shown = " or ".join("null" if d is None else json.dumps(d) for d in defaults)
+        raise ValueError(f"{info.field_name} asks for {what}, which this server does not support; drop the field "
+                         f"(or send {shown})")
+    return value
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: Any = None  # an assistant turn's function calls: the chat template would drop them
 
     @field_validator("content")
     @classmethod
     def _unicode(cls, content):
         return _valid_text(content, "the message content")
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, tool_calls):
+        if not _is_default(tool_calls, (None, [])):
+            raise ValueError("tool_calls (function calling) are not supported by this server; send the turn's "
+                             "text as its content")
+        return tool_calls
 
     def text(self) -> str:
         """The message's text; content parts must all be text."""
@@ -71,25 +134,46 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = Field(False, strict=True)
+
+
 class _Sampling(BaseModel):
     """Fields shared by both endpoints."""
 
     model_config = ConfigDict(extra="ignore")
     model: str
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX, strict=True)
-    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, strict=True)  # before max_tokens
+    temperature: float = Field(1.0, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False, strict=True)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, strict=True)
     top_k: int = Field(0, ge=0, le=INT32_MAX, strict=True)
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1], strict=True)
     stop: str | list[str] | None = Field(None, validate_default=True)
-    n: int = 1
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)]] | None = Field(None, max_length=64)
+    ignore_eos: bool = Field(False, strict=True)
+    n: int = Field(1, strict=True)
+    stream: bool = Field(False, strict=True)
+    stream_options: StreamOptions | None = None
     response_format: Any = None
     # dart_jax extras
     # one of dart_jax.api.methods' names (the schema lists them; the server answers for those it has loaded)
     method: str = Field("dart", json_schema_extra=lambda schema: schema.update(enum=list(decoding_methods.names())))
-    tree_size: int | None = Field(None, ge=decoding_methods.TREE_SIZE_RANGE[0], le=decoding_methods.TREE_SIZE_RANGE[1])
+    tree_size: int | None = Field(None, ge=decoding_methods.TREE_SIZE_RANGE[0], le=decoding_methods.TREE_SIZE_RANGE[1],
+                                  strict=True)
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    min_p: Any = None
+    min_tokens: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
+    _common_unhonoured = field_validator(*COMMON_UNHONOURED)(_unhonoured)
 
     @field_validator("method")
     @classmethod
@@ -125,30 +209,36 @@ class _Sampling(BaseModel):
         return response_format
 
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def answer_tokens(self) -> int | None:
+        """The answer's token limit the request asks for (None: up to the context)."""
+        return self.max_completion_tokens or self.max_tokens
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, strict=True)
-    logprobs: bool | None = None
-    tools: list[Any] | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
 
-    @field_validator("logprobs", "tools")
-    @classmethod
-    def _not_supported(cls, value, info):
-        if value:
-            what = {"logprobs": "logprobs", "tools": "tools (function calling)"}[info.field_name]
-            raise ValueError(f"{what} are not supported by this server")
-        return value
+    _unhonoured = field_validator("logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+                                  "functions", "function_call", "modalities", "prediction", "reasoning_effort")(_unhonoured)
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] = Field(...)
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-    suffix: str | None = None
+    echo: Any = None
+    logprobs: int | None = Field(None, strict=True)
+    best_of: Any = None
+    suffix: Any = None
 
     @field_validator("prompt")
     @classmethod
@@ -165,10 +255,11 @@ class CompletionRequest(_Sampling):
             raise ValueError("the prompt is empty")
         return prompt
 
-    @field_validator("echo", "suffix", "logprobs", "best_of")
+    _unhonoured = field_validator("echo", "best_of", "suffix")(_unhonoured)
+
+    @field_validator("logprobs")
     @classmethod
-    def _unsupported(cls, value, info):
-        allowed = {"echo": (False,), "suffix": (None, ""), "logprobs": (None,), "best_of": (None, 1)}[info.field_name]
-        if value is not None and not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
-            raise ValueError(f"{info.field_name} is not supported by this server")
-        return value
+    def _no_logprobs(cls, logprobs):
+        if logprobs is not None:
+            raise ValueError("logprobs asks for log probabilities, which this server does not support; drop the field")
+        return logprobs

@@ -7,7 +7,7 @@ into the pools and steps them in turn:
   its record makes (`Method.pool`);
 - method "dart": one `Batcher` pool of `slots` sequences per draft-tree size (the server's default
   size, plus any other size a request asks for, made on first use); a request's size is checked
-  as the Python API checks it (`check_tree_size`) and rounded to the nearest of a few offered sizes
+  as the Python API checks it (`check_tree_size`) and must be one of a few offered sizes
   (`tree_sizes`), so that no client can make the server build pools, caches and compiled steps
   without bound;
 - method "ar": a `PlainBatcher` pool of `slots` sequences, plain autoregressive decoding of the
@@ -179,11 +179,11 @@ class Scheduler:
         low, high = TREE_SIZE_RANGE
         if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:
             raise ValueError(f"tree_size must be an integer in [{low}, {high}] (draft tree nodes), got {size!r}.")
-        return self.offered_size(record.tree_size(self.model, size))  # the Python API's check (max_tree_nodes)
-
-    def offered_size(self, size: int) -> int:
-        """The offered tree size nearest to `size` (the smaller one on a tie)."""
-        return min(self.tree_sizes, key=lambda s: (abs(s - size), s))
+        size = record.tree_size(self.model, size)  # the Python API's check (max_tree_nodes)
+        if size not in self.tree_sizes:
+            raise ValueError(f"tree_size {size} is not offered by this server; pick one of "
+                             f"{', '.join(map(str, self.tree_sizes))} (GET /v1/models lists them).")
+        return size
 
     def submit(self, prompt_ids, settings: GenerationSettings, sink: Callable[[Event], None], *,
                method: str = "dart", tree_size: int | None = None, stop_at_eos: bool = True) -> Job:
@@ -267,7 +267,8 @@ class Scheduler:
         Plain decoding's request alone decodes past EOS, so that its chunk loop compiles whatever
         the model answers. `on_stage(n, of, method, count, seconds)` hears of each stage (see
         `warmup_stages`) as it starts (seconds None) and as it ends (its seconds), so that a
-        warm-up of minutes shows how far it is."""
+        warm-up of minutes shows how far it is. `interrupt` ends it early (the server stops before
+        it serves): it returns then, at once."""
         settings = GenerationSettings(max_new_tokens=max_new_tokens, max_length=self.max_length)
         stages = self.warmup_stages(full)
         for n, (method, count) in enumerate(stages, 1):
@@ -280,11 +281,18 @@ class Scheduler:
                 # plain decoding's request alone decodes past EOS, so that its chunk loop (long to
                 # compile) is ready even where the model ends its answer at once
                 past_eos = count == 1 and not decoding_methods.get(method).drafts
-                self.submit(prompt_ids, settings, sink, method=method, stop_at_eos=not past_eos)
+                try:
+                    self.submit(prompt_ids, settings, sink, method=method, stop_at_eos=not past_eos)
+                except RuntimeError:
+                    if self._closing.is_set():
+                        return
+                    raise
                 queues.append(q)
             for q in queues:
                 while not (event := q.get()).done:
                     pass
+                if event.finish_reason == "shutdown":
+                    return
                 if event.error:
                     raise RuntimeError(f"warm-up of method {method!r} failed: {event.error}")
             if on_stage is not None:

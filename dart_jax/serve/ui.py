@@ -13,6 +13,8 @@ speeds would compare the interleaving rather than the methods.
 from __future__ import annotations
 
 import html
+import logging
+import math
 import queue
 import secrets
 import threading
@@ -20,12 +22,18 @@ import time
 from typing import Any
 
 import gradio as gr
+from fastapi.responses import JSONResponse
+from starlette.requests import HTTPConnection
+from starlette.routing import Mount
 
 from dart_jax.api import methods as decoding_methods
 from dart_jax.api.text import StopText
 from dart_jax.decoding.settings import GenerationSettings
 
+from .protocol import APIError
 from .scheduler import Job, Scheduler, thread_sink
+
+log = logging.getLogger("dart_jax.serve")
 
 CSS = """
 .dj-c0 { background: #fde68a; border-radius: 3px; }
@@ -36,6 +44,20 @@ CSS = """
 .dj-stats { font-variant-numeric: tabular-nums; }
 """
 PLAIN_TIP = "plain decoding: no draft (tree size 0)"
+# what the UI serves before the login (paths inside its mount): the page, which is the login form
+# then, the form's post and the static files the form needs
+PUBLIC_PATHS = ("/", "/login", "/login/", "/manifest.json", "/favicon.ico", "/robots.txt", "/theme.css",
+                "/gradio_api/theme.css")
+PUBLIC_FOLDERS = ("/assets/", "/static/", "/svelte/", "/pwa_icon")
+
+
+def _number(value, name: str, whole: bool = False) -> float | int:
+    """A number of the UI's settings as its client sent it (anyone may post any JSON there), or a
+    ValueError naming the setting."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+            whole and value != int(value)):
+        raise ValueError(f"{name} must be a finite {'whole ' if whole else ''}number, got {value!r:.40}.")
+    return int(value) if whole else float(value)
 
 
 def _label(method: str) -> str:
@@ -154,27 +176,45 @@ class ChatUI:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ handlers
+    def _methods(self, method_a, side, method_b) -> list[str]:
+        if not isinstance(side, bool):
+            raise ValueError(f"side by side must be true or false, got {side!r:.40}.")
+        methods = [method_a] + ([method_b] if side else [])
+        for method in methods:
+            if not isinstance(method, str) or method not in self.scheduler.methods:
+                raise ValueError(f"unknown method {method!r:.40}; this server offers {sorted(self.scheduler.methods)}.")
+        return methods
+
     def respond(self, message: str, turns: list[dict], method_a: str, side: bool, method_b: str, temperature: float,
                 top_p: float, top_k: float, max_new: float, tree_size: Any, request: gr.Request):
-        message = (message or "").strip()
-        if not message:
-            yield self._view(turns, "", "Type a message first.")
-            return
-        methods = [method_a] + ([method_b] if side else [])
+        """The handler of Send: its values come as the client sent them (no Gradio preprocessing,
+        whose refusals print tracebacks), checked here; a refused one is shown to the user and
+        logged in one line."""
         try:
-            settings = GenerationSettings(max_new_tokens=int(max_new), max_length=self.scheduler.max_length,
-                                          temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+            if message is not None and not isinstance(message, str):
+                raise ValueError(f"the message must be text, got {type(message).__name__}.")
+            message = (message or "").strip()
+            if not message:
+                yield self._view(turns, "", "Type a message first.")
+                return
+            methods = self._methods(method_a, side, method_b)
+            size = None if tree_size is None else _number(tree_size, "the draft tree size", whole=True)
+            settings = GenerationSettings(max_new_tokens=_number(max_new, "max new tokens", whole=True),
+                                          max_length=self.scheduler.max_length,
+                                          temperature=_number(temperature, "the temperature"),
+                                          top_p=_number(top_p, "top-p"), top_k=_number(top_k, "top-k", whole=True),
                                           seed=int(time.time_ns() % 2**31))
             prompts = []  # every method's prompt is checked now; the second is submitted later
             for i, method in enumerate(methods):
                 prompts.append(self.model.encode(self._messages(turns, message, "ab"[i])))
-                self.scheduler.check(prompts[-1], settings, method, int(tree_size))
+                self.scheduler.check(prompts[-1], settings, method, size)
 
             def start(i: int) -> _Run:
-                return _Run(self.scheduler, prompts[i], settings, methods[i], int(tree_size), self.model.decode)
+                return _Run(self.scheduler, prompts[i], settings, methods[i], size, self.model.decode)
             answering = _Answering([start(0)])
-        except (ValueError, OverflowError, RuntimeError) as e:  # OverflowError: int() of an infinite number
-            yield self._view(turns, message, f"error: {html.escape(str(e))}")
+        except (ValueError, RuntimeError) as e:
+            log.warning("the chat UI refused a request: %s", e)
+            yield self._view(turns, message if isinstance(message, str) else "", f"error: {html.escape(str(e))}")
             return
         runs = answering.runs
         key = request.session_hash if request is not None else "-"
@@ -320,16 +360,17 @@ class ChatUI:
                                         elem_id="dj-temperature")
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="dj-top-p")
                 top_k = gr.Slider(0, 100, value=0, step=1, label="Top-k (0 = off)", elem_id="dj-top-k")
-                max_new = gr.Slider(8, max(self.scheduler.max_length // 2, 8), value=min(256, self.scheduler.max_length // 2),
+                # at least 8..16: Gradio refuses a slider whose minimum is its maximum (--max-length 16)
+                max_new = gr.Slider(8, max(self.scheduler.max_length // 2, 16), value=min(256, self.scheduler.max_length // 2),
                                     step=8, label="Max new tokens", elem_id="dj-max-new")
                 tree = gr.Dropdown(sizes, value=self.scheduler.default_tree_size, label="Draft tree size (DART)",
                                    elem_id="dj-tree-size")
             settings = [method_a, side, method_b, temperature, top_p, top_k, max_new, tree]
             outputs = [turns, chat_a, chat_b, box, stats]
             side.change(lambda on: gr.update(visible=on), side, chat_b)
-            send.click(self.respond, [box, turns, *settings], outputs)
-            box.submit(self.respond, [box, turns, *settings], outputs)
-            again.click(self.regenerate, [turns, *settings], outputs)
+            send.click(self.respond, [box, turns, *settings], outputs, preprocess=False)
+            box.submit(self.respond, [box, turns, *settings], outputs, preprocess=False)
+            again.click(self.regenerate, [turns, *settings], outputs, preprocess=False)
             stop.click(self.stop, None, None)  # the answer ends as "stopped", its text so far kept
             # Clear, or a panel's own trash button (which would otherwise empty that panel alone)
             for clearing in (clear.click, chat_a.clear, chat_b.clear):
@@ -337,10 +378,37 @@ class ChatUI:
         return demo
 
 
+class LoginRequired:
+    """ASGI wrapper of the mounted Gradio app: every route but the login form and the static files
+    (PUBLIC_PATHS, PUBLIC_FOLDERS) needs the login, a token Gradio handed out in its cookie. Gradio
+    itself guards only some of its routes (its heartbeat, for one, streams to anyone)."""
+
+    def __init__(self, gradio_app):
+        self.app = gradio_app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self._public(scope) or self._logged_in(scope):
+            return await self.app(scope, receive, send)
+        error = APIError(401, "log in first: open the UI's page and log in with any user name and the server's API "
+                              "key as the password.", code="login_required")
+        await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+
+    @staticmethod
+    def _public(scope) -> bool:
+        path = scope["path"].removeprefix(scope.get("root_path", "")) or "/"
+        return path in PUBLIC_PATHS or path.startswith(PUBLIC_FOLDERS)
+
+    def _logged_in(self, scope) -> bool:
+        cookies = HTTPConnection(scope).cookies
+        tokens = [cookies.get(f"access-token{kind}-{self.app.cookie_id}") for kind in ("", "-unsecure")]
+        return any(token is not None and token in self.app.tokens for token in tokens)
+
+
 def mount(app, scheduler: Scheduler, *, title: str, path: str = "/ui", api_key: str | None = None):
     """Mount the chat UI on `app` (a FastAPI app) at `path`. With `api_key`, the UI and its Gradio
-    endpoints need a login first: any user name, the key as the password; what Gradio shows before
-    the login (the page title, manifest.json) is then named "dart_jax" alone, not after the model."""
+    endpoints need a login first (`LoginRequired`): any user name, the key as the password; what
+    Gradio shows before the login (the page title, manifest.json) is then named "dart_jax" alone,
+    not after the model."""
     ui = ChatUI(scheduler, title)
     demo = ui.blocks(page_title=title if api_key is None else "dart_jax")
     demo.queue(default_concurrency_limit=max(scheduler.slots, 1) * 2)
@@ -350,4 +418,8 @@ def mount(app, scheduler: Scheduler, *, title: str, path: str = "/ui", api_key: 
     if api_key is not None:
         login = dict(auth=lambda _user, password: secrets.compare_digest(str(password).encode(), api_key.encode()),
                      auth_message="This server needs its API key: any user name, the key as the password.")
-    return gr.mount_gradio_app(app, demo, path=path, css=CSS, theme=theme, footer_links=[], **login)
+    app = gr.mount_gradio_app(app, demo, path=path, css=CSS, theme=theme, footer_links=[], **login)
+    if api_key is not None:
+        mounted = next(r for r in app.routes if isinstance(r, Mount) and r.path == path)
+        mounted.app = LoginRequired(mounted.app)
+    return app
