@@ -222,7 +222,9 @@ def cli_cases(a: Audit, tmp: Path) -> None:
 
     serve = ["dart_jax.serve", "--demo", "tiny", "--warmup", "none"]
     for flags in (["--port", "-1"], ["--port", "99999"], ["--slots", "0"], ["--max-length", "0"],
-                  ["--shutdown-timeout", "-1"], ["--warmup", "bogus"], ["--keep", "0"], ["--slots", "x"],
+                  ["--shutdown-timeout", "-1"], ["--shutdown-timeout", "nan"], ["--shutdown-timeout", "inf"],
+                  ["--max-length", "15"], ["--model-name", ""], ["--max-connections", "0"],
+                  ["--warmup", "bogus"], ["--keep", "0"], ["--slots", "x"],
                   ["--dtype", "int4"], ["--ckpt", str(tmp / "nohead")]):
         a.add("cli serve", " ".join(flags), cli([*serve, *flags], timeout=120), quick=flags[0] == "--slots",
               parallel=True)
@@ -675,15 +677,23 @@ def http_cases(a: Audit, servers: dict) -> None:
     good = {"model": NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
     def request(which: str, method: str, path: str, *, body=None, raw: bytes | None = None, key: str | None = KEY,
-                expect: str = "error", timeout: float = 120):
+                expect: str = "error", timeout: float = 120, content_type: str | None = "application/json",
+                check: Callable[[dict], bool] | None = None):
+        """`expect`: "error" (a 4xx in OpenAI's shape), "unauthorized" (a 401: a route that
+        answers, or starts to stream, without the key is "no auth"), or "ok" (a 200 whose JSON
+        passes `check`)."""
         def run():
             url, proc = servers[which]
             headers = {"Authorization": f"Bearer {key}"} if key else {}
-            if raw is not None:
-                headers["content-type"] = "application/json"
+            if raw is not None and content_type is not None:
+                headers["content-type"] = content_type
             try:
-                r = httpx.request(method, url + path, json=body if raw is None else None, content=raw, headers=headers,
-                                  timeout=timeout)
+                with httpx.stream(method, url + path, json=body if raw is None else None, content=raw,
+                                  headers=headers, timeout=timeout) as r:
+                    if expect == "unauthorized" and r.status_code != 401:  # the body may be an endless stream
+                        return ("5xx", str(r.status_code)) if r.status_code >= 500 else \
+                            ("no auth", f"{r.status_code} without the key")
+                    r.read()
             except httpx.TimeoutException:
                 return "hang", f"no answer within {timeout} s"
             except httpx.TransportError as e:
@@ -691,9 +701,11 @@ def http_cases(a: Audit, servers: dict) -> None:
             if r.status_code >= 500:
                 return "5xx", f"{r.status_code} {r.text[:160]}"
             if expect == "unauthorized":
-                return ("clear", "401") if r.status_code == 401 else ("no auth", f"{r.status_code} without the key")
+                return "clear", "401"
             if expect == "ok":
-                return ("recovered", str(r.status_code)) if r.status_code == 200 else ("silent", f"{r.status_code} {r.text[:160]}")
+                if r.status_code != 200:
+                    return "silent", f"{r.status_code} {r.text[:160]}"
+                return ("recovered", "200") if check is None or check(r.json()) else ("silent", f"200 {r.text[:160]}")
             if 400 <= r.status_code < 500:
                 try:
                     message = r.json()["error"]["message"]
@@ -710,6 +722,14 @@ def http_cases(a: Audit, servers: dict) -> None:
               quick=path == chat)
         a.add("http (key)", f"{method} {path} with a wrong key",
               request("key", method, path, body=good if method == "POST" else None, key="wrong", expect="unauthorized"))
+    # issue 50: every route of the UI but its login form and static files needs the login
+    for path, method in (("/ui/gradio_api/heartbeat/anyone", "GET"), ("/ui/config", "GET"),
+                         ("/ui/gradio_api/info", "GET"), ("/ui/gradio_api/startup-events", "GET"),
+                         ("/ui/gradio_api/cancel", "POST"), ("/ui/gradio_api/reset", "POST"),
+                         ("/ui/gradio_api/queue/data?session_hash=x", "GET"), ("/ui/monitoring/x", "GET")):
+        a.add("http (key)", f"{method} {path.split('?')[0]} without a login",
+              request("key", method, path, body={} if method == "POST" else None, key=None, expect="unauthorized"),
+              quick="heartbeat" in path)
     bad_bodies = {
         "top_k 2**31": {"top_k": 2**31, "temperature": 0.7}, "top_k 3e9": {"top_k": 3 * 10**9, "temperature": 0.7},
         "max_tokens 2**31": {"max_tokens": 2**31}, "max_tokens -1": {"max_tokens": -1}, "max_tokens 0": {"max_tokens": 0},
@@ -726,6 +746,28 @@ def http_cases(a: Audit, servers: dict) -> None:
         "17 stop strings": {"stop": [f"s{i}" for i in range(17)]}, "empty stop string": {"stop": [""]},
         "prompt beyond the context": {"messages": [{"role": "user", "content": "word " * 2000}]},
         "stream with top_k 2**31": {"stream": True, "top_k": 2**31, "temperature": 0.7},
+        # issue 50: fields that would change the answer, refused rather than ignored
+        "logit_bias": {"logit_bias": {"5": 100}}, "presence_penalty": {"presence_penalty": 1.5},
+        "frequency_penalty": {"frequency_penalty": -1}, "top_logprobs": {"top_logprobs": 3},
+        "tool_choice auto": {"tool_choice": "auto"}, "functions": {"functions": [{"name": "f", "parameters": {}}]},
+        "function_call": {"function_call": {"name": "f"}}, "parallel_tool_calls false": {"parallel_tool_calls": False},
+        "modalities audio": {"modalities": ["text", "audio"]},
+        "prediction": {"prediction": {"type": "content", "content": "x"}}, "reasoning_effort": {"reasoning_effort": "high"},
+        "min_tokens": {"min_tokens": 3}, "guided_json": {"guided_json": {"type": "object"}},
+        "repetition_penalty": {"repetition_penalty": 1.2},
+        "an assistant turn's tool_calls": {"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                                                                    "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "user", "content": "go on"}]},
+        "stop_token_ids beyond the vocabulary": {"stop_token_ids": [10**9]}, "stop_token_ids strings": {"stop_token_ids": ["1"]},
+        # issue 50: strict types
+        "n true": {"n": True}, "n a string": {"n": "1"}, "stream a string": {"stream": "yes"},
+        "temperature true": {"temperature": True}, "tree_size true": {"tree_size": True},
+        "include_usage a string": {"stream": True, "stream_options": {"include_usage": "maybe"}},
+        "ignore_eos a string": {"ignore_eos": "yes"},
+        # issue 50: sizes the server does not offer are refused, naming those it does
+        "tree_size 3": {"tree_size": 3}, "tree_size 61": {"tree_size": 61},
     }
     for i, (name, change) in enumerate(bad_bodies.items()):
         a.add("http (key)", name, request("key", "POST", chat, body={**good, **change}),
@@ -736,15 +778,28 @@ def http_cases(a: Audit, servers: dict) -> None:
                       "a lone surrogate": json.dumps({**good, "messages": [{"role": "user", "content": "\ud800"}]})
                       .encode()}.items():
         a.add("http (key)", name, request("key", "POST", chat, raw=raw), quick=name == "deep JSON body")
+    for content_type in (None, "text/plain", "application/x-www-form-urlencoded"):  # JSON under another type
+        a.add("http (key)", f"a JSON body sent as {content_type or 'no content type'}",
+              request("key", "POST", chat, raw=json.dumps(good).encode(), content_type=content_type))
     completions = {"prompt ids beyond the vocabulary": {"prompt": [10**9]}, "empty prompt list": {"prompt": []},
                    "two prompts": {"prompt": ["a", "b"]}, "echo": {"prompt": "hi", "echo": True},
                    "best_of 2": {"prompt": "hi", "best_of": 2}, "prompt missing": {},
-                   "response_format json_object": {"prompt": "hi", "response_format": {"type": "json_object"}}}
+                   "response_format json_object": {"prompt": "hi", "response_format": {"type": "json_object"}},
+                   "logit_bias": {"prompt": "hi", "logit_bias": {"5": 100}},
+                   "presence_penalty": {"prompt": "hi", "presence_penalty": 0.5}, "echo a string": {"prompt": "hi", "echo": "no"}}
     for name, body in completions.items():
         a.add("http (key)", f"completions: {name}",
               request("key", "POST", "/v1/completions", body={"model": NAME, "max_tokens": 2, **body}))
     a.add("http (key)", "GET on a POST route", request("key", "GET", chat))
     a.add("http (key)", "an unknown route", request("key", "GET", "/v1/nothing"))
+    # issue 50: the cheap vLLM fields are honoured
+    a.add("http (key)", "completions: max_completion_tokens 2 gives 2 tokens",
+          request("key", "POST", "/v1/completions", body={"model": NAME, "prompt": "hi", "max_completion_tokens": 2,
+                                                          "ignore_eos": True}, expect="ok",
+                  check=lambda r: r["usage"]["completion_tokens"] == 2))
+    a.add("http (key)", "ignore_eos runs to max_tokens",
+          request("key", "POST", chat, body={**good, "max_tokens": 40, "ignore_eos": True}, expect="ok",
+                  check=lambda r: r["usage"]["completion_tokens"] == 40 and r["choices"][0]["finish_reason"] == "length"))
     a.add("http (key)", "a good request after all of them", request("key", "POST", chat, body=good, expect="ok"),
           quick=True)
     for name, change in {"top_k 2**31": {"top_k": 2**31, "temperature": 0.7}, "n 2": {"n": 2},
@@ -753,6 +808,47 @@ def http_cases(a: Audit, servers: dict) -> None:
         a.add("http (no key)", name, request("open", "POST", chat, body={**good, **change}, key=None),
               quick=name == "top_k 2**31")
     a.add("http (no key)", "deep JSON body", request("open", "POST", chat, raw=DEEP.encode(), key=None))
+
+    def ui_value(index: int, value):
+        """The chat UI's Send with one value changed (as any client may post it): the refusal is shown
+        to the user, and the server logs no traceback."""
+        def run():
+            url, proc = servers["open"]
+            data = ["hello", [], "dart", False, "ar", 0, 1, 0, 8, None]
+            data[index] = value
+            before = proc.log.read_text().count("Traceback")
+            try:
+                event = httpx.post(url + "/ui/gradio_api/call/respond", json={"data": data}, timeout=120).json()
+                shown = httpx.get(f"{url}/ui/gradio_api/call/respond/{event['event_id']}", timeout=120).text
+            except httpx.HTTPError as e:
+                return "5xx", f"the UI stopped answering ({e})"
+            if proc.log.read_text().count("Traceback") > before:
+                return "traceback", "the server logged a traceback"
+            return ("clear", shown.strip().splitlines()[-1][-140:]) if "error: " in shown else ("silent", shown[-160:])
+        return run
+    for name, (index, value) in {"temperature 99": (5, 99), "temperature a string": (5, "hot"),
+                                 "top-p 0": (6, 0), "top-k 2.5": (7, 2.5), "max new tokens null": (8, None),
+                                 "tree size 3": (9, 3), "tree size a list": (9, [16]), "method bogus": (2, "magic"),
+                                 "side by side a string": (3, "yes"), "message a number": (0, 5)}.items():
+        a.add("http (no key)", f"UI: {name}", ui_value(index, value), quick=name == "temperature 99")
+
+    def connection_bound():
+        """One request more than --max-connections (the default) held open at once gets a 503 at once."""
+        import contextlib
+
+        from dart_jax.serve.options import MAX_CONNECTIONS
+        url, _ = servers["open"]
+        with httpx.Client(limits=httpx.Limits(max_connections=MAX_CONNECTIONS + 8), timeout=60) as client, \
+                contextlib.ExitStack() as held:
+            for i in range(MAX_CONNECTIONS):  # the UI's heartbeat: a stream that never ends by itself
+                r = held.enter_context(client.stream("GET", f"{url}/ui/gradio_api/heartbeat/audit{i}"))
+                if r.status_code != 200:
+                    return "silent", f"stream {i} got {r.status_code}"
+            r = client.get(url + "/health")
+        if r.status_code != 503:
+            return "silent", f"{r.status_code} for request {MAX_CONNECTIONS + 1}"
+        return "clear", f"503 {r.json()['error']['message'][:120]}"
+    a.add("http (no key)", "one request past --max-connections", connection_bound)
     a.add("http (no key)", "a good request after all of them",
           request("open", "POST", chat, body=good, key=None, expect="ok"), quick=True)
 
