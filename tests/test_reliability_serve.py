@@ -744,7 +744,7 @@ def test_the_ui_mounts_at_the_smallest_max_length(text_model):
         assert sliders and sliders[0]["minimum"] < sliders[0]["maximum"], sliders
 
 
-def test_serve_options_refuse_what_cannot_work_before_jax_loads(capsys):
+def test_serve_options_refuse_what_cannot_work_before_jax_loads(capsys, monkeypatch):
     from dart_jax.serve.options import parse_args
 
     for argv, words in ((["--shutdown-timeout", "nan"], "finite"), (["--shutdown-timeout", "inf"], "finite"),
@@ -756,9 +756,12 @@ def test_serve_options_refuse_what_cannot_work_before_jax_loads(capsys):
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and argv[0] in err and words in err, (argv, err)
     assert parse_args(["--max-length", "16", "--shutdown-timeout", "0"]).max_length == 16
+    monkeypatch.setenv("DART_JAX_API_KEY", "key-from-the-environment")
     with pytest.raises(SystemExit):
         parse_args(["--help"])
-    entries = re.split(r"\n  (?=-)", capsys.readouterr().out)  # one per option
+    help_text = capsys.readouterr().out
+    assert "key-from-the-environment" not in help_text  # --help shows every other default
+    entries = re.split(r"\n  (?=-)", help_text)  # one per option
     for option, default in (("--warmup", "full"), ("--beam-width", "20"), ("--topk", "25"),
                             ("--max-connections", "256"), ("--shutdown-timeout", "10.0")):
         entry = " ".join(next(e for e in entries if e.startswith(option + " ")).split())
