@@ -10,6 +10,8 @@ Layers, each importing only the ones below it (tests/test_layers.py keeps it so)
 """
 from __future__ import annotations
 
+import logging as _logging
+
 __version__ = "0.1.0"
 __all__ = ["DartModel", "__version__"]
 
@@ -21,3 +23,15 @@ def __getattr__(name):
 
         return DartModel
     raise AttributeError(name)
+
+
+class _NoTorchAdvice(_logging.Filter):
+    """transformers says at its import that without PyTorch its models are unavailable; dart_jax
+    takes only tokenizers and configs from it (no torch at run time), so that line is noise here.
+    Its other messages pass."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("PyTorch was not found")
+
+
+_logging.getLogger("transformers").addFilter(_NoTorchAdvice())

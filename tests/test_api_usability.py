@@ -270,3 +270,28 @@ def test_offline_advice_names_the_current_hub_command(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(MissingFileError, match="`hf download someone/nothing-here`"):
         resolve("someone/nothing-here")
+
+
+def test_transformers_advice_about_a_missing_torch_is_held_back():
+    """dart_jax needs no torch at run time: transformers' import-time line saying that its models
+    need PyTorch is dropped; its other messages pass."""
+    import logging
+
+    import dart_jax  # noqa: F401 (installs the filter)
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("transformers")
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        log.warning("PyTorch was not found. Models won't be available and only tokenizers, configuration and "
+                    "file/data utilities can be used.")
+        log.warning("another warning")
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["another warning"]
