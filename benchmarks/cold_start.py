@@ -86,6 +86,9 @@ def child(argv: list[str]) -> None:
         text = ""
 
         def write(self, piece: str) -> None:
+            if piece.startswith("[prompt] "):  # the command's header before the wait: not the answer
+                self.text += piece
+                return
             if piece and "first" not in marks:
                 marks["first"] = time.time()
                 usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread's, compilations included
