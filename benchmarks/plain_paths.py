@@ -38,7 +38,7 @@ def main() -> None:
     rates = {name: [] for name in paths}
     for _ in range(args.rounds):
         for name, run in paths.items():
-            tokens, start = 0, time.perf_counter()
+            start = time.perf_counter()
             outs = [run(ids) for ids in prompts]
             rates[name].append(sum(map(len, outs)) / (time.perf_counter() - start))
     medians = {name: statistics.median(r) for name, r in rates.items()}

@@ -5,6 +5,7 @@ as SIGTERM does, and a second Ctrl-C ends a running request at once, the server 
 does."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -92,13 +93,21 @@ def _ended_with_the_shutdown_error(lines: list[str]) -> None:
     assert error["code"] == "server_shutting_down" and "shutting down" in error["message"], lines[-3:]
 
 
-def test_sighup_ends_streams_with_the_error_event_and_done_as_sigterm_does():
+@contextlib.contextmanager
+def streaming_server(shutdown_timeout: str):
+    """A live tiny-demo server with one request streaming: (its process, the stream's lines so far,
+    the thread reading them)."""
     with live_server("--demo", "tiny", "--no-ui", "--slots", "1", "--max-length", "1024", "--warmup", "none",
-                     "--shutdown-timeout", "1") as (url, proc):
+                     "--shutdown-timeout", shutdown_timeout) as (url, proc):
         lines, started = [], threading.Event()
         reader = threading.Thread(target=_stream, args=(url, lines, started))
         reader.start()
         assert started.wait(300)
+        yield proc, lines, reader
+
+
+def test_sighup_ends_streams_with_the_error_event_and_done_as_sigterm_does():
+    with streaming_server("1") as (proc, lines, reader):
         proc.send_signal(signal.SIGHUP)
         reader.join(60)
         _ended_with_the_shutdown_error(lines)
@@ -111,12 +120,7 @@ def test_sighup_ends_streams_with_the_error_event_and_done_as_sigterm_does():
 def test_ctrl_c_says_what_it_waits_for_and_a_second_one_ends_the_request_now():
     """--shutdown-timeout 300: the first Ctrl-C says that one request runs and how to end it; the
     second ends it at once (an error event and [DONE]) and the process exits within seconds."""
-    with live_server("--demo", "tiny", "--no-ui", "--slots", "1", "--max-length", "1024", "--warmup", "none",
-                     "--shutdown-timeout", "300") as (url, proc):
-        lines, started = [], threading.Event()
-        reader = threading.Thread(target=_stream, args=(url, lines, started))
-        reader.start()
-        assert started.wait(300)
+    with streaming_server("300") as (proc, lines, reader):
         proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 30
         while "press Ctrl-C again" not in Path(proc.log).read_text() and time.monotonic() < deadline:

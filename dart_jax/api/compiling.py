@@ -56,7 +56,7 @@ class CompileNotice:
         self._lock = threading.Lock()
         self._shown_since: float | None = None  # when the notice went up
         self._seen: dict[str, None] = {}  # what compiled while it was up, in words, in order
-        self._lastbusy = 0.0
+        self._last_busy = 0.0
         self._thread = threading.Thread(target=self._watch, name="dart_jax-compile-notice", daemon=True)
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
 
@@ -76,7 +76,7 @@ class CompileNotice:
         """End the notice's line now when nothing is compiling (before the command prints more)."""
         with self._lock:
             if not busy:
-                self._close(self._lastbusy)
+                self._close(self._last_busy)
 
     def _write(self, text: str) -> None:
         try:
@@ -98,7 +98,7 @@ class CompileNotice:
                 now = time.monotonic()
                 running = list(busy.values())
                 if running:
-                    self._lastbusy = now
+                    self._last_busy = now
                     start = min(running)[0]
                     # every compilation running now (the tree search compiles beside XLA's), oldest first
                     now_running = dict.fromkeys(describe(name) for _, name in sorted(running))
@@ -112,8 +112,8 @@ class CompileNotice:
                                     f"{where})…" + ("" if self._tty else "\n"))
                     if self._shown_since is not None and self._tty:
                         self._write(f"\rcompiling {what} for this shape… {now - self._shown_since:.0f} s\x1b[K")
-                elif now - self._lastbusy >= self.idle:
-                    self._close(self._lastbusy)
+                elif now - self._last_busy >= self.idle:
+                    self._close(self._last_busy)
                     self._seen = {}  # short compilations that never showed a notice
 
 
