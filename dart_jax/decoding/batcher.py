@@ -300,7 +300,7 @@ class SlotPool:
         return joining, ids, prompt_len, start
 
     def _live(self) -> int:
-        return live_rows(max(i for i, r in enumerate(self.busy) if r is not None) + 1, self.slots)
+        return live_rows(max(i for i, r in enumerate(self.busy) if r is not None), self.slots)
 
     def _joined(self, joining, prompt_len: np.ndarray) -> None:
         joined = np.zeros(self.slots, bool)
