@@ -1,9 +1,12 @@
 """The adaptive tree budget's policy (dart_jax.decoding.adaptive) on synthetic devices: given step
 costs and acceptance curves, it must settle on the size that an exhaustive calculation says is
-fastest, and keep looking at the others."""
+fastest, and keep looking at the others; on a machine whose load comes and goes too."""
 from __future__ import annotations
 
+import bisect
 import collections
+import math
+import random
 
 import pytest
 
@@ -13,16 +16,46 @@ SIZES = (0, 3, 7, 15, 31, 60)
 CHUNK = 16
 
 
-def simulate(cost_ms, tau, steps=400):
+class Device:
+    """A synthetic device on a fake clock: a call of size s takes cost_ms[s] (dry calls: `dry_ms`,
+    where given) times the machine's load at the moment it starts (`load(now)`, 1 when quiet), and
+    moves the clock by that much. `calls` counts calls by size (dry ones too)."""
+
+    def __init__(self, cost_ms, load=lambda now: 1.0, dry_ms=None):
+        self.cost_ms, self.load, self.dry_ms = cost_ms, load, dry_ms or cost_ms
+        self.now = 0.0
+        self.calls = collections.Counter()
+        self.dry = []  # (rows, sizes) of each dry calibration
+
+    def clock(self):
+        return self.now
+
+    def call(self, size, table=None):
+        seconds = self.load(self.now) * (table or self.cost_ms)[size] / 1e3
+        self.now += seconds
+        self.calls[size] += 1
+        return seconds
+
+    def calibrate(self, rows, sizes):
+        self.dry.append((rows, list(sizes)))
+        return [self.call(s, self.dry_ms) for s in sizes]
+
+
+def sizer_on(device, sizes=SIZES, **kw):
+    return TreeSizer(sizes, plain_tokens=CHUNK, depth=8, clock=device.clock, **kw)
+
+
+def simulate(cost_ms, tau, steps=400, **kw):
     """Drive a sizer against a device whose step of size s costs cost_ms[s] and accepts tau(s)
     tokens per sequence (size 0: a plain chunk of CHUNK tokens)."""
-    sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+    device = Device(cost_ms)
+    sizer = sizer_on(device, **kw)
     chosen = []
     for _ in range(steps):
-        size = sizer.choose(1, lambda rows: {s: cost_ms[s] / 1e3 for s in SIZES})
+        size = sizer.choose(1, device.calibrate)
         chosen.append(size)
         accepted = CHUNK if size == 0 else tau(size)
-        sizer.observe(size, 1, accepted, cost_ms[size] / 1e3)
+        sizer.observe(size, 1, accepted, device.call(size))
     return chosen, sizer
 
 
@@ -55,32 +88,36 @@ def test_settles_on_the_fastest_size(cost_ms, tau):
 
 def test_keeps_exploring_and_follows_a_change_in_acceptance():
     good, bad = saturating(7.0), saturating(0.2)
-    sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
-    costs = {s: CPU_LIKE[s] / 1e3 for s in SIZES}
+    device = Device(CPU_LIKE)
+    sizer = sizer_on(device)
     chosen = []
     for step in range(600):
         tau = bad if step < 300 else good  # the text turns predictable half way
-        size = sizer.choose(1, lambda rows: costs)
+        size = sizer.choose(1, device.calibrate)
         chosen.append(size)
-        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), costs[size])
+        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), device.call(size))
     assert collections.Counter(chosen[200:300]).most_common(1)[0][0] == 0
     assert any(s > 0 for s in chosen[200:300]), "no look at the drafts while decoding plainly"
     late = collections.Counter(chosen[450:])
     assert late.most_common(1)[0][0] == best_by_enumeration(CPU_LIKE, good)
 
 
-def test_costs_are_measured_once_per_row_count():
-    calls = []
-    sizer = TreeSizer((0, 3, 60), plain_tokens=CHUNK, depth=8)
-
-    def measure(rows):
-        calls.append(rows)
-        return {0: 0.016, 3: 0.002, 60: 0.004}
-
+def test_costs_are_timed_ahead_once_per_row_count_only_when_eager():
+    """`eager` (a warm-up): every size dry at a row count's first step, each once to compile it and
+    then in rounds back to back; later steps of that row count time nothing ahead. Otherwise
+    (the default) nothing runs ahead: the first step of a row count compiles one size."""
+    sizes = (0, 3, 60)
+    device = Device({0: 16.0, 3: 2.0, 60: 4.0})
+    sizer = sizer_on(device, sizes, eager=True)
     for rows in (1, 1, 2, 1, 2):
-        size = sizer.choose(rows, measure)
-        sizer.observe(size, rows, CHUNK if size == 0 else 2.0, 0.002)
-    assert calls == [1, 2]
+        size = sizer.choose(rows, device.calibrate)
+        sizer.observe(size, rows, CHUNK if size == 0 else 2.0, device.call(size))
+    assert device.dry == [(rows, [0, 3, 60] + [0, 3, 60] * 3) for rows in (1, 2)]
+    assert sizer.costs(1) == pytest.approx({0: 16.0, 3: 2.0, 60: 4.0})  # in plain tokens (1 ms each)
+    lazy_device = Device({0: 16.0, 3: 2.0, 60: 4.0})
+    lazy = sizer_on(lazy_device, sizes)
+    first = lazy.choose(1, lazy_device.calibrate)
+    assert lazy_device.dry == [] and first == 3  # the prior's favourite: 4 tokens for 1.5 plain tokens
 
 
 def test_sizes_and_their_checks():
@@ -88,7 +125,7 @@ def test_sizes_and_their_checks():
     assert auto_sizes(8) == (3, 8)
     assert auto_sizes(100) == (3, 15, 63, 100)
     assert auto_sizes(3) == (3,)
-    assert TreeSizer((16,)).choose(1, lambda rows: pytest.fail("a fixed size needs no timing")) == 16
+    assert TreeSizer((16,)).choose(1, lambda rows, sizes: pytest.fail("a fixed size needs no timing")) == 16
     with pytest.raises(ValueError, match="ascending"):
         TreeSizer((7, 3))
     with pytest.raises(ValueError, match="plain_tokens"):
@@ -115,13 +152,13 @@ def test_a_size_timed_too_slow_at_warm_up_is_still_found(wrong_size):
         true_ms[15] = 2.2
     best = best_by_enumeration(true_ms, tau)
     assert best == wrong_size
-    dry = {s: (2.2 if s == wrong_size else 1.0) * true_ms[s] / 1e3 for s in SIZES}
-    sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+    device = Device(true_ms, dry_ms={s: (2.2 if s == wrong_size else 1.0) * true_ms[s] for s in SIZES})
+    sizer = sizer_on(device, eager=True)
     chosen = []
     for _ in range(300):
-        size = sizer.choose(1, lambda rows: dry)
+        size = sizer.choose(1, device.calibrate)
         chosen.append(size)
-        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), true_ms[size] / 1e3)
+        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), device.call(size))
     late = collections.Counter(chosen[150:])
     assert late.most_common(1)[0][0] == best, (late, sizer.summary())
 
@@ -130,27 +167,28 @@ def test_one_stalled_step_does_not_turn_the_choice():
     """A plain chunk that stalls once (50× its usual time: an executable loaded for a new window)
     must not hand the next steps to a tree that is slower."""
     tau = saturating(0.4)  # poor drafts: plain decoding is the fastest by far
-    costs = {s: CPU_LIKE[s] / 1e3 for s in SIZES}
-    sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+    device = Device(CPU_LIKE)
+    sizer = sizer_on(device)
     for _ in range(40):
-        size = sizer.choose(1, lambda rows: costs)
-        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), costs[size])
-    assert sizer.choose(1, lambda rows: costs) == 0
-    sizer.observe(0, 1, CHUNK, 50 * costs[0])
-    after = [sizer.choose(1, lambda rows: costs) for _ in range(3)]
+        size = sizer.choose(1, device.calibrate)
+        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), device.call(size))
+    assert sizer.choose(1, device.calibrate) == 0
+    sizer.observe(0, 1, CHUNK, 50 * device.call(0))
+    after = [sizer.choose(1, device.calibrate) for _ in range(3)]
     assert after.count(0) >= 2, (after, sizer.summary())
 
 
 def test_drafting_pays_only_where_some_tree_could_beat_plain_decoding():
     """`drafting_pays` against a direct calculation: some size's most accepted tokens per second
-    above plain decoding's (a dry-timed size counted at half its cost)."""
+    above plain decoding's (a size timed dry only, or by fewer than 5 samples of real steps,
+    counted at half its cost)."""
     def sizer_after(cost_ms, observe):
-        sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+        device = Device(cost_ms)
+        sizer = sizer_on(device, eager=True)
         assert sizer.drafting_pays(1)  # nothing measured yet
-        costs = {s: cost_ms[s] / 1e3 for s in SIZES}
-        sizer.costs(1, lambda rows: costs)
-        for s in observe:
-            sizer.observe(s, 1, CHUNK if s == 0 else 1.0, costs[s])
+        sizer.choose(1, device.calibrate)
+        for s in observe:  # every size three times in turn: 5 samples or more of each one's real steps
+            sizer.observe(s, 1, CHUNK if s == 0 else 1.0, device.call(s))
         return sizer
 
     def oracle(cost_ms, observed):
@@ -159,11 +197,16 @@ def test_drafting_pays_only_where_some_tree_could_beat_plain_decoding():
 
     slow_verify = {0: 16 * 0.5, 3: 9.0, 7: 12.0, 15: 20.0, 31: 40.0, 60: 80.0}  # a tree never pays
     for cost_ms in (GPU_LIKE, CPU_LIKE, slow_verify):
-        for observed in ((), SIZES):
+        for observed in ((), SIZES * 3):
             assert sizer_after(cost_ms, observed).drafting_pays(1) == oracle(cost_ms, observed)
-    assert not sizer_after(slow_verify, SIZES).drafting_pays(1)
-    assert sizer_after(slow_verify, SIZES).drafting_pays(2)  # another row count: not measured yet
-    assert sizer_after(GPU_LIKE, SIZES).drafting_pays(1)
+    assert not sizer_after(slow_verify, SIZES * 3).drafting_pays(1)
+    assert sizer_after(slow_verify, SIZES * 3).drafting_pays(2)  # another row count: not measured yet
+    assert sizer_after(GPU_LIKE, SIZES * 3).drafting_pays(1)
+    lazy_device = Device(slow_verify)
+    lazy = sizer_on(lazy_device)
+    for s in (7, 7, 3):  # trees only: plain decoding not timed yet, so a tree may still pay
+        lazy.observe(s, 1, 1.0, lazy_device.call(s))
+    assert lazy.drafting_pays(1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -237,19 +280,19 @@ class RuleOracle:
 
 
 def pool_sizer():
-    # exploration off: these tests check the rule and the probes alone
-    return TreeSizer(POOL_SIZES, plain_tokens=CHUNK, depth=DEPTH, explore_every=10 ** 9)
-
-
-def timed(size):
-    return POOL_MS[size] / 1e3
+    """A sizer on a quiet device of POOL_MS, eager: it knows the costs from its first step, as the
+    restated rule does; exploration and refresh off: these tests check the rule and the probes alone."""
+    device = Device(POOL_MS)
+    return TreeSizer(POOL_SIZES, plain_tokens=CHUNK, depth=DEPTH, explore_every=10 ** 9, refresh_every=10 ** 9, eager=True,
+                     clock=device.clock)
 
 
 def step(sizer, figures, accepted):
     """One pool step of the rows `figures`; `accepted(row, size)` scripts each row's accepted length."""
-    size = sizer.choose(len(figures), lambda rows: {s: timed(s) for s in POOL_SIZES}, figures)
+    device = sizer.clock.__self__  # the Device whose clock the sizer reads (pool_sizer)
+    size = sizer.choose(len(figures), device.calibrate, figures)
     counts = [CHUNK if size == 0 else accepted(i, size) for i in range(len(figures))]
-    sizer.observe(size, len(figures), sum(counts) / len(counts), timed(size), list(zip(figures, counts)))
+    sizer.observe(size, len(figures), sum(counts) / len(counts), device.call(size), list(zip(figures, counts)))
     return size, counts
 
 
@@ -353,8 +396,6 @@ def test_a_short_run_of_poor_drafts_does_not_send_a_paying_sequence_to_plain_dec
 def contention(seed: int, steps: int):
     """A machine shared with busy neighbours: per step, the factor by which everything runs slower
     than alone; quiet stretches and bursts of 2.5–4× of random length, as other processes come and go."""
-    import random
-
     rng, factors, busy = random.Random(seed), [], False
     while len(factors) < steps:
         busy = not busy
@@ -373,13 +414,69 @@ def test_a_busy_machine_does_not_send_paying_drafts_to_plain_decoding(seed):
     tau = saturating(7.0)
     best = best_by_enumeration(CPU_LIKE, tau)
     assert best != 0 and (tau(best) / CPU_LIKE[best]) / (CHUNK / CPU_LIKE[0]) > 1.25
-    dry = {s: CPU_LIKE[s] / 1e3 for s in SIZES}
-    sizer = TreeSizer(SIZES, plain_tokens=CHUNK, depth=8)
+    device = Device(CPU_LIKE)
+    sizer = sizer_on(device)
     chosen = []
     for load in contention(seed, 500):
-        size = sizer.choose(1, lambda rows: dry)
+        device.load = lambda now, load=load: load
+        size = sizer.choose(1, device.calibrate)
         chosen.append(size)
-        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), load * CPU_LIKE[size] / 1e3)
+        sizer.observe(size, 1, CHUNK if size == 0 else tau(size), device.call(size))
     late = collections.Counter(chosen[100:])
     assert late[0] <= 0.05 * sum(late.values()), (late, sizer.summary())
     assert late.most_common(1)[0][0] == best, (late, sizer.summary())
+
+
+def bursts(seed: int, horizon_s: float):
+    """The load of a machine shared with busy neighbours, in time (the fake clock's seconds): quiet
+    stretches and bursts of 1.5–4× lasting 10–400 ms each (a few tree steps to hundreds, inside one
+    plain chunk or across several), as other processes come and go; each call ±15 % on its own."""
+    rng, jitter = random.Random(seed), random.Random(seed + 1000)
+    edges, levels, now, busy = [], [], 0.0, rng.random() < 0.5
+    while now < horizon_s:
+        now += rng.uniform(0.01, 0.4)
+        edges.append(now)
+        levels.append(rng.uniform(1.5, 4.0) if busy else 1.0)
+        busy = not busy
+    return lambda now: levels[min(bisect.bisect_right(edges, now), len(levels) - 1)] * jitter.uniform(0.85, 1.15)
+
+
+def integer_draws(seed: int):
+    """Accepted lengths as whole tokens whose mean is the curve's: floor(tau) or one more."""
+    rng = random.Random(seed)
+    return lambda tau: math.floor(tau) + (rng.random() < tau - math.floor(tau))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("top", [7.0, 0.4])
+def test_under_bursts_of_contention_trees_where_they_pay_and_plain_where_they_do_not(seed, top):
+    """A fake clock whose load comes in bursts (`bursts`: every call slowed by the load of its
+    moment, so calls made back to back share it), whole accepted lengths around the curve: where
+    the best fixed tree beats plain decoding (1.31× here) the sizer stays on trees, mostly the best
+    one, and where drafts do not pay (0.58× at best) it decodes plainly; either way its choices are
+    worth at least 90 % of the best fixed choice's tokens per unit of the device's own time (the
+    load left out: what the choices give, not what the neighbours took)."""
+    tau = saturating(top)
+    rate = {s: (CHUNK if s == 0 else tau(s)) / CPU_LIKE[s] for s in SIZES}  # tokens per ms, alone
+    best = max(SIZES, key=rate.get)
+    pays = top > 1
+    assert (best != 0) == pays and (rate[best] / rate[0] > 1.25 if pays else max(rate[s] for s in SIZES if s) / rate[0] < 0.6)
+    device = Device(CPU_LIKE, load=bursts(seed, 120.0))
+    sizer = sizer_on(device)
+    draw = integer_draws(seed)
+    chosen, tokens, work = [], 0.0, 0.0
+    for step in range(1500):
+        size = sizer.choose(1, device.calibrate)
+        accepted = CHUNK if size == 0 else draw(tau(size))
+        sizer.observe(size, 1, accepted, device.call(size))
+        chosen.append(size)
+        if step >= 300:
+            tokens, work = tokens + accepted, work + CPU_LIKE[size]
+    assert device.now < 120.0
+    late = collections.Counter(chosen[300:])
+    assert tokens / work >= 0.9 * rate[best], (tokens / work, rate, late, sizer.summary())
+    if pays:
+        assert late[0] <= 0.02 * sum(late.values()) and late.most_common(1)[0][0] == best, (late, sizer.summary())
+    else:
+        plain_ms = late[0] * CPU_LIKE[0]
+        assert plain_ms >= 0.8 * sum(n * CPU_LIKE[s] for s, n in late.items()), (late, sizer.summary())

@@ -126,7 +126,7 @@ def test_tree_size_changing_per_half_step(tiny):
     engine = engine_for(tiny, adaptive=True)
     assert 0 in engine.tree_sizes and 3 in engine.tree_sizes
     rotation, observed = itertools.cycle([20, 3, 20, 20, 3, 20, 0]), []
-    engine.sizer.choose = lambda rows, measure, live: next(rotation)
+    engine.sizer.choose = lambda rows, calibrate, live: next(rotation)
     engine.sizer.observe = lambda *args: observed.append(args)
     handles, pool = serve(engine, True)
     assert [h.token_ids for h in handles] == [tiny.alone[(tuple(p), n)] for p, n in JOBS]
@@ -148,8 +148,7 @@ def test_each_row_keeps_its_own_acceptance(tiny):
     engine = engine_for(tiny, adaptive=True)
     observe, by_figures, rotation = engine.sizer.observe, {}, itertools.cycle([3, 20, 3, 0])
 
-    def choose(rows, measure, live):
-        engine.sizer.costs(rows, measure)  # observe rescales by the timed costs
+    def choose(rows, calibrate, live):
         assert len({id(f) for f in live}) == len(live) == sum(r is not None for r in pool_of[0].busy)
         return next(rotation)
 

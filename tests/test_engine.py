@@ -942,9 +942,37 @@ def test_keep_auto_is_the_default_and_its_options(tiny):
 
 def test_adaptive_budget_compiles_nothing_after_its_first_generation(tiny):
     engine = engine_for(tiny, cheating_trie(tiny), adaptive=True, keep=8)
-    run(dart_steps(engine), PROMPTS[0], max_new_tokens=24)  # times every size: each compiles once
+    engine.sizer.eager = True  # a warm-up: the first step times every size, each compiles once
+    run(dart_steps(engine), PROMPTS[0], max_new_tokens=24)
     with compilations() as compiles:
         for prompt in PROMPTS:
             assert run(dart_steps(engine), prompt, max_new_tokens=24)[0] == hf_generate(tiny, prompt, 24)
     assert compiles == []
-    assert set(engine.sizer.summary()["step_ms_by_size"][1]) == {0, 3, 8}
+    assert engine.sizer.summary()["sizes_run"][1] == [0, 3, 8]
+
+
+def test_keep_auto_runs_one_step_program_before_its_first_dart_step(tiny):
+    """keep="auto" times nothing ahead (dart_jax.decoding.adaptive, "lazily timed"): before a new
+    engine's first DART step the only device call besides the prefill is that step itself, of the
+    size the priors favour (3 nodes here: 4 tokens at most for 1.5 plain tokens' time against
+    5 for 2.125 with the head's 4 draft rows), so the first answer compiles one step program; the
+    other programs come as the rule, the probes or the exploration pick them, and the output
+    stays the target's greedy one."""
+    engine = engine_for(tiny, adaptive=True, keep=8)
+    assert engine.tree_sizes == (0, 3, 8) and engine.rows == 4 and not engine.sizer.eager
+    calls, step, plain = [], engine.step, engine.plain
+
+    def spy(name, call):
+        def called(*args, **kwargs):
+            calls.append((name, kwargs["n"] if name == "step" else kwargs["chunk"]))
+            return call(*args, **kwargs)
+        return called
+
+    engine.step, engine.plain = spy("step", step), spy("plain", plain)
+    events = decode(engine, PROMPTS[1], GenerationSettings(max_new_tokens=80))
+    ids = next(events).ids + next(events).ids  # the prefill's token, then the first DART step's
+    before = list(calls)
+    ids += [t for event in events for t in event.ids]
+    assert ids == hf_generate(tiny, PROMPTS[1], 80)
+    assert before == [("step", 4)], before
+    assert len(set(calls)) > 1, calls  # the answer went on to another program (plain chunks: poor drafts)

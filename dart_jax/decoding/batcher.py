@@ -40,8 +40,9 @@ import numpy as np
 from dart_jax.errors import InputError, check_type
 from dart_jax.models.multihost import to_host
 
-from .adaptive import RowAcceptance, median_time
+from .adaptive import RowAcceptance
 from .autoregressive import attention_window, live_rows
+from .compile_time import CompileTimer
 from .device_tree import TreeEdit
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats, WarmTime
@@ -365,6 +366,8 @@ class Batcher(SlotPool):
         self._empty = {size: self._empty_trees(size + 1) for size in engine.tree_sizes if size}
         # each busy slot's own acceptance figures (dart_jax.decoding.adaptive), new at its admission
         self.acceptance: list[RowAcceptance | None] = [None] * b
+        # the sizer's costs leave compilation out (a size's first step, a new attention window)
+        self._compiling = CompileTimer()
 
     def _cache_length(self) -> int:
         return self.engine.cache_length(self.max_length - 1, self.max_length)
@@ -413,19 +416,20 @@ class Batcher(SlotPool):
         m = self._live()  # rows past m are free and not computed
         committed = int(self.committed[rows].max())
         window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
-        size = engine.sizer.choose(m, lambda m: self._measure(m, committed), self._figures(rows))
+        size = engine.sizer.choose(m, lambda m, sizes: self._time_dry(m, committed, sizes), self._figures(rows))
         if size == 0:
             return self._advance_plain(rows, m)
         if engine.device_steps:
             return self._advance_on_device(rows, m, committed)
-        t0 = time.perf_counter()
-        packed_tree = self._search(size, rows, m)
-        t1 = time.perf_counter()
-        packed, self.state = engine.step(packed_tree, self.state, n=size + 1, depth=self.depth, k=self.k,
-                                         window=window)
-        out = self.outputs.unpack(np.asarray(packed))
-        t2 = time.perf_counter()
-        engine.sizer.observe(size, m, float(out["count"][rows].mean()), t2 - t0,
+        with self._compiling:
+            t0 = time.perf_counter()
+            packed_tree = self._search(size, rows, m)
+            t1 = time.perf_counter()
+            packed, self.state = engine.step(packed_tree, self.state, n=size + 1, depth=self.depth, k=self.k,
+                                             window=window)
+            out = self.outputs.unpack(np.asarray(packed))
+            t2 = time.perf_counter()
+        engine.sizer.observe(size, m, float(out["count"][rows].mean()), self._uncompiled(),
                              self._per_row(rows, out["count"][rows]))
         events = []
         for slot in rows:
@@ -478,19 +482,20 @@ class Batcher(SlotPool):
     def _advance_plain(self, rows: list[int], m: int) -> list[StepEvent]:
         """Tree size 0: a chunk of plain decoding for every busy slot (dart_jax.decoding.adaptive)."""
         engine, chunk = self.engine, self.engine.plain_chunk
-        t0 = time.perf_counter()
-        remaining = np.zeros(m, np.int32)
-        for slot in rows:
-            budget = self.busy[slot].budget
-            remaining[slot] = budget.limit - len(budget.out)
-        window = attention_window(int(self.committed[rows].max()) + engine.drafter.reach(chunk), self.length)
-        packed, self.state = engine.plain(jnp.asarray(self._roots(m)), self.state, jnp.asarray(remaining), chunk=chunk,
-                                          depth=self.depth, k=self.k, window=window)
-        out = self.plain.unpack(np.asarray(packed))
-        t1 = time.perf_counter()
+        with self._compiling:
+            t0 = time.perf_counter()
+            remaining = np.zeros(m, np.int32)
+            for slot in rows:
+                budget = self.busy[slot].budget
+                remaining[slot] = budget.limit - len(budget.out)
+            window = attention_window(int(self.committed[rows].max()) + engine.drafter.reach(chunk), self.length)
+            packed, self.state = engine.plain(jnp.asarray(self._roots(m)), self.state, jnp.asarray(remaining),
+                                              chunk=chunk, depth=self.depth, k=self.k, window=window)
+            out = self.plain.unpack(np.asarray(packed))
+            t1 = time.perf_counter()
         counts = out["count"][rows]
         if int(counts.max()) == chunk:  # a chunk cut short by a budget or EOS says little about plain decoding
-            engine.sizer.observe(0, m, float(counts.mean()), t1 - t0, self._per_row(rows, counts))
+            engine.sizer.observe(0, m, float(counts.mean()), self._uncompiled(), self._per_row(rows, counts))
         events = []
         for slot in rows:
             fed = out["tokens"][slot, :int(out["count"][slot])]
@@ -535,7 +540,7 @@ class Batcher(SlotPool):
         rows, engine = halves[half], self.engine
         busy = [i for i, r in enumerate(self.busy) if r is not None]
         committed = int(self.committed[busy].max())
-        size = engine.sizer.choose(m, lambda m: self._measure(m, committed), self._figures(busy))
+        size = engine.sizer.choose(m, lambda m, sizes: self._time_dry(m, committed, sizes), self._figures(busy))
         requests = tuple(self.busy[r] for r in rows)
         if size == 0:
             return _Half(half, m, half * h, rows, requests, 0, None, 0.0)
@@ -629,39 +634,41 @@ class Batcher(SlotPool):
         """Each of the first m rows' pending token (the last one, not yet in the cache)."""
         return self.preceding[np.arange(m), self.preceding_len[:m] - 1].astype(np.int32)
 
-    def _measure(self, m: int, committed: int, repeats: int = 3) -> dict[int, float]:
-        """Seconds per step of each tree size for the first m rows (the tree search on the busy rows'
-        last proposals, the transfers and the device step), timed on this pool's caches (see
-        dart_jax.decoding.adaptive): the step's results are dropped — its writes land at and past
-        each row's committed length, which the next real step overwrites, and the lengths and keys
-        stay."""
-        engine, costs = self.engine, {}
-        if 0 in engine.tree_sizes:
-            chunk = engine.plain_chunk
-            # one token more than the chunk: the rows go on, so the drafter's call is timed too
-            roots, full = jnp.asarray(self._roots(m)), jnp.full((m,), chunk + 1, jnp.int32)
-            plain_window = attention_window(committed + engine.drafter.reach(chunk), self.length)
+    def _uncompiled(self) -> float:
+        """The seconds of the last block timed by `_compiling`, less what it spent compiling."""
+        return max(self._compiling.last_wall - self._compiling.last_seconds, 0.0)
 
-            def plain():
-                packed, self.state = self._dry(lambda state: engine.plain(
-                    roots, state, full, chunk=chunk, depth=self.depth, k=self.k, window=plain_window))
-                np.asarray(packed)
-
-            plain()
-            costs[0] = median_time(plain, repeats)  # a whole chunk: `plain_tokens` tokens for this time
+    def _time_dry(self, m: int, committed: int, sizes) -> list[float]:
+        """The seconds of a call of each of `sizes` in turn, back to back, for the first m rows (a
+        tree size: the tree search on the busy rows' last proposals, the transfers and the device
+        step; 0: a chunk of plain decoding and the drafter's call after it), less what each spent
+        compiling: the sizer's `eager` timing (dart_jax.decoding.adaptive), on this pool's caches.
+        The calls' results are dropped: their writes land at and past each row's committed length,
+        which the next real step overwrites, and the lengths and keys stay."""
+        engine = self.engine
+        chunk = engine.plain_chunk
+        # one token more than the chunk: the rows go on, so the drafter's call is timed too
+        roots, full = jnp.asarray(self._roots(m)), jnp.full((m,), chunk + 1, jnp.int32)
+        plain_window = attention_window(committed + engine.drafter.reach(chunk), self.length)
         window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
         rows = [i for i, r in enumerate(self.busy[:m]) if r is not None]
-        for size in (s for s in engine.tree_sizes if s):
 
-            def run():
+        def call(size: int) -> None:
+            if size == 0:
+                packed, self.state = self._dry(lambda state: engine.plain(
+                    roots, state, full, chunk=chunk, depth=self.depth, k=self.k, window=plain_window))
+            else:
                 tree = self._search(size, rows, m)
                 packed, self.state = self._dry(lambda state: engine.step(
                     tree, state, n=size + 1, depth=self.depth, k=self.k, window=window))
-                np.asarray(packed)
+            np.asarray(packed)
 
-            run()  # compiles the size's step where it is new
-            costs[size] = median_time(run, repeats)
-        return costs
+        seconds = []
+        for size in sizes:
+            with self._compiling:
+                call(size)
+            seconds.append(self._uncompiled())
+        return seconds
 
     def _follow_up(self, slot: int, out: dict, row: int, preceding: np.ndarray) -> None:
         """What the next tree search of `slot` reads: the drafter's proposal (row `row` of the device
