@@ -144,7 +144,7 @@ for _ in range(15):  # interleaved, so both see the same machine load
     qb.append(best_of(lambda: qloop(ct.search_arrays(), 3, contexts, cands, op, ol), 1)[0])
 a, b = (min(qa), statistics.median(qa)), (min(qb), statistics.median(qb))
 print(f"25-candidate query (2-token context), us: CSR min {a[0]/3000*1e6:.2f} med {a[1]/3000*1e6:.2f} | compressed min {b[0]/3000*1e6:.2f} med {b[1]/3000*1e6:.2f} | ratio min {b[0]/a[0]:.2f}x, median {b[1]/a[1]:.2f}x")
-inputs = _draft_inputs(rng, samples=64, draft_length=8, topk=25, vocab=vocab)
+inputs = _draft_inputs(rng, samples=64, draft_rows=8, topk=25, vocab=vocab)
 stream = np.concatenate(seqs)
 if args.keep:
     np.save(os.path.join(tmp, "stream.npy"), stream)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging as _logging
 
 __version__ = "0.1.0"
-__all__ = ["DartModel", "__version__"]
+__all__ = ["DartModel", "DecodeConfig", "__version__"]
 
 
 def __getattr__(name):
@@ -22,6 +22,10 @@ def __getattr__(name):
         from .api.model import DartModel
 
         return DartModel
+    if name == "DecodeConfig":
+        from .api.config import DecodeConfig
+
+        return DecodeConfig
     raise AttributeError(name)
 
 

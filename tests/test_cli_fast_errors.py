@@ -90,7 +90,7 @@ def test_one_name_per_flag_and_the_old_spellings_still_work():
         assert bench.parse_args(["search", flag, "7"]).topk == 7
         ap = argparse.ArgumentParser()
         api_options.add_model_options(ap)
-        assert ap.parse_args([flag, "7"]).tree_topk == 7
+        assert ap.parse_args([flag, "7"]).topk == 7
 
 
 def _generate_input_faults(tmp_path):

@@ -40,9 +40,10 @@ for _layer in ALLOWED:
         ALLOWED[_layer].add("files")
 # the documented API names `dart_jax.convert.load_qwen3` & co. are built in dart_jax.models; convert hands
 # them on lazily, and this is the one place a lower layer may name a higher one; the package root
-# hands on DartModel lazily so that importing a leaf (dart_jax.ngram) does not load jax
+# hands on DartModel (and DecodeConfig with it) lazily so that importing a leaf (dart_jax.ngram) does not load jax
 # likewise dart_jax.bench hands on its runners, so that `python -m dart_jax.bench` refuses a bad flag before jax loads
 EXCEPTIONS = {("dart_jax.convert", "dart_jax.models.checkpoints"), ("dart_jax", "dart_jax.api.model"),
+              ("dart_jax", "dart_jax.api.config"),
               ("dart_jax.bench", "dart_jax.bench.cli")}
 # imports that may stay inside functions: optional or heavy, needed by few code paths
 LAZY_OK = ("torch", "transformers", "matplotlib", "tokenizers", "safetensors.torch")

@@ -24,6 +24,7 @@ from dart_jax.models.multihost import is_writer
 from .compiling import CompileNotice, CompileTimer, no_compile_cache, settle, use_compile_cache
 from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
+from .config import DecodeConfig
 from .options import (DEFAULT_BATCH_SIZE, FUSED_CHOICES, HelpFormatter, add_model_options, check_modes,  # noqa: F401
                       check_output, parse_args, tree_size)
 from .model import (DEMO_CPU_MAX_KEEP, DEMO_DIR, DEMOS, METHODS, DartModel, demo_eagle3, demo_options, demo_paths,
@@ -42,20 +43,13 @@ def _demo_paths(name: str = "smollm2") -> tuple[Path, Path, Path]:
 
 
 def load_model(args) -> DartModel:
-    """The model that `add_model_options`' values name (the demo, --demo, when --ckpt is absent).
-    --no-compile-cache turns JAX's persistent compilation cache off first (the model turns it on,
-    `compiling.use_compile_cache`)."""
+    """The model that `add_model_options`' values name (the demo, --demo, when --ckpt is absent), its
+    settings the DecodeConfig its flags give (`DecodeConfig.from_args`: the same fields as the
+    Python API's). --no-compile-cache turns JAX's persistent compilation cache off first (the model
+    turns it on, `compiling.use_compile_cache`)."""
     if getattr(args, "no_compile_cache", False):
         no_compile_cache()
-    opts = dict(beam_width=args.beam_width, topk=args.tree_topk, draft_rows=args.draft_rows,
-                enable_thinking=args.thinking, system_prompt=getattr(args, "system", None))
-    # options left unset take the backend's defaults (from_pretrained, `models.backend.defaults_for`)
-    opts.update({k: getattr(args, k) for k in ("keep", "max_keep", "device_steps", "verify_gemms", "attention")
-                 if getattr(args, k, None) is not None})
-    opts["fused_projections"] = FUSED_CHOICES[getattr(args, "fused_projections", "auto")]
-    # EAGLE-3 tree sizes given on the command line (else the defaults of from_pretrained or the demo's)
-    opts.update({k: getattr(args, k) for k in ("eagle3_total_token", "eagle3_depth", "eagle3_top_k")
-                 if getattr(args, k, None) is not None})
+    opts = {"config": DecodeConfig.from_args(args)}
     if getattr(args, "eagle3", None):
         opts["eagle3"] = args.eagle3
     if args.ckpt is None:
@@ -196,7 +190,7 @@ def run(args, out=None) -> dict:
     settings = _settings(args)
     stops = dict(stop=args.stop, stop_token_ids=args.stop_id)
     _check_modes(args)
-    messages = read_messages(args.messages, args.system) if args.messages else None
+    messages = read_messages(args.messages, args.system_prompt) if args.messages else None
     model = load_model(args)
     if messages is not None:
         prompt = messages
@@ -347,8 +341,8 @@ def chat_loop(args, inp=None, out=None) -> list[dict]:
     settings = _settings(args)
     stops = dict(stop=args.stop, stop_token_ids=args.stop_id)
     _check_modes(args)
-    start = read_messages(args.messages, args.system) if args.messages else (
-        [{"role": "system", "content": args.system}] if args.system else [])
+    start = read_messages(args.messages, args.system_prompt) if args.messages else (
+        [{"role": "system", "content": args.system_prompt}] if args.system_prompt else [])
     model = load_model(args)
     history = list(start)
     if args.prompt is not None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from dart_jax.convert import eagle3 as eagle3_format
 from dart_jax.convert.dart_head import check_fits_target, head_folder, read_head_config
-from dart_jax.convert.hub import resolve
+from dart_jax.convert.hub import resolve as resolve_hub
 from dart_jax.convert.base_files import check_base_files
 from dart_jax.convert.packaged import smollm2_gguf
 from dart_jax.convert.target import converted_checked, load_target_config, target_folder
@@ -50,8 +50,8 @@ from .resolution import (BASE_PATTERNS, DEFAULT_NGRAM, PUBLISHED_PAIRS, _convert
                          load_trie, published_base)
 from .results import (GenerationResult, _check_ids, _finish_reason, check_prompt_kind, figures, is_batch,  # noqa: F401
                       length_notice)
-from .settings import (REFERENCE_NAMES, ChatSettings, _OPTION_GROUPS, adaptive_keep, backend_options,  # noqa: F401
-                       check_groups, fit_tree, reference_names, split_options)
+from .config import DecodeConfig, unknown_message
+from .settings import REFERENCE_NAMES, ChatSettings, fit_tree, reference_names, resolve  # noqa: F401
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"  # the embedded demo: base/, head/, ngram.trie
 METHODS = _methods.names()  # the decoding methods as loaded (dart_jax.api.methods is their one home)
@@ -98,20 +98,27 @@ def demo_eagle3(name: str, folder: Path = DEMO_DIR) -> Path | None:
 
 
 def demo_options(name: str, opts: dict[str, Any], folder: Path = DEMO_DIR) -> dict[str, Any]:
-    """`from_pretrained` options for a demo: the SmolLM2 demo on a CPU chooses its tree size by
-    keep="auto" up to DEMO_CPU_MAX_KEEP nodes unless a tree size (keep) or max_keep is given; its
-    shipped EAGLE-3 head is loaded beside the DART head (method "eagle3") unless `opts` names one."""
+    """`from_pretrained` options for a demo (`opts` with its DecodeConfig fields gathered into one
+    `config`): the SmolLM2 demo on a CPU chooses its tree size by keep="auto" up to
+    DEMO_CPU_MAX_KEEP nodes unless a tree size (keep) or max_keep is given; its shipped EAGLE-3 head
+    is loaded beside the DART head (method "eagle3") unless `opts` names one, on a CPU with the
+    demo's EAGLE-3 tree where none is given."""
     opts = dict(opts)
+    names = {k: opts.pop(k) for k in [*opts] if k in _CONFIG_NAMES}
+    config = DecodeConfig.build(opts.pop("config", None), **names)
     cpu = backends.current_backend() == "cpu"
-    auto = str(opts.get("keep", "auto")).strip().lower() == "auto"
-    if name == "smollm2" and auto and opts.get("max_keep") is None and cpu:
-        opts.update(keep="auto", max_keep=DEMO_CPU_MAX_KEEP)
+    if name == "smollm2" and cpu and config.keep in (None, "auto") and config.max_keep is None:
+        config = dataclasses.replace(config, keep="auto", max_keep=DEMO_CPU_MAX_KEEP)
     eagle3 = demo_eagle3(name, folder)
     if opts.get("eagle3") is None and eagle3 is not None:
         opts["eagle3"] = eagle3
         if cpu:
-            opts.update({k: v for k, v in DEMO_CPU_EAGLE3.items() if opts.get(k) is None})
-    return opts
+            config = dataclasses.replace(config, **{k: v for k, v in DEMO_CPU_EAGLE3.items() if getattr(config, k) is None})
+    return {**opts, "config": config}
+
+
+# the names a DecodeConfig takes by keyword (its fields, and the settings objects whose fields it holds)
+_CONFIG_NAMES = {*(f.name for f in dataclasses.fields(DecodeConfig)), "tree", "shapes", "chat"}
 
 
 def _noticed(method):
@@ -170,62 +177,41 @@ class DartModel:
 
     @classmethod
     def from_pretrained(cls, base=None, dart=None, ngram=None, *, small_ngram: bool = False, dtype=None, mesh=None,
-                        tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
-                        chat: ChatSettings | None = None, trie_cache_dir: str | os.PathLike | None = None,
-                        eagle3=None, eagle3_total_token: int | None = None, eagle3_depth: int | None = None,
-                        eagle3_top_k: int | None = None, device_steps: int | None = None, verify_gemms: str | None = None,
-                        attention: str | None = None, fused_projections: bool | None = None,
-                        untied_lm_head: bool | None = None, **opts) -> "DartModel":
-        """Load base (Qwen3), DART head and n-gram trie (hub ids or local paths), and with
-        `eagle3` (hub id or folder of an EAGLE-3 head in the published layout) EAGLE-3 beside
-        DART over the same target; its tree: `eagle3_total_token` nodes (root included),
-        `eagle3_depth` draft steps, `eagle3_top_k` children per expanded node (the reference's
-        defaults 60, 7, 10; given without `eagle3`, an error). `generate(..., method="eagle3")` then
-        drafts with it.
-        The backend choices below are None by default: the backend's (`models.backend.defaults_for`;
-        on a GPU or TPU the device loop of 32 steps over a fixed 60-node tree and fused projections,
-        on a CPU the host loop with keep "auto" and an untied LM head); a value given overrides it.
-        `device_steps` N > 0: DART runs N steps per device call, its trees searched on the device
-        (the same trees as the host's search; needs a fixed `keep`, no mesh; see the README); 0: the
-        host loop (the default where keep is "auto" or a mesh is given).
-        `verify_gemms` ("auto", "xla", "cublas"): which GEMMs a GPU compiles the verification with
-        (`qwen3.verify_compiler_options`; "auto": cuBLAS for trees of 32 rows or more).
-        `attention` ("xla", "cudnn", "pallas"): how the target attends over its cache, plain decoding
-        included (`Qwen3.use_attention`; "cudnn": cuDNN's fused kernel, a bfloat16 model on an NVIDIA
-        GPU; "pallas": our Pallas kernel, on one device, in Pallas' slow interpret mode on a CPU).
-        `fused_projections`: each layer's q/k/v and gate/up kernels fused into one matmul each
-        (`Qwen3.fuse_projections`; one device only). `untied_lm_head`: a tied embedding copied into an
-        [H, V] LM head (`Qwen3.untie_lm_head`).
+                        config: DecodeConfig | None = None, eagle3=None,
+                        trie_cache_dir: str | os.PathLike | None = None, **names) -> "DartModel":
+        """Load base (Qwen3, Qwen3-MoE or Llama family), DART head and n-gram trie (hub ids or local
+        paths), and with `eagle3` (hub id or folder of an EAGLE-3 head in the published layout)
+        EAGLE-3 beside DART over the same target (`generate(..., method="eagle3")`).
 
         base=None resolves the base of a published head. ngram=None takes DEFAULT_NGRAM;
         ngram=False (or "none") searches with the head's logits only. `small_ngram` picks
         small.trie instead of full.trie inside an n-gram folder or repository. `trie_cache_dir`
         holds converted reference tries when the trie's own folder is read-only.
-        Settings come as objects (`tree`, `shapes`, `chat`) or as their fields by name in `opts`:
-        keep (an integer, or "auto": the default, see `adaptive_keep`; max_keep), beam_width, topk,
-        draft_rows, ngram_weight (TreeSettings); min_bucket,
-        cache_multiple (ShapeSettings); system_prompt, enable_thinking (ChatSettings).
+
+        `config`: a `DecodeConfig` (dart_jax/api/config.py: the tree and its search, shapes, chat,
+        backend choices, the EAGLE-3 tree; every field documented there, each one also a flag of
+        `python -m dart_jax.generate`). Its fields may also come by name, alone or over `config`
+        (`keep=16`, `keep="auto", max_keep=15`, `attention="pallas"`, ...), as may settings objects
+        (`tree=TreeSettings(...)`, `shapes=ShapeSettings(...)`, `chat=ChatSettings(...)`); a
+        misspelt name is an error naming the nearest one. Fields left at None take the backend's
+        choice (`models.backend.defaults_for`; on a GPU or TPU the device loop of 32 steps over a
+        fixed 60-node tree and fused projections, on a CPU the host loop with keep "auto" and an
+        untied LM head).
         The reference's names work too: base_model_name_or_path, dart_model_name_or_path,
         ngram_model_name_or_path, is_small_ngram, torch_dtype (see `reference_names`).
         """
-        base, dart, ngram, small_ngram, dtype = reference_names(opts, base, dart, ngram, small_ngram, dtype)
+        base, dart, ngram, small_ngram, dtype = reference_names(names, base, dart, ngram, small_ngram, dtype)
         check_dtype(dtype)
-        check_groups(tree=tree, shapes=shapes, chat=chat)
+        config = DecodeConfig.build(config, **names)
         check_type(trie_cache_dir, "trie_cache_dir", (str, os.PathLike, type(None)), "a folder (str or Path) or None")
-        eagle3_sizes = {"eagle3_total_token": eagle3_total_token, "eagle3_depth": eagle3_depth,
-                        "eagle3_top_k": eagle3_top_k}
-        if eagle3 is None and any(v is not None for v in eagle3_sizes.values()):
-            given = ", ".join(k for k, v in eagle3_sizes.items() if v is not None)
-            raise InputError(f"{given}: EAGLE-3 tree sizes, but no EAGLE-3 head is loaded; pass eagle3=PATH (hub id "
-                             "or folder) or drop them.")
+        if eagle3 is None and config.eagle3_given:
+            raise InputError(f"{', '.join(config.eagle3_given)}: EAGLE-3 tree sizes, but no EAGLE-3 head is loaded; "
+                             "pass eagle3=PATH (hub id or folder) or drop them.")
         use_compile_cache()  # before the loaders' helpers compile
-        opts, backend = backend_options(opts, tree, mesh, device_steps=device_steps, verify_gemms=verify_gemms,
-                                        attention=attention, fused_projections=fused_projections,
-                                        untied_lm_head=untied_lm_head)
+        settings = resolve(config, mesh)
+        backend = settings.backend
         check_verify_gemms(backend.verify_gemms)  # before any file is read
         check_attention(backend.attention, dtype, mesh)
-        opts, adaptive = adaptive_keep(opts, tree)
-        groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
         if dart is None:
             raise ValueError("a DART head is required (dart=hub id or folder).")
         if not Path(os.path.expanduser(str(dart))).exists() and not re.fullmatch(r"[\w.-]+/[\w.-]+", str(dart)):
@@ -234,14 +220,14 @@ class DartModel:
             base = published_base(dart)
         head_dir = head_folder(dart)
         base_folder = target_folder(base) if is_gguf(base) else converted_checked(
-            resolve(base, BASE_PATTERNS, what="base model"))
+            resolve_hub(base, BASE_PATTERNS, what="base model"))
         check_base_files(base_folder)  # its small files, before third-party code reads them
         head_config = read_head_config(head_dir)
         target_config = load_target_config(base_folder)
         check_fits_target(head_config, target_config, where=f"the DART head {head_dir}")
         mesh = make_mesh(mesh, option="mesh (--mesh)")
         check_fits(mesh, model_sizes(target_config, head_config), option="mesh (--mesh)")  # before any weight is read
-        groups["tree"] = fit_tree(groups["tree"], head_config.num_rows, head_config.draft_vocab_size, adaptive)
+        tree = fit_tree(settings.tree, head_config.num_rows, head_config.draft_vocab_size, settings.adaptive)
         eagle3_opts = {}
         if eagle3 is not None:
             eagle3_dir = eagle3_format.eagle3_folder(eagle3)
@@ -249,12 +235,8 @@ class DartModel:
             own = eagle3_format.EMBEDDING in eagle3_format.tensor_index(eagle3_dir)
             eagle3_format.check_fits_target(eagle3_config, target_config, where=f"the EAGLE-3 head {eagle3_dir}",
                                             own_embedding=own)
-            total = check_int(60 if eagle3_total_token is None else eagle3_total_token, "eagle3_total_token", low=2)
-            top_k = check_int(10 if eagle3_top_k is None else eagle3_top_k, "eagle3_top_k", low=1)
-            eagle3_opts = dict(eagle3_tree=TreeSettings(keep=total - 1, topk=top_k), eagle3_depth=check_int(
-                EAGLE3_DEPTH if eagle3_depth is None else eagle3_depth, "eagle3_depth", low=1))
-            Eagle3Drafter.check_sizes(eagle3_opts["eagle3_tree"], eagle3_opts["eagle3_depth"],
-                                      eagle3_config.draft_vocab_size)
+            eagle3_opts = dict(eagle3_tree=settings.eagle3_tree, eagle3_depth=settings.eagle3_depth)
+            Eagle3Drafter.check_sizes(settings.eagle3_tree, settings.eagle3_depth, eagle3_config.draft_vocab_size)
 
         if ngram is False or (isinstance(ngram, str) and ngram.lower() == "none"):
             trie = None
@@ -272,27 +254,32 @@ class DartModel:
             eagle3_opts["eagle3"] = load_eagle3_head(eagle3_dir, target, dtype=dtype, mesh=mesh)
         return cls(target, head, tokenizer, trie, eos_ids=_eos_ids(tokenizer, base_folder, target_config.eos_token_ids,
                                                                  target_config.vocab_size),
-                   mesh=mesh, adaptive=adaptive, device_steps=backend.device_steps, verify_gemms=backend.verify_gemms,
-                   attention=backend.attention, **groups, **eagle3_opts)
+                   tree=tree, shapes=settings.shapes, chat=settings.chat, mesh=mesh, adaptive=settings.adaptive,
+                   device_steps=backend.device_steps, verify_gemms=backend.verify_gemms, attention=backend.attention,
+                   **eagle3_opts)
 
     @classmethod
     def from_modules(cls, target, head, tokenizer, trie=None, *, eos_ids: Sequence[int], mesh=None,
-                     tree: TreeSettings | None = None, shapes: ShapeSettings | None = None,
-                     chat: ChatSettings | None = None, device_steps: int = 0, verify_gemms: str = "auto",
-                     attention: str | None = None, **opts) -> "DartModel":
+                     config: DecodeConfig | None = None, **names) -> "DartModel":
         """A model over modules already made (a `Qwen3` target and its `DartHead`, e.g. random
         weights drawn on the device for a benchmark at a real shape), with `from_pretrained`'s
-        settings: `tree`, `shapes`, `chat` or their fields by name in `opts` (keep, "auto" by
-        default, max_keep, ...), checked as there."""
-        check_groups(tree=tree, shapes=shapes, chat=chat)
-        opts, adaptive = adaptive_keep(opts, tree)
-        groups = split_options(opts, tree=tree, shapes=shapes, chat=chat)
-        groups["tree"] = fit_tree(groups["tree"], head.config.num_rows, head.config.draft_vocab_size, adaptive)
+        `config` or its fields by name, checked as there. Backend choices left at None are the
+        host loop and the modules' own attention and layout (fused_projections and untied_lm_head
+        apply when a target loads: an error here)."""
+        config = DecodeConfig.build(config, **names)
+        loading = [name for name in ("fused_projections", "untied_lm_head") if getattr(config, name) is not None]
+        if loading:
+            raise InputError(f"{', '.join(loading)}: layouts a target gets as it loads (from_pretrained); from_modules "
+                             "takes the modules as they are made: drop them.")
+        modules = backends.BackendDefaults(backends.current_backend(), attention=None, keep="auto")
+        settings = resolve(config, mesh, modules)
+        tree = fit_tree(settings.tree, head.config.num_rows, head.config.draft_vocab_size, settings.adaptive)
         if trie is not None:
             check_trie_vocab(trie, target.config.vocab_size, "given")
+        backend = settings.backend
         return cls(target, head, tokenizer, trie, eos_ids=eos_ids, mesh=make_mesh(mesh, option="mesh (--mesh)"),
-                   adaptive=adaptive, device_steps=device_steps, verify_gemms=verify_gemms, attention=attention,
-                   **groups)
+                   tree=tree, shapes=settings.shapes, chat=settings.chat, adaptive=settings.adaptive,
+                   device_steps=backend.device_steps, verify_gemms=backend.verify_gemms, attention=backend.attention)
 
     @classmethod
     def demo(cls, name: str | None = None, **opts) -> "DartModel":
@@ -435,18 +422,19 @@ class DartModel:
         spec = _methods.get(method)
         return spec.engine_of(self), not spec.drafts
 
-    def generate(self, prompt, *, max_new_tokens: int = 512, max_length: int = 2048, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
-                 settings: GenerationSettings | Sequence[GenerationSettings] | None = None,
-                 batch_size: int = 8, stop: str | Sequence[str] | None = None,
+    def generate(self, prompt, *, settings: GenerationSettings | Sequence[GenerationSettings] | None = None,
+                 chat: bool = True, batch_size: int = 8, stop: str | Sequence[str] | None = None,
                  stop_token_ids: Sequence[int] | None = None, enable_thinking: bool | None = None,
-                 method: str = "dart") -> GenerationResult | list[GenerationResult]:
+                 method: str = "dart", **sampling) -> GenerationResult | list[GenerationResult]:
         """DART decoding (`method` "eagle3": EAGLE-3's drafts, "ar": none, plain decoding of the
         target); greedy when temperature is 0, else lossless sampling.
 
         `prompt` is a string, token ids or a messages list; a list of those is decoded in batches
-        of up to `batch_size` sequences and gives a list of results in input order. A `settings`
-        object (or one per prompt of a batch), when given, replaces the six keyword settings.
+        of up to `batch_size` sequences and gives a list of results in input order.
+        `settings`: a `GenerationSettings` (limits and sampling; one per prompt of a batch, or one
+        for all); its fields also come by name (`max_new_tokens=64, temperature=0.7`, ...: defaults
+        max_new_tokens 512, max_length 2048, temperature 0 = greedy, top_p 1, top_k 0, seed 0), over
+        `settings` when both are given.
         `stop` strings end the answer before them (finish_reason "stop"; the ids end with the token
         that completed the string), as do `stop_token_ids` (kept, as an EOS is). `enable_thinking`
         switches Qwen3's thinking mode for this call; the thinking comes back in `.thinking`.
@@ -455,10 +443,15 @@ class DartModel:
         prompt = check_prompt_kind(prompt)
         check_int(batch_size, "batch_size", low=1)
         if is_batch(prompt):
-            return self._generate_batch(list(prompt), chat, settings, batch_size,
-                                        GenerationSettings(max_new_tokens, max_length, temperature, top_p, top_k, seed),
-                                        stop, stop_token_ids, enable_thinking, method=method)
-        settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
+            if not (settings is None or isinstance(settings, GenerationSettings)):  # one per prompt (checked there)
+                if sampling:
+                    raise InputError(f"{', '.join(sampling)} given beside one settings object per prompt; put them "
+                                     "in those objects.")
+                return self._generate_batch(list(prompt), chat, settings, batch_size, GenerationSettings(), stop,
+                                            stop_token_ids, enable_thinking, method=method)
+            return self._generate_batch(list(prompt), chat, None, batch_size, _one_settings(settings, sampling), stop,
+                                        stop_token_ids, enable_thinking, method=method)
+        settings = _one_settings(settings, sampling)
         return self._run(self._decoder(method), prompt, chat, settings, stop, stop_token_ids, enable_thinking)
 
     def engine_for(self, method: str = "dart") -> Engine:
@@ -541,29 +534,26 @@ class DartModel:
             results.append(result)
         return results
 
-    def generate_ar(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
-                    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                    chat: bool = True, settings: GenerationSettings | None = None,
-                    stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-                    enable_thinking: bool | None = None) -> GenerationResult:
+    def generate_ar(self, prompt: str | Sequence[int], *, settings: GenerationSettings | None = None,
+                    chat: bool = True, stop: str | Sequence[str] | None = None,
+                    stop_token_ids: Sequence[int] | None = None, enable_thinking: bool | None = None,
+                    **sampling) -> GenerationResult:
         """Plain autoregressive decoding of the target (the baseline), same arguments."""
-        settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        settings = _one_settings(settings, sampling)
         return self._run((self.engine, True), check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
                          enable_thinking)
 
-    def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int = 512, max_length: int = 2048,
-               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
-               stats: Stats | None = None, settings: GenerationSettings | None = None,
-               stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-               enable_thinking: bool | None = None, result: list | None = None,
-               method: str = "dart") -> Iterator[tuple[str, int]]:
+    def stream(self, prompt: str | Sequence[int], *, settings: GenerationSettings | None = None, chat: bool = True,
+               stats: Stats | None = None, stop: str | Sequence[str] | None = None,
+               stop_token_ids: Sequence[int] | None = None, enable_thinking: bool | None = None,
+               result: list | None = None, method: str = "dart", **sampling) -> Iterator[tuple[str, int]]:
         """Yields (new text, accepted length of the step) once per step (0 for the prefill's token).
         Text is held back while it ends in an incomplete character or in the beginning of a stop
         string; a <think> block is streamed as it comes. When the stream ends, the
         `GenerationResult` (finish_reason, figures with compile time apart, thinking split off) is
-        appended to `result` if a list is given. Its arguments are checked at the call, before
-        the first step."""
-        settings = _one_settings(settings, max_new_tokens, max_length, temperature, top_p, top_k, seed)
+        appended to `result` if a list is given. `settings` and its fields by name as for
+        `generate`. Its arguments are checked at the call, before the first step."""
+        settings = _one_settings(settings, sampling)
         check_type(result, "result", (list, type(None)), "a list (the GenerationResult is appended to it) or None")
         check_type(stats, "stats", (Stats, type(None)), "a Stats (dart_jax.decoding.requests.Stats) or None")
         return self._steps(self._decoder(method), check_prompt_kind(prompt), chat, settings, stop, stop_token_ids,
@@ -599,10 +589,18 @@ class DartModel:
         return np.asarray([prompt + out], dtype=np.int64)
 
 
-def _one_settings(settings, *fields) -> GenerationSettings:
-    """One generation's settings: the `settings` object when given (checked), else the keyword
-    settings' `fields` (max_new_tokens, max_length, temperature, top_p, top_k, seed)."""
-    return GenerationSettings(*fields) if settings is None else check_settings(settings)
+def _one_settings(settings, sampling: dict[str, Any]) -> GenerationSettings:
+    """One generation's settings: the `settings` object (checked; default GenerationSettings())
+    with the fields given by name in `sampling` put in; a misspelt name is an InputError naming the
+    nearest one. The one place where the generate methods' keyword settings become an object."""
+    unknown = [name for name in sampling if name not in _GENERATION_FIELDS]
+    if unknown:
+        raise InputError(unknown_message(unknown[0], [*_GENERATION_FIELDS, "settings"], "argument"))
+    settings = GenerationSettings() if settings is None else check_settings(settings)
+    return dataclasses.replace(settings, **sampling) if sampling else settings
+
+
+_GENERATION_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationSettings))
 
 
 def _per_prompt(settings, count: int, default: GenerationSettings) -> list[GenerationSettings]:

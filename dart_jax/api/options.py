@@ -35,18 +35,16 @@ from dart_jax.errors import DefaultsHelpFormatter, InputError, MissingFileError,
 from dart_jax.files import check_regular, compile_cache_dir
 
 from . import methods as decoding_methods
+# the model's settings, one DecodeConfig field a flag (api/config.py declares each once)
+from .config import (ATTENTION_CHOICES, MAX_DEVICE_STEPS, SWITCH, VERIFY_GEMMS_CHOICES,  # noqa: F401
+                     DecodeConfig, add_config_flags, device_steps, tree_size)
 from .prompts import read_prompt_file
 
-# --attention: `dart_jax.models.qwen3.ATTENTION_KERNELS`, which this light module cannot import (jax)
-ATTENTION_CHOICES = ("xla", "cudnn", "pallas")
-VERIFY_GEMMS_CHOICES = ("auto", "xla", "cublas")  # `dart_jax.models.qwen3.VERIFY_GEMMS`, likewise
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
-# --fused-projections → from_pretrained's fused_projections (None: the backend's default)
-FUSED_CHOICES = {"auto": None, "on": True, "off": False}
+FUSED_CHOICES = SWITCH  # --fused-projections → from_pretrained's fused_projections (None: the backend's default)
 DEFAULT_BATCH_SIZE = 8  # --batch-size of --prompts
 INT32_MAX = 2**31 - 1  # top_k and token counts are int32 on the device
-DTYPE_CHOICES = ("float32", "bfloat16", "float16")  # `dart_jax.models.qwen3.MODEL_DTYPES`, likewise
-MAX_DEVICE_STEPS = 4096  # `dart_jax.models.backend.MAX_DEVICE_STEPS`, likewise
+DTYPE_CHOICES = ("float32", "bfloat16", "float16")  # `dart_jax.models.qwen3.MODEL_DTYPES`, which this light module cannot import (jax)
 
 
 def top_k_value(text: str) -> int:
@@ -60,51 +58,18 @@ def top_k_value(text: str) -> int:
     return value
 
 
-def device_steps(text: str) -> int:
-    """--device-steps: an integer in [0, MAX_DEVICE_STEPS], else an argparse error naming the limit."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= MAX_DEVICE_STEPS:
-        raise argparse.ArgumentTypeError(f"must lie in [0, {MAX_DEVICE_STEPS}] (0: a host call per step), got {value}")
-    return value
-
-
 def default_cache_dir() -> Path:
     """Where the command lines keep compiled executables: $XDG_CACHE_HOME/dart_jax/xla
     (~/.cache/dart_jax/xla when XDG_CACHE_HOME is unset)."""
     return compile_cache_dir()
 
 
-def tree_size(text: str) -> int | str:
-    """--keep: 'auto' or an integer (its range is checked with the other tree settings)."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
-
-
 def add_backend_flags(p, *, fixed: bool = False) -> None:
-    """--verify-gemms, --attention and --mesh, declared once for generate, serve and bench. Their
-    defaults are None, the backend's (`models.backend.BackendDefaults`), unless `fixed` (bench,
-    whose figures must not follow the backend): XLA's attention and the automatic GEMM rule."""
-    def default(value: str):
-        return value if fixed else None
-
-    def says(value: str) -> str:
-        return f" (default {value})" if fixed else f" (default: the backend's, {value})"
-
-    p.add_argument("--verify-gemms", choices=VERIFY_GEMMS_CHOICES, default=default("auto"),
-                   help="GEMMs a GPU compiles the tree verification with: auto (cuBLAS for trees of 32 rows or more, "
-                        "XLA's own below and for plain decoding), xla (XLA's everywhere) or cublas (every tree); "
-                        "other devices ignore it" + says("auto"))
-    p.add_argument("--attention", choices=ATTENTION_CHOICES, default=default("xla"),
-                   help="how the target attends over its cache, plain decoding included: xla, cudnn (cuDNN's fused "
-                        "attention kernel; a bfloat16 model on an NVIDIA GPU) or pallas (our Pallas kernel: Triton "
-                        "on a GPU, Mosaic on a TPU, slow interpret mode on a CPU)" + says("xla"))
+    """--verify-gemms, --attention (DecodeConfig's fields) and --mesh. Their defaults are None, the
+    backend's (`models.backend.BackendDefaults`), unless `fixed` (bench, whose figures must not
+    follow the backend): XLA's attention and the automatic GEMM rule."""
+    add_config_flags(p, ("verify_gemms", "attention"),
+                     fixed={"verify_gemms": "auto", "attention": "xla"} if fixed else None)
     p.add_argument("--mesh", default=None, metavar="SPEC",
                    help="shard the model over devices: 'model=4' (tensor parallel over heads, MLP and vocabulary), "
                         "'data=2,model=4' (also the batch over 2 groups); default: one device")
@@ -122,40 +87,12 @@ def add_model_options(ap: argparse.ArgumentParser) -> None:
     group.add_argument("--ngram", help="n-gram trie: file, folder or hub id (default fvliang/dart-qwen3-ngram; "
                                        "'none' searches with the head's logits only)")
     group.add_argument("--small-ngram", action="store_true", help="use small.trie instead of full.trie")
-    group.add_argument("--thinking", action="store_true",
-                       help="let Qwen3 think (enable_thinking=True in the chat template; the thinking is reported "
-                            "apart from the answer); an error for templates without that switch")
-    group.add_argument("--keep", type=tree_size, default=None,
-                       help="draft tree size (nodes besides the root), at most what the tree search can fill "
-                            "(draft rows x beam width x candidates); 'auto' picks the fastest of a few sizes up to "
-                            "--max-keep each step, plain decoding included, from timings on this device (default: "
-                            "the backend's, see --device-info: 60 on a GPU or TPU, 'auto' on a CPU, where the "
-                            "SmolLM2 demo, when neither --keep nor --max-keep is given, chooses per sequence among "
-                            "plain decoding and trees of up to 7 nodes)")
-    group.add_argument("--max-keep", type=int, default=None,
-                       help="the largest tree 'auto' may use, at most what the tree search can fill, as for --keep "
-                            "(default: 60, the reference's size)")
-    group.add_argument("--device-steps", type=device_steps, default=None, metavar="N",
-                       help="run N DART steps per device call, the draft trees searched on the device (the same "
-                            "trees; for accelerators: slower on a CPU); needs a fixed --keep; 0: one device call a "
-                            "step, the host searching (default: the backend's, see --device-info: 32 on a GPU or "
-                            f"TPU with a fixed tree on one device, else 0; at most {MAX_DEVICE_STEPS})")
-    add_backend_flags(group)
-    group.add_argument("--fused-projections", choices=FUSED_CHOICES, default="auto",
-                       help="each layer's q/k/v and gate/up kernels fused into one matmul each (one device only): "
-                            "on, off, or auto (the backend's, see --device-info: on for a GPU or TPU, off on a CPU)")
-    group.add_argument("--beam-width", type=int, default=20, help="beam entries kept per draft row by the tree search")
-    group.add_argument("--topk", "--tree-topk", dest="tree_topk", type=int, default=25,
-                       help="draft candidates per row for the tree search (--tree-topk: the old spelling)")
-    group.add_argument("--draft-rows", type=int, default=None, help="head rows used by the tree search (None: all)")
     group.add_argument("--eagle3", metavar="PATH", help="an EAGLE-3 head (hub id or folder, published layout) "
                                                         "loaded beside DART over the same target (--method eagle3)")
-    group.add_argument("--eagle3-total-token", type=int, help="EAGLE-3 tree size, root included; the SmolLM2 "
-                                                              "demo's shipped EAGLE-3 head on a CPU: 8 (default: 60)")
-    group.add_argument("--eagle3-depth", type=int, help="EAGLE-3 draft steps per tree; the demo on a CPU: 2 "
-                                                        "(default: 7)")
-    group.add_argument("--eagle3-top-k", type=int, help="EAGLE-3 children per expanded node; the demo on a CPU: 8 "
-                                                        "(default: 10)")
+    add_config_flags(group)  # the DecodeConfig: tree, shapes, chat, backend and EAGLE-3 tree settings
+    group.add_argument("--mesh", default=None, metavar="SPEC",
+                       help="shard the model over devices: 'model=4' (tensor parallel over heads, MLP and vocabulary), "
+                            "'data=2,model=4' (also the batch over 2 groups); default: one device")
     group.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                        help="parameter/compute dtype (default: float32 on a CPU, bfloat16 on accelerators)")
     group.add_argument("--no-compile-cache", action="store_true",
@@ -179,8 +116,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--chat", action="store_true",
                     help="interactive chat: read a message, answer it, keep the history (an empty line or Ctrl-D ends; "
                          "/reset clears the history)")
-    ap.add_argument("--system", metavar="TEXT", help="a system message before the prompt (with --prompt, --chat, "
-                                                     "--prompts lines holding a 'prompt')")
     ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="generated tokens at most")
     ap.add_argument("--max-length", type=int, default=2048, help="prompt + generated tokens at most")
@@ -228,7 +163,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_modes(args) -> None:
     """The command's flags against each other: an error names the clash and the fix."""
-    for flag, value in (("--prompt", args.prompt), ("--system", args.system)):
+    for flag, value in (("--prompt", args.prompt), ("--system", args.system_prompt)):
         if value is not None:
             check_text(value, flag)
     for value in args.stop or ():
@@ -249,7 +184,7 @@ def check_modes(args) -> None:
     if args.no_chat and args.messages:
         raise InputError("--messages goes through the chat template; drop --no-chat.")
     # flags that would do nothing in this combination
-    if args.no_chat and args.system is not None:
+    if args.no_chat and args.system_prompt is not None:
         raise InputError("--system is a message of the chat template, which --no-chat leaves out; drop one of them.")
     if args.batch_size is not None and not args.prompts:
         raise InputError("--batch-size sets how many --prompts lines are decoded together; add --prompts FILE.jsonl "

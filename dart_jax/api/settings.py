@@ -1,18 +1,20 @@
-"""The options of `DartModel.from_pretrained`: the settings groups filled by field name, the
-tree size ("auto" or an integer, checked by `dart_jax.api.methods.check_tree_size`), and the
-reference's argument names. Re-exported by `dart_jax.api.model`."""
+"""The options of `DartModel.from_pretrained` made concrete: a `DecodeConfig` (api/config.py) with
+the backend's defaults filled in (`resolve`), the tree size checked against the head (`fit_tree`,
+`dart_jax.api.methods.check_tree_size`), and the reference's argument names. Re-exported by
+`dart_jax.api.model`."""
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any
 
+from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH
 from dart_jax.decoding.settings import ShapeSettings
 from dart_jax.errors import InputError, check_bool, check_int, check_text, check_type
 from dart_jax.models.backend import BackendDefaults, defaults_for
 from dart_jax.ngram import TreeSettings
 
 from . import methods as _methods
+from .config import DecodeConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,73 +30,49 @@ class ChatSettings:
         check_bool(self.enable_thinking, "enable_thinking")
 
 
-# the option groups that `from_pretrained(**opts)` fills by field name
-_OPTION_GROUPS = {"tree": TreeSettings, "shapes": ShapeSettings, "chat": ChatSettings}
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A `DecodeConfig` made concrete for one model: the objects its engines take."""
+
+    tree: TreeSettings
+    adaptive: bool  # keep="auto": the tree size is chosen per step up to tree.keep
+    shapes: ShapeSettings
+    chat: ChatSettings
+    backend: BackendDefaults
+    eagle3_tree: TreeSettings  # the EAGLE-3 tree: total_token - 1 nodes besides the root, top_k children
+    eagle3_depth: int
 
 
-def check_groups(**given) -> None:
-    """Each settings object given (`tree`, `shapes`, `chat`: None or an object of its group's
-    class), else an InputError naming it; a dict's fields go by name in the options instead."""
-    for group, value in given.items():
-        cls = _OPTION_GROUPS[group].__name__
-        check_type(value, group, (_OPTION_GROUPS[group], type(None)),
-                   f"a {cls} or None (or its fields by name: from_pretrained(..., **{group}) for a dict)")
-
-
-def adaptive_keep(opts: dict[str, Any], tree: TreeSettings | None) -> tuple[dict[str, Any], bool]:
-    """`keep="auto"` (the default unless a `tree` object or an integer keep is given): the tree
-    size is chosen per step among a few sizes up to `max_keep` (default 60, the reference's size)
-    by measured speed (dart_jax.decoding.adaptive). → (options with keep an integer, adaptive)."""
-    opts = dict(opts)
-    keep = opts.pop("keep", "auto" if tree is None else tree.keep)
-    max_keep = opts.pop("max_keep", None)
-    if isinstance(keep, str) and keep.strip().lower() == "auto":
-        opts["keep"] = (check_int(max_keep, "max_keep") if max_keep is not None
-                        else tree.keep if tree is not None else TreeSettings().keep)
-        return opts, True
-    if max_keep is not None:
-        raise ValueError("max_keep only applies with keep='auto'.")
-    if isinstance(keep, str):
-        raise ValueError(f"keep must be an integer tree size or 'auto', got {keep!r}.")
-    opts["keep"] = keep
-    return opts, False
-
-
-def backend_options(opts: dict[str, Any], tree: TreeSettings | None, mesh, **given) -> tuple[dict[str, Any], BackendDefaults]:
-    """The backend choices of a model (`models.backend.defaults_for` this backend, overridden by
-    every option in `given` that is not None) → (`opts` with the default tree size filled in when
-    neither keep, max_keep nor a `tree` object gives one, those choices). The device loop needs a
-    fixed tree size on one device: where "auto" or a mesh applies, its default is the host loop."""
-    for name in ("fused_projections", "untied_lm_head"):
-        if given.get(name) is not None:
-            check_bool(given[name], name)
-    choices = defaults_for().override(**given)
-    if mesh is not None and given.get("fused_projections"):
+def resolve(config: DecodeConfig, mesh, defaults: BackendDefaults | None = None) -> Resolved:
+    """`config`'s fields left at None filled in: the backend's choices (`defaults`, default
+    `models.backend.defaults_for` this backend), the tree size (keep None: the backend's; "auto"
+    when only max_keep is given; "auto" takes max_keep, default 60, the reference's size, as its
+    largest tree), the device loop off where "auto" or a mesh applies (it needs a fixed size on one
+    device), the EAGLE-3 tree the reference's 60 nodes, 7 steps, top-10."""
+    defaults = defaults or defaults_for()
+    if mesh is not None and config.fused_projections:
         raise InputError("fused_projections (--fused-projections on) lays a model out for one device, a mesh keeps "
                          "the checkpoint's layout: drop one of them.")
-    opts = dict(opts)
-    if tree is None and "keep" not in opts and "max_keep" not in opts:
-        opts["keep"] = choices.keep
-    keep = opts.get("keep", tree.keep if tree is not None else None)
-    auto = isinstance(keep, str) and keep.strip().lower() == "auto"
-    if given.get("device_steps") is None and (auto or mesh is not None):
-        choices = dataclasses.replace(choices, device_steps=0)
-    return opts, choices
+    backend = defaults.override(**{k: v for k, v in config.group("backend").items() if k in _BACKEND_FIELDS})
+    keep = config.keep if config.keep is not None else "auto" if config.max_keep is not None else backend.keep
+    adaptive = keep == "auto"
+    if config.max_keep is not None and not adaptive:
+        raise InputError(f"max_keep only applies with keep='auto'; this backend's tree size is fixed ({keep}): pass "
+                         "keep='auto' (--keep auto) too, or drop max_keep.")
+    size = (config.max_keep or TreeSettings().keep) if adaptive else keep
+    if config.device_steps is None and (adaptive or mesh is not None):
+        backend = dataclasses.replace(backend, device_steps=0)
+    search = {k: v for k, v in config.group("tree").items() if k not in ("keep", "max_keep")}
+    total = 60 if config.eagle3_total_token is None else check_int(config.eagle3_total_token, "eagle3_total_token", low=2)
+    depth = EAGLE3_DEPTH if config.eagle3_depth is None else check_int(config.eagle3_depth, "eagle3_depth", low=1)
+    top_k = 10 if config.eagle3_top_k is None else check_int(config.eagle3_top_k, "eagle3_top_k", low=1)
+    return Resolved(tree=TreeSettings(keep=size, **search), adaptive=adaptive, shapes=ShapeSettings(**config.group("shapes")),
+                    chat=ChatSettings(**config.group("chat")), backend=backend,
+                    eagle3_tree=TreeSettings(keep=total - 1, topk=top_k), eagle3_depth=depth)
 
 
-def split_options(opts: dict[str, Any], **given) -> dict[str, Any]:
-    """Keyword options → one settings object per group (`tree`, `shapes`, `chat`), starting from
-    the objects in `given`; an option that no group has is an error naming the valid ones."""
-    fields = {f.name: group for group, cls in _OPTION_GROUPS.items() for f in dataclasses.fields(cls)}
-    unknown = sorted(set(opts) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown}; valid: {sorted(fields)}.")
-    out = {}
-    for group, cls in _OPTION_GROUPS.items():
-        base = given.get(group) or cls()
-        mine = {k: v for k, v in opts.items() if fields[k] == group}
-        out[group] = dataclasses.replace(base, **mine) if mine else base
-    return out
+# the backend choices a DecodeConfig holds (BackendDefaults also holds the default tree size, `keep`)
+_BACKEND_FIELDS = DecodeConfig.fields_of("backend")
 
 
 # the reference's `DartModel.from_pretrained` argument names → ours

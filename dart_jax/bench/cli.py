@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, on_rows: Callable[[dict[str, Any]], None] | No
                     corpus_tokens=args.corpus_tokens, vocab=args.vocab, order=args.order, clock=args.clock)
         if args.mode == "search":
             return run_search(keeps=parse_int_list(args.keeps, name="--keeps"),
-                              beams=parse_int_list(args.beams, name="--beams"), draft_length=args.draft_length,
+                              beams=parse_int_list(args.beams, name="--beams"), draft_rows=args.draft_rows,
                               topk=args.topk, no_ngram=args.no_ngram, ngram_weight=args.ngram_weight,
                               samples=args.samples, batch=args.batch, threads=args.threads, **trie, **common)
         return run_ngram(queries=args.queries, candidates=args.candidates, hot_contexts=args.hot_contexts,

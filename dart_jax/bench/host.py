@@ -241,21 +241,21 @@ def run_ngram(*, trie_path: str | None = None, reference_trie: str | None = None
     return {"mode": "ngram", "config": config, "rows": [row], "summary": summary}
 
 
-def _draft_inputs(rng, *, samples: int, draft_length: int, topk: int, vocab: int):
+def _draft_inputs(rng, *, samples: int, draft_rows: int, topk: int, vocab: int):
     """`samples` (ids [d, k], probs [d, k], preceding [d]): distinct candidates per row drawn like
     text tokens, probabilities the softmax of sorted random logits."""
     p = zipf_probs(vocab)
     inputs = []
     for _ in range(samples):
-        ids = np.stack([rng.choice(vocab, size=topk, replace=False, p=p) for _ in range(draft_length)]).astype(np.int32)
-        logits = -np.sort(-rng.normal(0.0, 2.0, size=(draft_length, topk)), axis=1)
+        ids = np.stack([rng.choice(vocab, size=topk, replace=False, p=p) for _ in range(draft_rows)]).astype(np.int32)
+        logits = -np.sort(-rng.normal(0.0, 2.0, size=(draft_rows, topk)), axis=1)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs = (probs / probs.sum(axis=1, keepdims=True)).astype(np.float32)
-        inputs.append((ids, probs, zipf_tokens(rng, draft_length, vocab).astype(np.int32)))
+        inputs.append((ids, probs, zipf_tokens(rng, draft_rows, vocab).astype(np.int32)))
     return inputs
 
 
-def run_search(*, keeps=(8, 16, 32, 60), beams=(5, 10, 20), draft_length: int = 8, topk: int = 25,
+def run_search(*, keeps=(8, 16, 32, 60), beams=(5, 10, 20), draft_rows: int = 8, topk: int = 25,
                vocab: int = 151_936, trie_path: str | None = None, reference_trie: str | None = None,
                corpus: str = "zipf", corpus_tokens: int = 200_000, order: int = 3, no_ngram: bool = False,
                ngram_weight: float = 0.5, samples: int = 16, batch: int = 1, threads: int | None = None,
@@ -263,8 +263,8 @@ def run_search(*, keeps=(8, 16, 32, 60), beams=(5, 10, 20), draft_length: int = 
                show_progress: bool = True) -> dict[str, Any]:
     """Time `build_tree` alone over a grid of tree sizes (keep) and beam widths; with `batch` > 1,
     `build_tree_batch` on that many inputs per call (on `threads` Numba threads)."""
-    if min(draft_length, topk, samples, batch) < 1:
-        raise ValueError(f"--draft-length, --topk, --samples and --batch must be >= 1, got {draft_length}, {topk}, "
+    if min(draft_rows, topk, samples, batch) < 1:
+        raise ValueError(f"--draft-rows, --topk, --samples and --batch must be >= 1, got {draft_rows}, {topk}, "
                          f"{samples}, {batch}")
     if topk > vocab:
         raise ValueError(f"--topk ({topk}) cannot exceed --vocab ({vocab})")
@@ -279,7 +279,7 @@ def run_search(*, keeps=(8, 16, 32, 60), beams=(5, 10, 20), draft_length: int = 
         trie, source, _ = _load_or_build_trie(trie_path=trie_path, reference_trie=reference_trie, corpus=corpus,
                                               corpus_tokens=corpus_tokens, vocab=vocab, order=order, rng=rng)
     eos_id = vocab - 1
-    inputs = _draft_inputs(rng, samples=samples, draft_length=draft_length, topk=topk, vocab=vocab)
+    inputs = _draft_inputs(rng, samples=samples, draft_rows=draft_rows, topk=topk, vocab=vocab)
     if batch > 1:
         # call s builds the trees of inputs s·batch, s·batch + 1, ... (cycled), stacked
         inputs = [tuple(np.stack(parts) for parts in zip(*(inputs[(s * batch + j) % samples] for j in range(batch))))
@@ -311,7 +311,7 @@ def run_search(*, keeps=(8, 16, 32, 60), beams=(5, 10, 20), draft_length: int = 
     finally:
         numba.set_num_threads(threads_before)
     bar.close()
-    config = {"source": source["source"], "draft_length": draft_length, "topk": topk, "vocab": vocab,
+    config = {"source": source["source"], "draft_rows": draft_rows, "topk": topk, "vocab": vocab,
               "samples": samples, "ngram": not no_ngram, "ngram_weight": ngram_weight, "batch": batch,
               "threads": threads or threads_before, "clock": clock, "reps": reps, "warmup": warmup, "seed": seed}
     if trie is not None:

@@ -99,7 +99,7 @@ def _model_options(p: argparse.ArgumentParser, *, demo_workload: bool = False) -
                                                             "64)" if demo_workload else "(default 64)"))
     p.add_argument("--max-length", type=int, default=2048, help="prompt + generation limit (default 2048)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--keep", type=tree_size, help="tree budget (nodes besides the root) or 'auto' (per-step choice "
+    p.add_argument("--keep", type=tree_size, help="tree size (nodes besides the root) or 'auto' (per-step choice "
                                                   "by measured speed); default: the model's default, auto")
     p.add_argument("--device-steps", type=device_steps, default=0, metavar="N",
                    help="DART runs N steps per device call, its trees searched on the device (needs a fixed --keep); "
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(keep, beam) pair.")
     p.add_argument("--keeps", default="8,16,32,60", help="tree sizes, comma-separated (default 8,16,32,60)")
     p.add_argument("--beams", default="5,10,20", help="beam widths, comma-separated (default 5,10,20)")
-    p.add_argument("--draft-length", type=int, default=8, help="draft rows d (default 8)")
+    p.add_argument("--draft-rows", type=int, default=8, help="draft rows d (the depth; default 8)")
     p.add_argument("--topk", "--tree-topk", dest="topk", type=int, default=25, help="candidates per row (default 25)")
     p.add_argument("--samples", type=int, default=16, help="distinct random inputs cycled through (default 16)")
     p.add_argument("--no-ngram", action="store_true", help="search on the logits alone (no trie)")
