@@ -79,6 +79,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import statistics
 import time
 from typing import Callable, Sequence
 
@@ -217,7 +218,7 @@ class TreeSizer:
             weights.append(1e-6)
         for (a, b), (values, _) in edges.items():
             eq = np.zeros(len(free))
-            offset = float(np.median(values))
+            offset = float(statistics.median(values))
             for s, sign in ((b, 1.0), (a, -1.0)):
                 if s in index:
                     eq[index[s]] += sign
@@ -236,7 +237,7 @@ class TreeSizer:
         for _ in range(8):
             for s in free:
                 if s in seen:
-                    x[s] = float(np.median([x[t] + v for t, v in seen[s]]))
+                    x[s] = float(statistics.median([x[t] + v for t, v in seen[s]]))
         cost = {s: math.exp(x[s]) for s in self.sizes}
         timed = sorted(s for s in seen if s)
         for s in self.sizes:
