@@ -84,3 +84,25 @@ def test_generate_generate_many_and_the_scheduler_drive_alike(tiny):
     served_lengths = [e.accepted for e in events if e.ids][1:]  # the first is the prefill's token
     assert one.token_ids == many.token_ids == served == plain
     assert one.accept_lengths == many.accept_lengths == served_lengths
+
+
+def test_generate_reaches_the_engines_step_in_at_most_ten_frames(tiny, monkeypatch):
+    """DESIGN.md's walk of one request: from `DartModel.generate` to `Engine.step` (the jitted
+    step's caller) through the driver, in at most 10 frames."""
+    import traceback
+
+    from dart_jax.decoding.engine import Engine
+
+    stacks = []
+    step = Engine.step
+
+    def recorded(self, *args, **kwargs):
+        stacks.append(traceback.extract_stack()[:-1])  # this wrapper's own frame left out
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "step", recorded)
+    tiny.generate(tiny.encode("What is speculative decoding?"), chat=False, max_new_tokens=8)
+    stack = stacks[0]
+    start = max(i for i, frame in enumerate(stack) if frame.name == "generate" and frame.filename.endswith("model.py"))
+    walk = [frame.name for frame in stack[start:]] + ["Engine.step"]
+    assert len(walk) <= 10, walk
