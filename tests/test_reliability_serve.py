@@ -44,14 +44,19 @@ class TextModel:
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(str(DEMO_DIR / "base"))
 
-    def encode(self, prompt, chat=True):
+    def encode(self, prompt, chat=True, enable_thinking=None):
         if not isinstance(prompt, str) or chat:
             items = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            prompt = self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True)
+            switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+            prompt = self.tokenizer.apply_chat_template(items, tokenize=False, add_generation_prompt=True, **switch)
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids):
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    @property
+    def has_thinking_switch(self):
+        return "enable_thinking" in str(self.tokenizer.chat_template)
 
 
 @pytest.fixture(scope="module")
@@ -592,7 +597,16 @@ NOT_HONOURED = [("logit_bias", {"50256": -100}, {}), ("presence_penalty", 0.5, 0
                 ("top_logprobs", 2, None), ("tool_choice", "auto", "none"), ("functions", [{"name": "f"}], None),
                 ("function_call", {"name": "f"}, "none"), ("parallel_tool_calls", False, True),
                 ("modalities", ["audio"], ["text"]), ("prediction", {"type": "content", "content": "x"}, None),
-                ("reasoning_effort", "low", None)]
+                ("reasoning_effort", "low", None),
+                # OpenAI's newer fields, and vLLM's sampling, prompt and chat template options
+                ("audio", {"voice": "alloy", "format": "wav"}, None), ("verbosity", "low", "medium"),
+                ("web_search_options", {}, None), ("use_beam_search", True, False), ("length_penalty", 0.5, 1.0),
+                ("allowed_token_ids", [1, 2], None), ("bad_words", ["x"], []), ("logits_processors", ["p"], None),
+                ("structured_outputs", {"json": {"type": "object"}}, None), ("include_stop_str_in_output", True, False),
+                ("skip_special_tokens", False, True), ("add_special_tokens", True, False),
+                ("truncate_prompt_tokens", 5, None), ("prompt_logprobs", 1, None), ("echo", True, False),
+                ("add_generation_prompt", False, True), ("continue_final_message", True, False),
+                ("chat_template", "{{ messages }}", None), ("documents", [{"text": "d"}], [])]
 
 
 def test_fields_that_would_change_the_answer_are_refused_naming_them_and_their_defaults_pass(text_model):
@@ -613,11 +627,42 @@ def test_fields_that_would_change_the_answer_are_refused_naming_them_and_their_d
     err = openai_error(client.post("/v1/chat/completions", headers=AUTH,
                                    json={**chat, "messages": [chat["messages"][0], calls, chat["messages"][0]]}), 400)
     assert err["param"] == "messages" and "tool_calls" in err["message"]
+    old_form = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}
+    err = openai_error(client.post("/v1/chat/completions", headers=AUTH,
+                                   json={**chat, "messages": [chat["messages"][0], old_form, chat["messages"][0]]}), 400)
+    assert err["param"] == "messages" and "function_call" in err["message"]
     completion = {"model": NAME, "prompt": "hi", "max_tokens": 2}
-    for field, asked in (("logit_bias", {"5": 1}), ("presence_penalty", 1), ("echo", "no"), ("min_tokens", 1)):
+    for field, asked in (("logit_bias", {"5": 1}), ("presence_penalty", 1), ("echo", "no"), ("min_tokens", 1),
+                         ("prompt_embeds", "AAAA"), ("use_beam_search", True), ("add_special_tokens", True),
+                         ("truncate_prompt_tokens", 1)):
         r = client.post("/v1/completions", json={**completion, field: asked}, headers=AUTH)
         assert openai_error(r, 400)["param"] == field, field
     assert scheduler.jobs == []
+
+
+def test_chat_template_kwargs_take_qwen3s_thinking_switch_alone(text_model):
+    """vLLM's chat_template_kwargs reach the chat template for enable_thinking (the prompt the
+    scheduler gets is the template's with the switch); any other key, a switch that is not a
+    boolean, or thinking on a template without the switch, is a 400 naming the field."""
+    client, scheduler = client_for(text_model)
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for kwargs in ({"enable_thinking": True}, {"enable_thinking": "no"}, {"tools": []}, ["enable_thinking"]):
+        err = openai_error(client.post("/v1/chat/completions", json={**chat, "chat_template_kwargs": kwargs},
+                                       headers=AUTH), 400)
+        assert err["param"] == "chat_template_kwargs", (kwargs, err)
+    assert scheduler.jobs == []  # the demo's template has no switch: off is what it does anyway
+    for kwargs in ({"enable_thinking": False}, {}, None):
+        assert client.post("/v1/chat/completions", json={**chat, "chat_template_kwargs": kwargs},
+                           headers=AUTH).status_code == 200, kwargs
+    switched = TextModel()
+    switched.tokenizer.chat_template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                                        "{% if enable_thinking is defined and not enable_thinking %}[no thinking]"
+                                        "{% endif %}")
+    client, scheduler = client_for(switched)
+    for thinking, text in ((False, "hi[no thinking]"), (True, "hi"), (None, "hi")):
+        body = {**chat, **({} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}})}
+        assert client.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200
+        assert scheduler.jobs[-1].prompt_ids == switched.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_types_are_strict_on_every_field(text_model):
@@ -796,3 +841,35 @@ def test_the_ui_takes_a_null_tree_size_and_refuses_bad_values_in_one_log_line(mo
             assert "Traceback" not in capfd.readouterr().err
     finally:
         scheduler.stop()
+
+
+def test_a_ui_call_with_the_wrong_number_of_values_is_refused_naming_them(text_model, caplog, capfd):
+    """Through Gradio's own API, as any client may post: too few values once reached Gradio's check
+    (a traceback in the log, its components' reprs to the client), too many were silently dropped.
+    Each is refused in one log line, naming the values the UI's form sends. (Its values with the
+    conversation state first, null, are Gradio's other form of a call: served.)"""
+    client, scheduler = _ui_client(text_model, api_key=None)
+    # the Send form's values as the browser's form lists them (method "dart", then the settings)
+    form = ["Message", "Method", "Side by side", "Compare with", "Temperature (0 = greedy)", "Top-p",
+            "Top-k (0 = off)", "Max new tokens", "Draft tree size (DART)"]
+    values = ["hello", "dart", False, "ar", 0, 1, 0, 8, None]
+    with client:
+        def call(endpoint: str, data) -> dict:
+            event = client.post(f"/ui/gradio_api/call/{endpoint}", json={"data": data}).json()["event_id"]
+            lines = client.get(f"/ui/gradio_api/call/{endpoint}/{event}").text.splitlines()
+            assert "event: error" in lines, lines
+            return json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        capfd.readouterr()
+        caplog.clear()
+        for data, got in ((values[:1], 1), ([], 0), ([None, *values, 5], 11), (values * 2, 18)):
+            error = call("respond", data)["error"]
+            assert error == f"the UI's /respond takes 9 values, one per input in this order: {', '.join(form)}; " \
+                            f"got {got}.", error
+        assert call("regenerate", [[]])["error"] == f"the UI's /regenerate takes 8 values, one per input in this " \
+                                                    f"order: {', '.join(form[1:])}; got 1."
+        assert call("stop", [1, 2])["error"] == "the UI's /stop takes no values; got 2."
+        assert call("clear", ["x"])["error"] == "the UI's /clear takes no values; got 1."
+        records = [r.getMessage() for r in caplog.records if r.name == "dart_jax.serve"]
+        assert len(records) == 7 and all(m.startswith("the chat UI refused a request: the UI's /") for m in records)
+        assert "Traceback" not in capfd.readouterr().err
+    assert scheduler.jobs == []

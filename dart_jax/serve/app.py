@@ -346,8 +346,13 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
     async def chat(body: ChatCompletionRequest, request: Request):
         server.check_model(body.model)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        thinking = body.enable_thinking()
+        if thinking and not server.model.has_thinking_switch:
+            raise APIError(400, "chat_template_kwargs.enable_thinking: this model's chat template has no thinking "
+                                "switch (Qwen3's has one), so thinking cannot be turned on; drop the key.",
+                           param="chat_template_kwargs")
         try:
-            ids = server.model.encode(messages)
+            ids = server.model.encode(messages, enable_thinking=thinking)
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
         except TemplateError as e:  # the model's chat template is broken: the server's fault, not the client's

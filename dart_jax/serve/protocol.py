@@ -1,12 +1,14 @@
 """The HTTP API's request bodies (pydantic) and OpenAI-shaped errors.
 
 Fields follow OpenAI's chat and completions APIs; a few extras say how to decode (`method`,
-`top_k`, `tree_size`) and three of vLLM's are honoured (`stop_token_ids`, `ignore_eos`,
-`max_completion_tokens` on both endpoints). Unknown fields are ignored, as OpenAI-compatible
-servers do, except those that would change the answer and that we cannot honour (`UNHONOURED`:
-penalties, logit_bias, tools, logprobs, guided decoding, ...; and `n` > 1, a `response_format`
-other than text): any value but the field's default is a 400 naming it. Types are strict (a string "4", or `true` for a number, is a 400, as
-OpenAI answers). Every number is bounded here by the type it takes on the device (top_k and token
+`top_k`, `tree_size`) and four of vLLM's are honoured (`stop_token_ids`, `ignore_eos`,
+`max_completion_tokens` on both endpoints, `chat_template_kwargs` of `enable_thinking` alone).
+Unknown fields are ignored, as OpenAI-compatible servers do, except those that would change the
+answer and that we cannot honour (`UNHONOURED`: OpenAI's and vLLM's penalties, logit_bias, tools,
+logprobs, guided decoding, beam search, prompt and template options, ...; an assistant turn's
+`tool_calls` / `function_call`; and `n` > 1, a `response_format` other than text): any value but
+the field's default is a 400 naming it. Types are strict (a string "4", or `true` for a number, is
+a 400, as OpenAI answers). Every number is bounded here by the type it takes on the device (top_k and token
 counts int32, the seed 63 bits, a finite temperature of at most 10): a value beyond is a 400 that
 names the limit, never an overflow inside the scheduler.
 """
@@ -64,12 +66,24 @@ UNHONOURED = {
     "presence_penalty": ((None, 0), "a presence penalty"),
     "frequency_penalty": ((None, 0), "a frequency penalty"),
     "repetition_penalty": ((None, 1), "a repetition penalty"),
+    "length_penalty": ((None, 1), "a length penalty (beam search)"),
+    "use_beam_search": ((None, False), "beam search"),
     "min_p": ((None, 0), "min-p sampling"),
     "min_tokens": ((None, 0), "a minimum answer length (EOS held back)"),
+    "allowed_token_ids": ((None,), "sampling among some token ids only"),
+    "bad_words": ((None, []), "words never to generate"),
+    "logits_processors": ((None, []), "logits processors"),
     "guided_json": ((None,), "guided decoding"),
     "guided_regex": ((None,), "guided decoding"),
     "guided_choice": ((None,), "guided decoding"),
     "guided_grammar": ((None,), "guided decoding"),
+    "structured_outputs": ((None,), "guided decoding"),
+    "include_stop_str_in_output": ((None, False), "the stop string kept at the answer's end"),
+    "skip_special_tokens": ((None, True), "special tokens in the answer's text"),
+    "add_special_tokens": ((None, False), "special tokens (such as BOS) added to the prompt"),
+    "truncate_prompt_tokens": ((None,), "the prompt cut to its last tokens"),
+    "prompt_logprobs": ((None,), "log probabilities"),
+    "echo": ((None, False), "the prompt (or the last message) repeated before the answer"),
     # the chat endpoint's
     "logprobs": ((None, False), "log probabilities"),
     "top_logprobs": ((None, 0), "log probabilities"),
@@ -79,15 +93,32 @@ UNHONOURED = {
     "functions": ((None, []), "function calling"),
     "function_call": ((None, "none"), "function calling"),
     "modalities": ((None, ["text"]), "an answer other than text"),
+    "audio": ((None,), "an answer other than text"),
     "prediction": ((None,), "predicted outputs"),
     "reasoning_effort": ((None,), "a reasoning effort"),
+    "verbosity": ((None, "medium"), "an answer's verbosity"),
+    "web_search_options": ((None,), "a web search"),
+    "add_generation_prompt": ((None, True), "a prompt without the assistant turn's opening"),
+    "continue_final_message": ((None, False), "the last message continued"),
+    "chat_template": ((None,), "another chat template"),
+    "documents": ((None, []), "documents for the chat template"),
     # the completions endpoint's
-    "echo": ((None, False), "the prompt echoed before the answer"),
     "best_of": ((None, 1), "several answers to choose from"),
     "suffix": ((None, ""), "text after the answer (insertion)"),
+    "prompt_embeds": ((None,), "a prompt given as embeddings"),
 }
-COMMON_UNHONOURED = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-                     "min_tokens", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+COMMON_UNHONOURED = ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "length_penalty",
+                     "use_beam_search", "min_p", "min_tokens", "allowed_token_ids", "bad_words", "logits_processors",
+                     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                     "include_stop_str_in_output", "skip_special_tokens", "add_special_tokens",
+                     "truncate_prompt_tokens", "prompt_logprobs", "echo")
+CHAT_UNHONOURED = ("logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
+                   "function_call", "modalities", "audio", "prediction", "reasoning_effort", "verbosity",
+                   "web_search_options", "add_generation_prompt", "continue_final_message", "chat_template",
+                   "documents")
+COMPLETION_UNHONOURED = ("best_of", "suffix", "prompt_embeds")
+# chat_template_kwargs: the keys the server honours (each a boolean)
+TEMPLATE_SWITCHES = ("enable_thinking",)
 
 
 def _unhonoured(value, info):
@@ -105,19 +136,20 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
     tool_calls: Any = None  # an assistant turn's function calls: the chat template would drop them
+    function_call: Any = None  # the same, in OpenAI's older form
 
     @field_validator("content")
     @classmethod
     def _unicode(cls, content):
         return _valid_text(content, "the message content")
 
-    @field_validator("tool_calls")
+    @field_validator("tool_calls", "function_call")
     @classmethod
-    def _no_tool_calls(cls, tool_calls):
-        if not _is_default(tool_calls, (None, [])):
-            raise ValueError("tool_calls (function calling) are not supported by this server; send the turn's "
-                             "text as its content")
-        return tool_calls
+    def _no_tool_calls(cls, calls, info):
+        if not _is_default(calls, (None, [])):
+            raise ValueError(f"an assistant turn's {info.field_name} (function calling) is not supported by this "
+                             "server; send the turn's text as its content")
+        return calls
 
     def text(self) -> str:
         """The message's text; content parts must all be text."""
@@ -166,12 +198,24 @@ class _Sampling(BaseModel):
     presence_penalty: Any = None
     frequency_penalty: Any = None
     repetition_penalty: Any = None
+    length_penalty: Any = None
+    use_beam_search: Any = None
     min_p: Any = None
     min_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    logits_processors: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    structured_outputs: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    add_special_tokens: Any = None
+    truncate_prompt_tokens: Any = None
+    prompt_logprobs: Any = None
+    echo: Any = None
 
     _common_unhonoured = field_validator(*COMMON_UNHONOURED)(_unhonoured)
 
@@ -226,19 +270,42 @@ class ChatCompletionRequest(_Sampling):
     functions: Any = None
     function_call: Any = None
     modalities: Any = None
+    audio: Any = None
     prediction: Any = None
     reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+    documents: Any = None
+    # vLLM's options of the chat template: enable_thinking (Qwen3's switch) is honoured
+    chat_template_kwargs: dict[str, Any] | None = None
 
-    _unhonoured = field_validator("logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                                  "functions", "function_call", "modalities", "prediction", "reasoning_effort")(_unhonoured)
+    _unhonoured = field_validator(*CHAT_UNHONOURED)(_unhonoured)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_switches(cls, kwargs):
+        for key, value in (kwargs or {}).items():
+            if key not in TEMPLATE_SWITCHES:
+                raise ValueError(f"chat_template_kwargs takes only {', '.join(TEMPLATE_SWITCHES)}, got {key!r:.40}: "
+                                 "this server does not pass other options to the chat template; drop the key")
+            if not isinstance(value, bool):
+                raise ValueError(f"chat_template_kwargs.{key} must be true or false, got {value!r:.40}")
+        return kwargs
+
+    def enable_thinking(self) -> bool | None:
+        """Qwen3's thinking switch as the request sets it (None: the server's setting)."""
+        return (self.chat_template_kwargs or {}).get("enable_thinking")
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] = Field(...)
-    echo: Any = None
     logprobs: int | None = Field(None, strict=True)
     best_of: Any = None
     suffix: Any = None
+    prompt_embeds: Any = None
 
     @field_validator("prompt")
     @classmethod
@@ -255,7 +322,7 @@ class CompletionRequest(_Sampling):
             raise ValueError("the prompt is empty")
         return prompt
 
-    _unhonoured = field_validator("echo", "best_of", "suffix")(_unhonoured)
+    _unhonoured = field_validator(*COMPLETION_UNHONOURED)(_unhonoured)
 
     @field_validator("logprobs")
     @classmethod

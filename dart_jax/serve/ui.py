@@ -169,6 +169,24 @@ class _Answering:
         self.runs, self.stopped, self.cleared = runs, False, False
 
 
+class _Blocks(gr.Blocks):
+    """Blocks whose events refuse a call with the wrong number of values in one log line and a
+    message to the caller that names the values. Gradio's own check lets extra values through, and
+    answers too few with a traceback in the log and its components' reprs."""
+
+    def validate_inputs(self, block_fn, inputs):
+        if len(inputs) != len(block_fn.inputs):
+            # what Gradio's API lists (GET .../gradio_api/info): a conversation state is the server's, left out
+            shown = [block for block in block_fn.inputs if not getattr(block, "skip_api", False)]
+            names = ", ".join(getattr(block, "label", None) or block.get_block_name() for block in shown)
+            takes = (f"{len(shown)} value{'s' * (len(shown) > 1)}, one per input in this order: {names}" if shown
+                     else "no values")
+            message = f"the UI's /{block_fn.api_name} takes {takes}; got {len(inputs)}."
+            log.warning("the chat UI refused a request: %s", message)
+            raise gr.Error(message, print_exception=False)
+        super().validate_inputs(block_fn, inputs)
+
+
 class ChatUI:
     def __init__(self, scheduler: Scheduler, title: str):
         self.scheduler, self.model, self.title = scheduler, scheduler.model, title
@@ -331,7 +349,7 @@ class ChatUI:
         """The UI; `page_title` (default: the title) names the browser tab and the app's manifest."""
         methods = [(label, name) for name, label in self.scheduler.methods.items()]
         sizes = list(self.scheduler.tree_sizes)
-        with gr.Blocks(title=page_title or self.title, analytics_enabled=False) as demo:
+        with _Blocks(title=page_title or self.title, analytics_enabled=False) as demo:
             gr.Markdown(f"## {html.escape(self.title)}\nDART speculative decoding: each highlighted chunk is one "
                         "step's accepted draft (hover for its length); text that is not highlighted came from "
                         "plain decoding, one token per target call with no draft (the Plain method, or where "
@@ -349,7 +367,8 @@ class ChatUI:
                 chat_a = gr.Chatbot(label="Answer", elem_id="dj-chat-a", **chat)
                 chat_b = gr.Chatbot(label="Side by side", elem_id="dj-chat-b", visible=False, **chat)
             stats = gr.Markdown("", elem_id="dj-stats", elem_classes="dj-stats")
-            box = gr.Textbox(placeholder="Message (Enter to send)", show_label=False, elem_id="dj-input", lines=1)
+            box = gr.Textbox(placeholder="Message (Enter to send)", label="Message", show_label=False, elem_id="dj-input",
+                             lines=1)
             with gr.Row():
                 send = gr.Button("Send", variant="primary", elem_id="dj-send")
                 stop = gr.Button("Stop", elem_id="dj-stop")
