@@ -21,7 +21,10 @@ checkpoints of dart_jax/bench/tiny.py. Each outcome is one of:
 
 It prints each failure, then the counts per class and per family, and exits 1 when any
 traceback, 5xx, hang, data lost, no auth or silent outcome remains. `--quick` runs a few cases
-per family (tests/test_audit_harness.py runs it).
+per family (tests/test_audit_harness.py runs it): cheap ones (a command line argparse refuses rather
+than one that loads JAX first, Python calls refused before a model loads), and for the servers a
+health check after their cases where the full run sends a first generation (which compiles the
+decode step).
 """
 from __future__ import annotations
 
@@ -132,6 +135,21 @@ def api(call: Callable[[], object], *, ok: Callable[[object], bool] | None = Non
     return run
 
 
+class LazyDemo:
+    """The tiny demo model, loaded at its first use: a run none of whose cases calls it (the quick
+    run) does not pay for it."""
+
+    def __init__(self):
+        self._model = None
+
+    def __getattr__(self, name):
+        if self._model is None:
+            from dart_jax import DartModel
+
+            self._model = DartModel.demo("tiny", keep=16)
+        return getattr(self._model, name)
+
+
 # -- the tiny checkpoints and their damaged copies -------------------------------------------------------
 def zero(path: Path, at: int, n: int = 64) -> None:
     with open(path, "r+b") as f:
@@ -174,8 +192,8 @@ def cli_cases(a: Audit, tmp: Path) -> None:
                   "--stop-id": ["-1", "x"], "--beam-width": ["0"], "--tree-topk": ["0"]}
     for flag, values in bad_values.items():
         for i, value in enumerate(values):
-            a.add("cli generate", f"{flag} {value}", cli([*gen, f"{flag}={value}"]), quick=i == 0 and flag in
-                  ("--top-k", "--temperature"), parallel=True)
+            a.add("cli generate", f"{flag} {value}", cli([*gen, f"{flag}={value}"]), quick=i == 0 and flag == "--top-k",
+                  parallel=True)
     prompts = tmp / "prompts.jsonl"
     prompts.write_text(DEEP + "\n")
     messages = tmp / "messages.json"
@@ -201,7 +219,7 @@ def cli_cases(a: Audit, tmp: Path) -> None:
             ("--device-info --prompt", ["--device-info"], ()),
             ("--device-info --compare-ar", ["--device-info", "--compare-ar"], ())]:
         argv = [a_ for a_ in gen if a_ not in ("--prompt", "hi")] if "--prompts" in flags or "--messages" in flags else gen
-        a.add("cli generate", name, cli([*argv, *flags]), quick=name.startswith("--compare"), inputs=inputs,
+        a.add("cli generate", name, cli([*argv, *flags]), quick=name == "--compare-ar --no-warmup", inputs=inputs,
               parallel=True)
 
     good = tmp / "good_prompts.jsonl"
@@ -226,7 +244,7 @@ def cli_cases(a: Audit, tmp: Path) -> None:
                   ["--max-length", "15"], ["--model-name", ""], ["--max-connections", "0"],
                   ["--warmup", "bogus"], ["--keep", "0"], ["--slots", "x"],
                   ["--dtype", "int4"], ["--ckpt", str(tmp / "nohead")]):
-        a.add("cli serve", " ".join(flags), cli([*serve, *flags], timeout=120), quick=flags[0] == "--slots",
+        a.add("cli serve", " ".join(flags), cli([*serve, *flags], timeout=120), quick=flags == ["--slots", "x"],
               parallel=True)
 
     for flags in (["--coordinator", "127.0.0.1:99999"], ["--coordinator", "127.0.0.1:0"], ["--coordinator", "nohost"],
@@ -270,8 +288,7 @@ def convert_cases(a: Audit, tmp: Path) -> None:
             ("int8 truncated head", ["int8", str(short_head), str(tmp / "i8")], (short_head,)),
             ("gguf missing file", ["gguf", str(tmp / "none.gguf"), str(tmp / "g")], ()),
             ("gguf not a GGUF", ["gguf", str(DEMO / "head" / "config.json"), str(tmp / "g")], ())]:
-        a.add("cli convert", name, cli([*conv, *argv]), quick=name in ("int8 HEAD HEAD", "inspect deep config.json"),
-              inputs=inputs, parallel=True)
+        a.add("cli convert", name, cli([*conv, *argv]), quick=name == "int8 HEAD HEAD", inputs=inputs, parallel=True)
 
     def stale_scratch_of_another_export():
         gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -347,8 +364,7 @@ def ngram_cases(a: Audit, tmp: Path) -> None:
             ("compress output is input", ["compress", str(trie), str(trie)], (trie,)),
             ("merge output is input", ["merge", str(trie), str(trie), "-o", str(trie)], (trie,)),
             ("convert random bytes", ["convert", str(noise), str(tmp / "c.dart_jax")], (noise,))]:
-        a.add("cli ngram", name, cli([*ng, *argv]), quick=name in ("info truncated", "build deep JSON"), inputs=inputs,
-              parallel=True)
+        a.add("cli ngram", name, cli([*ng, *argv]), quick=name == "build deep JSON", inputs=inputs, parallel=True)
 
     def export_to_a_pipe():
         pipe = tmp / "pipe"
@@ -498,7 +514,7 @@ def gguf_cases(a: Audit, tmp: Path) -> None:
           quick=True)
 
 
-def head_and_trie_cases(a: Audit, tmp: Path, model) -> None:
+def head_and_trie_cases(a: Audit, tmp: Path) -> None:
     from dart_jax import DartModel
 
     base, head, trie = DEMO / "base", DEMO / "head", DEMO / "ngram.trie"
@@ -530,7 +546,7 @@ def head_and_trie_cases(a: Audit, tmp: Path, model) -> None:
              "a huge header length": lambda f: (f / "model.safetensors").write_bytes((2**62).to_bytes(8, "little"))}
     for i, (name, change) in enumerate(heads.items()):
         h = head_copy(str(i), change)
-        a.add("heads", name, api(load(h=h)), quick=name in ("deep config.json", "truncated weights"), inputs=(h,))
+        a.add("heads", name, api(load(h=h)), quick=name == "deep config.json", inputs=(h,))
 
     def trie_copy(name, change):
         out = copy(trie, tmp / f"t-{name}")
@@ -557,7 +573,7 @@ def head_and_trie_cases(a: Audit, tmp: Path, model) -> None:
     (base_gen / "generation_config.json").write_text(DEEP)
     for name, b in (("deep tokenizer_config.json", base_deep), ("zeroed tokenizer.json", base_tok),
                     ("deep generation_config.json", base_gen)):
-        a.add("heads", f"base with a {name}", api(load(b=b)), quick=name.startswith("zeroed"), inputs=(b,))
+        a.add("heads", f"base with a {name}", api(load(b=b)), inputs=(b,))
 
 
 def python_api_cases(a: Audit, model) -> None:
@@ -586,16 +602,17 @@ def python_api_cases(a: Audit, model) -> None:
         "decode(None)": lambda: model.decode(None), "decode(['a'])": lambda: model.decode(["a"]),
         "generate_ar(None)": lambda: model.generate_ar(None),
     }
-    for i, (name, call) in enumerate(calls.items()):
-        a.add("python api", name, api(call), quick=i < 3)
+    for name, call in calls.items():
+        a.add("python api", name, api(call))
     from dart_jax import DartModel
+    # the quick run's: refused before any model loads
     for name, call in {"from_pretrained(dtype='int8')": lambda: DartModel.from_pretrained(
                            DEMO / "base", DEMO / "head", DEMO / "ngram.trie", dtype="int8"),
                        "demo('nope')": lambda: DartModel.demo("nope"),
                        "from_pretrained(dart=None)": lambda: DartModel.from_pretrained(DEMO / "base", None),
                        "from_pretrained(keep=0)": lambda: DartModel.from_pretrained(
                            DEMO / "base", DEMO / "head", DEMO / "ngram.trie", keep=0)}.items():
-        a.add("python api", name, api(call))
+        a.add("python api", name, api(call), quick=name != "from_pretrained(dart=None)")
     python_api_types(a, model)
 
 
@@ -607,7 +624,7 @@ def python_api_types(a: Audit, model) -> None:
     from dart_jax import DartModel
     from dart_jax.decoding.settings import GenerationSettings
 
-    ids, few = model.encode("hi"), GenerationSettings(max_new_tokens=3)
+    ids, few = [5, 6, 7], GenerationSettings(max_new_tokens=3)  # token ids of the demo's vocabulary
     calls = {
         "generate(settings={...})": lambda: model.generate("hi", settings={"max_new_tokens": 3}),
         "generate(settings=5)": lambda: model.generate("hi", settings=5),
@@ -661,7 +678,7 @@ def python_api_types(a: Audit, model) -> None:
                        "eagle3_depth=-1 without a head": dict(eagle3_depth=-1),
                        "eagle3_total_token=0 without a head": dict(eagle3_total_token=0),
                        "system_prompt=5": dict(system_prompt=5), "trie_cache_dir=5": dict(trie_cache_dir=5)}.items():
-        a.add("python api", f"from_pretrained({name})", api(load(**opts)))
+        a.add("python api", f"from_pretrained({name})", api(load(**opts)), quick=name == "untied_lm_head='no'")
 
     def same_as_list(result) -> bool:
         return [r.token_ids for r in result] == [r.token_ids for r in model.generate(["hi"], max_new_tokens=3)]
@@ -669,6 +686,27 @@ def python_api_types(a: Audit, model) -> None:
     # a generator of prompts was consumed by the batch test, then refused as empty: it decodes as its list
     a.add("python api", "generate(generator of prompts)",
           api(lambda: model.generate((p for p in ["hi"]), max_new_tokens=3), ok=same_as_list))
+
+
+def start_servers(stack: contextlib.ExitStack) -> dict:
+    """The http family's two live servers (with and without --api-key), started together now, while
+    the other families run: {name: a future of (URL, process)}, which a case waits for. Both are
+    stopped together when `stack` closes."""
+    from serving import live_server
+
+    common = ("--demo", "tiny", "--slots", "1", "--max-length", "256", "--warmup", "none")
+    managers = {"key": live_server(*common, "--api-key", KEY), "open": live_server(*common)}
+    pool = ThreadPoolExecutor(len(managers))
+    servers = {which: pool.submit(manager.__enter__) for which, manager in managers.items()}
+
+    def stop():
+        stopping = [pool.submit(managers[which].__exit__, None, None, None)
+                    for which, started in servers.items() if started.exception() is None]
+        for stopped in stopping:
+            stopped.result()
+        pool.shutdown()
+    stack.callback(stop)
+    return servers
 
 
 def http_cases(a: Audit, servers: dict) -> None:
@@ -683,7 +721,7 @@ def http_cases(a: Audit, servers: dict) -> None:
         answers, or starts to stream, without the key is "no auth"), or "ok" (a 200 whose JSON
         passes `check`)."""
         def run():
-            url, proc = servers[which]
+            url, proc = servers[which].result()
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             if raw is not None and content_type is not None:
                 headers["content-type"] = content_type
@@ -761,6 +799,25 @@ def http_cases(a: Audit, servers: dict) -> None:
                                                                     "function": {"name": "f", "arguments": "{}"}}]},
             {"role": "user", "content": "go on"}]},
         "stop_token_ids beyond the vocabulary": {"stop_token_ids": [10**9]}, "stop_token_ids strings": {"stop_token_ids": ["1"]},
+        # issue 50, a second look: OpenAI's newer fields and vLLM's sampling, prompt and template options
+        "audio": {"audio": {"voice": "alloy", "format": "wav"}}, "verbosity low": {"verbosity": "low"},
+        "web_search_options": {"web_search_options": {}}, "use_beam_search": {"use_beam_search": True},
+        "length_penalty": {"length_penalty": 0.5}, "allowed_token_ids": {"allowed_token_ids": [1, 2]},
+        "bad_words": {"bad_words": ["the"]}, "logits_processors": {"logits_processors": ["p"]},
+        "structured_outputs": {"structured_outputs": {"choice": ["a", "b"]}},
+        "include_stop_str_in_output": {"stop": ["."], "include_stop_str_in_output": True},
+        "skip_special_tokens false": {"skip_special_tokens": False}, "add_special_tokens true": {"add_special_tokens": True},
+        "truncate_prompt_tokens": {"truncate_prompt_tokens": 3}, "prompt_logprobs": {"prompt_logprobs": 1},
+        "echo (chat)": {"echo": True}, "add_generation_prompt false": {"add_generation_prompt": False},
+        "continue_final_message": {"continue_final_message": True}, "chat_template": {"chat_template": "{{ messages }}"},
+        "documents": {"documents": [{"title": "t", "text": "x"}]},
+        "chat_template_kwargs another key": {"chat_template_kwargs": {"tools": []}},
+        "chat_template_kwargs enable_thinking a string": {"chat_template_kwargs": {"enable_thinking": "no"}},
+        "enable_thinking on a template without the switch": {"chat_template_kwargs": {"enable_thinking": True}},
+        "an assistant turn's function_call": {"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+            {"role": "user", "content": "go on"}]},
         # issue 50: strict types
         "n true": {"n": True}, "n a string": {"n": "1"}, "stream a string": {"stream": "yes"},
         "temperature true": {"temperature": True}, "tree_size true": {"tree_size": True},
@@ -786,7 +843,9 @@ def http_cases(a: Audit, servers: dict) -> None:
                    "best_of 2": {"prompt": "hi", "best_of": 2}, "prompt missing": {},
                    "response_format json_object": {"prompt": "hi", "response_format": {"type": "json_object"}},
                    "logit_bias": {"prompt": "hi", "logit_bias": {"5": 100}},
-                   "presence_penalty": {"prompt": "hi", "presence_penalty": 0.5}, "echo a string": {"prompt": "hi", "echo": "no"}}
+                   "presence_penalty": {"prompt": "hi", "presence_penalty": 0.5}, "echo a string": {"prompt": "hi", "echo": "no"},
+                   "min_tokens": {"prompt": "hi", "min_tokens": 3}, "prompt_embeds": {"prompt": "hi", "prompt_embeds": "AAAA"},
+                   "use_beam_search": {"prompt": "hi", "use_beam_search": True}}
     for name, body in completions.items():
         a.add("http (key)", f"completions: {name}",
               request("key", "POST", "/v1/completions", body={"model": NAME, "max_tokens": 2, **body}))
@@ -800,8 +859,12 @@ def http_cases(a: Audit, servers: dict) -> None:
     a.add("http (key)", "ignore_eos runs to max_tokens",
           request("key", "POST", chat, body={**good, "max_tokens": 40, "ignore_eos": True}, expect="ok",
                   check=lambda r: r["usage"]["completion_tokens"] == 40 and r["choices"][0]["finish_reason"] == "length"))
-    a.add("http (key)", "a good request after all of them", request("key", "POST", chat, body=good, expect="ok"),
-          quick=True)
+    a.add("http (key)", "chat_template_kwargs enable_thinking false (what the template does) is served",
+          request("key", "POST", chat, body={**good, "chat_template_kwargs": {"enable_thinking": False}}, expect="ok"))
+    a.add("http (key)", "a good request after all of them", request("key", "POST", chat, body=good, expect="ok"))
+    # the quick run's check that the server still serves (the request above compiles the decode step)
+    a.add("http (key)", "healthy after all of them", request("key", "GET", "/health", expect="ok",
+                                                             check=lambda r: r.get("status") == "ok"), quick=True)
     for name, change in {"top_k 2**31": {"top_k": 2**31, "temperature": 0.7}, "n 2": {"n": 2},
                          "response_format json_object": {"response_format": {"type": "json_object"}},
                          "messages empty": {"messages": []}}.items():
@@ -809,35 +872,48 @@ def http_cases(a: Audit, servers: dict) -> None:
               quick=name == "top_k 2**31")
     a.add("http (no key)", "deep JSON body", request("open", "POST", chat, raw=DEEP.encode(), key=None))
 
-    def ui_value(index: int, value):
-        """The chat UI's Send with one value changed (as any client may post it): the refusal is shown
-        to the user, and the server logs no traceback."""
+    def ui_call(endpoint: str, data: list, refused: Callable[[str], bool]):
+        """A call of one of the chat UI's events with these values, as any client may post them
+        through Gradio's API: `refused` tells from the answer that the user was told, and the server
+        logs no traceback."""
         def run():
-            url, proc = servers["open"]
-            data = ["hello", [], "dart", False, "ar", 0, 1, 0, 8, None]
-            data[index] = value
+            url, proc = servers["open"].result()
             before = proc.log.read_text().count("Traceback")
             try:
-                event = httpx.post(url + "/ui/gradio_api/call/respond", json={"data": data}, timeout=120).json()
-                shown = httpx.get(f"{url}/ui/gradio_api/call/respond/{event['event_id']}", timeout=120).text
+                event = httpx.post(f"{url}/ui/gradio_api/call/{endpoint}", json={"data": data}, timeout=120).json()
+                shown = httpx.get(f"{url}/ui/gradio_api/call/{endpoint}/{event['event_id']}", timeout=120).text
             except httpx.HTTPError as e:
                 return "5xx", f"the UI stopped answering ({e})"
             if proc.log.read_text().count("Traceback") > before:
                 return "traceback", "the server logged a traceback"
-            return ("clear", shown.strip().splitlines()[-1][-140:]) if "error: " in shown else ("silent", shown[-160:])
+            return ("clear", shown.strip().splitlines()[-1][-140:]) if refused(shown) else ("silent", shown[-160:])
         return run
+
+    def ui_value(index: int, value):
+        """The chat UI's Send with one value changed: the refusal is shown in its figures line."""
+        data = ["hello", [], "dart", False, "ar", 0, 1, 0, 8, None]
+        data[index] = value
+        return ui_call("respond", data, lambda shown: "error: " in shown)
     for name, (index, value) in {"temperature 99": (5, 99), "temperature a string": (5, "hot"),
                                  "top-p 0": (6, 0), "top-k 2.5": (7, 2.5), "max new tokens null": (8, None),
                                  "tree size 3": (9, 3), "tree size a list": (9, [16]), "method bogus": (2, "magic"),
                                  "side by side a string": (3, "yes"), "message a number": (0, 5)}.items():
         a.add("http (no key)", f"UI: {name}", ui_value(index, value), quick=name == "temperature 99")
+    # issue 50, a second look: a call with the wrong number of values (Gradio answered too few with a
+    # traceback in the log and dropped extra ones): an error event that counts what was sent
+    send = ["hello", "dart", False, "ar", 0, 1, 0, 8, None]  # the Send form's values, the state left out
+    for name, (endpoint, data) in {"Send with one value": ("respond", send[:1]), "Send with none": ("respond", []),
+                                   "Send with two values too many": ("respond", [*send, 1, 2]),
+                                   "Regenerate with none": ("regenerate", []), "Stop with values": ("stop", [1, 2])}.items():
+        a.add("http (no key)", f"UI: {name}",
+              ui_call(endpoint, data, lambda shown, n=len(data): "event: error" in shown and f"got {n}" in shown))
 
     def connection_bound():
         """One request more than --max-connections (the default) held open at once gets a 503 at once."""
         import contextlib
 
         from dart_jax.serve.options import MAX_CONNECTIONS
-        url, _ = servers["open"]
+        url, _ = servers["open"].result()
         with httpx.Client(limits=httpx.Limits(max_connections=MAX_CONNECTIONS + 8), timeout=60) as client, \
                 contextlib.ExitStack() as held:
             for i in range(MAX_CONNECTIONS):  # the UI's heartbeat: a stream that never ends by itself
@@ -850,7 +926,9 @@ def http_cases(a: Audit, servers: dict) -> None:
         return "clear", f"503 {r.json()['error']['message'][:120]}"
     a.add("http (no key)", "one request past --max-connections", connection_bound)
     a.add("http (no key)", "a good request after all of them",
-          request("open", "POST", chat, body=good, key=None, expect="ok"), quick=True)
+          request("open", "POST", chat, body=good, key=None, expect="ok"))
+    a.add("http (no key)", "healthy after all of them",
+          request("open", "GET", "/health", key=None, expect="ok", check=lambda r: r.get("status") == "ok"), quick=True)
 
 
 # -- running ----------------------------------------------------------------------------------------------------
@@ -869,27 +947,20 @@ def main(argv=None) -> int:
         tmp = Path(tmp_name)
         os.environ["XDG_CACHE_HOME"] = str(tmp / "xdg")  # no cache of the user's is touched
         a = Audit()
+        if "http" in families:  # first: the servers load their model while the other families run
+            servers = start_servers(stack)
         setups = {"cli": cli_cases, "convert": convert_cases, "ngram": ngram_cases, "train": train_cases,
                   "gguf": gguf_cases}
         for family, setup in setups.items():
             if family in families:
                 (tmp / family).mkdir()
                 setup(a, tmp / family)
-        if families & {"heads", "python"}:
-            from dart_jax import DartModel
-
-            model = DartModel.demo("tiny", keep=16)
-            if "heads" in families:
-                (tmp / "heads").mkdir()
-                head_and_trie_cases(a, tmp / "heads", model)
-            if "python" in families:
-                python_api_cases(a, model)
+        if "heads" in families:
+            (tmp / "heads").mkdir()
+            head_and_trie_cases(a, tmp / "heads")
+        if "python" in families:
+            python_api_cases(a, LazyDemo())
         if "http" in families:
-            from serving import live_server
-
-            common = ("--demo", "tiny", "--slots", "1", "--max-length", "256", "--warmup", "none")
-            servers = {"key": stack.enter_context(live_server(*common, "--api-key", KEY)),
-                       "open": stack.enter_context(live_server(*common))}
             http_cases(a, servers)
         cases = [c for c in a.cases if c.quick or not args.quick]
         outcomes: dict[int, tuple[str, str]] = {}
@@ -900,8 +971,8 @@ def main(argv=None) -> int:
                     outcomes[i] = run_case(c)
             outcomes.update({i: f.result() for i, f in futures.items()})
         if "http" in families:
-            for which, (url, proc) in servers.items():
-                if proc.poll() is not None:
+            for which, started in servers.items():
+                if started.exception() is None and started.result()[1].poll() is not None:
                     outcomes[len(cases)] = ("5xx", f"the {which} server exited")
                     cases.append(Case("http", f"the {which} server still runs", lambda: ("", "")))
     by_class, by_family = Counter(), defaultdict(Counter)
