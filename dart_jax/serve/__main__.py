@@ -9,8 +9,9 @@ import signal
 import socket
 import sys
 import threading
+import time
 
-from .options import parse_args
+from .options import WARM_LENGTH, parse_args
 
 # answer --help and bad flags before jax, flax and the model code load (seconds)
 if __name__ == "__main__":
@@ -18,7 +19,7 @@ if __name__ == "__main__":
 
 import jax  # noqa: E402 (after the check above, on purpose; likewise below)
 
-from dart_jax.api.compiling import CompileNotice, settle  # noqa: E402
+from dart_jax.api.compiling import CompileNotice, cache_in_use, settle  # noqa: E402
 from dart_jax.api.generate import DEMO_PROMPT, load_model  # noqa: E402
 from dart_jax.errors import InputError, cli_boundary
 
@@ -33,6 +34,8 @@ try:
 except ImportError as e:  # the serve extra is not installed
     _MISSING = e
 
+
+log = logging.getLogger("dart_jax.serve")
 
 SHUTDOWN_MESSAGE = "the server is shutting down; this answer was cut short, send the request again later."
 SHUTDOWN_GRACE = 2.0  # seconds uvicorn waits past --shutdown-timeout, for the cut answers to reach their clients
@@ -166,24 +169,56 @@ def _check(args) -> None:
             raise InputError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port or --host.") from None
 
 
-def warmup_line(n: int, of: int, label: str, count: int, seconds: float | None) -> str:
+def warmup_line(n: int, of: int, stage, seconds: float | None) -> str:
     """The line the warm-up prints as its stage `n` of `of` starts (`seconds` None) and as it ends."""
     if seconds is not None:
         return f"dart_jax: warm-up {n} of {of} done in {seconds:.1f} s"
-    return f"dart_jax: warm-up {n} of {of}: {label}, {count} request{'s' * (count > 1)} at once ..."
+    return f"dart_jax: warm-up {n} of {of}: {stage} ..."
 
 
-def warm_up(scheduler, model, *, full: bool, stream=None) -> None:
-    """The scheduler's warm-up, saying on `stream` (stderr) which of its stages runs, how far it
-    is, and what compiles in it (`CompileNotice`)."""
+def warm_up(scheduler, model, *, full: bool, length: int = WARM_LENGTH, stream=None) -> threading.Thread:
+    """Start the scheduler's warm-up (dart_jax/serve/warmup.py) in a thread, saying on `stream`
+    (stderr) which of its stages runs and what compiles in it (`CompileNotice`); return once single
+    requests of every method are warm (an error before then is raised here), the thread going on
+    with the rest while the server serves (an error then is printed, and the pools admit requests
+    as they come)."""
     stream = stream if stream is not None else sys.stderr
+    began = time.monotonic()
+    ready = threading.Event()
+    failed: list[BaseException] = []
 
-    def on_stage(n: int, of: int, method: str, count: int, seconds: float | None) -> None:
+    def say(line: str) -> None:
         settle()  # the compile notice's last line first
-        print(warmup_line(n, of, scheduler.methods[method], count, seconds), file=stream, flush=True)
+        print(line, file=stream, flush=True)
 
-    with CompileNotice(stream):
-        scheduler.warmup(warmup_ids(model), full=full, on_stage=on_stage)
+    def announce() -> None:
+        rest = len(scheduler.progress.stages) - sum(s.ready for s in scheduler.progress.stages)
+        say(f"dart_jax: single requests of every method are warm after {time.monotonic() - began:.1f} s"
+            + (f"; the other {rest} stage{'s' * (rest > 1)} warm while the server serves (GET /health shows how far)"
+               if rest else ""))
+        ready.set()
+
+    def run() -> None:
+        try:
+            with CompileNotice(stream, cache=cache_in_use()):
+                scheduler.warmup(warmup_ids(model), full=full, length=length, ready=announce,
+                                 on_stage=lambda n, of, stage, seconds: say(warmup_line(n, of, stage, seconds)))
+            if ready.is_set() and scheduler.progress.done and scheduler.progress.error is None:
+                say(f"dart_jax: warm-up done in {time.monotonic() - began:.1f} s")
+        except BaseException as e:  # noqa: BLE001 - raised in the caller before it serves, else told here
+            failed.append(e)
+            if ready.is_set():
+                log.error("the warm-up failed (%s: %s); requests now compile what they need on first use",
+                          type(e).__name__, e, exc_info=e)
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="dart_jax-warmup", daemon=True)
+    thread.start()
+    ready.wait()
+    if failed and not scheduler.progress.ready:
+        raise failed[0]
+    return thread
 
 
 def serve(args) -> int:
@@ -201,13 +236,13 @@ def serve(args) -> int:
     signals.scheduler = scheduler.start()
     try:
         if args.warmup != "none" and signals.received is None:
-            warm_up(scheduler, model, full=args.warmup == "full")
+            warm_up(scheduler, model, full=args.warmup == "full", length=args.warmup_length)
         if signals.received is None:
             _run(args, scheduler, name, signals)
     finally:
         signals.done = True
         scheduler.stop(timeout=STOP_WAIT)
-    busy = scheduler.running
+    busy = scheduler.running or scheduler.compiling_ahead
     print("dart_jax: stopped" + (f" (not waiting for the step in progress: {_what(scheduler)})" if busy else ""),
           file=sys.stderr)
     code = 0 if signals.received is None else 128 + signals.received  # stopped before it served: as a shell says
@@ -223,7 +258,9 @@ def serve(args) -> int:
 
 def _what(scheduler) -> str:
     compiling = scheduler.compiling()
-    return f"compiling {compiling[1]}" if compiling else "a decode step"
+    if compiling:
+        return f"compiling {compiling[1]}"
+    return "a decode step" if scheduler.running else "the warm-up's compilation"
 
 
 def _run(args, scheduler, name: str, signals: _Signals) -> None:

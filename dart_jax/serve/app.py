@@ -4,7 +4,8 @@
     POST /v1/chat/completions    messages through the model's chat template; streaming (SSE) or not
     POST /v1/completions         a raw text prompt (or token ids); streaming or not
     GET  /health                 200 while the scheduler serves, 503 once it cannot (with the key, or
-                                 without one set: the job counters too)
+                                 without one set: the job counters too, and the warm-up's progress:
+                                 stage n of m, what is warm, programs compiled, seconds so far)
     GET  /docs, /openapi.json    the API's description (behind the key when there is one)
 
 A request's `tree_size` must be one of the sizes the server offers (`tree_sizes` in GET
@@ -327,8 +328,13 @@ def create_app(scheduler: Scheduler, *, model_name: str, api_key: str | None = N
 
     @app.get("/health")
     async def health(request: Request):
-        # the job counters say how busy the server is: for those with the key only
-        extra = {"jobs": scheduler.load()} if server.authorized(request) else {}
+        # the job counters and the warm-up's progress say how busy the server is: for those with the key only
+        extra = {}
+        if server.authorized(request):
+            extra["jobs"] = scheduler.load()
+            progress = getattr(scheduler, "progress", None)  # a warm-up's, once one started
+            if progress is not None:
+                extra["warmup"] = progress.snapshot()
         problem = scheduler.health()
         if problem is not None:
             return JSONResponse({"status": "unhealthy", "error": problem, **extra}, status_code=503)

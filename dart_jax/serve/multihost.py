@@ -28,6 +28,9 @@ class SharedScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.leader = jax.process_index() == 0
+        # every process steps the same pools: the warm-up's programs compile in its requests' steps, in
+        # every process, and it ends before the server serves (no admission that one process alone decides)
+        self.background_warmup = self.compiles_ahead = False
         self._known: dict[int, Job] = {}  # jobs by id, until they finish
 
     def follow(self) -> None:

@@ -7,10 +7,12 @@
 
 The API is at http://HOST:PORT/v1 (GET /v1/models, POST /v1/chat/completions, POST
 /v1/completions, streaming or not); the UI at http://HOST:PORT/ui. Concurrent requests share a
-pool of --slots sequences (continuous batching). The server compiles its shapes before it accepts
-requests, prints its URL when ready, and stops cleanly on Ctrl-C, SIGTERM or SIGHUP (also during
-the warm-up): running requests finish, or after --shutdown-timeout seconds (at once on a second
-Ctrl-C) end with an error (a stream: an error event and [DONE]).
+pool of --slots sequences (continuous batching). The server compiles what one request of each
+method runs before it accepts requests and prints its URL then; the rest of its warm-up (longer
+prompts, more requests at once) compiles while it serves (GET /health shows how far). It stops
+cleanly on Ctrl-C, SIGTERM or SIGHUP (also during the warm-up): running requests finish, or after
+--shutdown-timeout seconds (at once on a second Ctrl-C) end with an error (a stream: an error
+event and [DONE]).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from dart_jax.api.options import HelpFormatter, add_model_options
 
 MIN_LENGTH = 16  # the smallest --max-length: a prompt and an answer of a few tokens
 MAX_CONNECTIONS = 256  # requests served at once by default: well under the usual limit of 1024 open files
+WARM_LENGTH = 512  # tokens of prompt and answer the warm-up covers by default (dart_jax/serve/warmup.py)
 
 
 def _seconds(text: str) -> float:
@@ -75,9 +78,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-connections", type=_at_least(1), default=MAX_CONNECTIONS,
                     help="requests served at once, streams and the UI's included; one more gets a 503 at once")
     ap.add_argument("--warmup", choices=["full", "quick", "none"], default="full",
-                    help="compile before accepting requests: 'full' every pool size up to --slots (1, 2, 4, … "
-                         "requests at once), 'quick' one request per method (more concurrent requests compile on "
-                         "first use), 'none' nothing (the first requests wait for compilation)")
+                    help="compile ahead: one request of each method first (the server accepts requests once these "
+                         "are warm), then with 'full' 2, 4, … --slots requests at once while it serves (a pool "
+                         "takes only as many requests at once as are warm meanwhile; GET /health shows how far); "
+                         "'quick' one request at a time only (more at once compile on first use); 'none' nothing "
+                         "(the first requests wait for compilation)")
+    ap.add_argument("--warmup-length", type=_at_least(2), default=WARM_LENGTH,
+                    help="prompts and sequences (prompt + answer) of up to this many tokens compile nothing once "
+                         "the warm-up has ended (at most --max-length); a longer one compiles its programs on "
+                         "first use")
     ap.add_argument("--shutdown-timeout", type=_seconds, default=10.0,
                     help="seconds that running requests get to finish at shutdown (a finite number >= 0)")
     return ap.parse_args(argv)

@@ -29,14 +29,21 @@ next use) with the error as their last event; the other pools go on. Should the 
 `failure` says why, and `submit` refuses new jobs with it instead of queueing them for nobody.
 `interrupt` (the server stops) ends every open job at once from the calling thread, so that its
 client hears why even while the scheduler thread is busy in a long step or a compilation.
+
+The warm-up (`warmup`, its stages in dart_jax/serve/warmup.py) compiles every program the pools
+run ahead of time, in threads of its own, single requests of every method first; while the rest
+warms behind a serving server, a pool admits only as many requests at once, for prompts as long,
+as is warm (the others wait in order), so that no request runs a program still compiling.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -46,10 +53,13 @@ from dart_jax.api import methods as decoding_methods
 from dart_jax.api.compiling import CompileTimer, compiling_in
 from dart_jax.api.model import DartModel
 from dart_jax.api.methods import TREE_SIZE_RANGE, max_tree_nodes
+from dart_jax.decoding import ahead
 from dart_jax.decoding.batcher import SlotPool
 from dart_jax.decoding.driver import Driver
 from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings
+
+from .warmup import WARM_LENGTH, Compiler, Progress, Stage, plan
 
 log = logging.getLogger("dart_jax.serve")
 
@@ -90,7 +100,8 @@ class Job:
     finish_reason: str | None = None
     created: float = dataclasses.field(default_factory=time.perf_counter)
     clock: WarmTime = dataclasses.field(default_factory=WarmTime)  # its Request's once admitted (`Driver`)
-    stop_at_eos: bool = True  # False: a warm-up, which decodes past EOS to run (and compile) the steps
+    stop_at_eos: bool = True  # False: decode past EOS (a warm-up's, to run its steps whatever the model answers)
+    warmup: bool = False  # one of the warm-up's own requests
     _handle: Any = None  # its Request in a pool
 
     @property
@@ -158,6 +169,16 @@ class Scheduler:
         self._stop = threading.Event()
         self._closing = threading.Event()  # interrupted: no new jobs
         self._thread = threading.Thread(target=self._loop, name="dart_jax-scheduler", daemon=True)
+        # the warm-up (`warmup`): how far it is (GET /health), its threads compiling ahead, and while
+        # it runs behind the server, per pool what is warm and the requests held back until it is
+        self.background_warmup = True  # False: every stage warms before the server serves (`warmup`)
+        self.compiles_ahead = True  # False: the warm-up's requests compile what they run, in this thread
+        self.progress: Progress | None = None
+        self._compiler: Compiler | None = None
+        self._held: dict[tuple, collections.deque[Job]] = {}  # pool → clients' requests waiting for the warm-up, in order
+        self._warm_held: dict[tuple, list[Job]] = {}  # pool → a stage's requests waiting for its clients to leave
+        self._warm: dict[tuple, list[tuple[int, int]]] | None = None  # pool → (rows, prompt tokens) warm; None: no limit
+        self._warm_prompt: dict[tuple, int] = {}  # pool → the longest prompt its warm-up covers
         # the default pool is made (and its caches allocated) now, so that a pool too large fails at start
         self._pool("dart", self.default_tree_size)
 
@@ -186,11 +207,13 @@ class Scheduler:
         return size
 
     def submit(self, prompt_ids, settings: GenerationSettings, sink: Callable[[Event], None], *,
-               method: str = "dart", tree_size: int | None = None, stop_at_eos: bool = True) -> Job:
+               method: str = "dart", tree_size: int | None = None, stop_at_eos: bool = True,
+               warmup: bool = False) -> Job:
         """Queue a generation; its events go to `sink`. Raises ValueError for a bad request.
-        `stop_at_eos=False` decodes past EOS up to the token limits (the warm-up)."""
+        `stop_at_eos=False` decodes past EOS up to the token limits; `warmup`: the warm-up's own."""
         size = self.check(prompt_ids, settings, method, tree_size)
-        job = Job(next(self._ids), method, list(prompt_ids), settings, size, sink, stop_at_eos=stop_at_eos)
+        job = Job(next(self._ids), method, list(prompt_ids), settings, size, sink, stop_at_eos=stop_at_eos,
+                  warmup=warmup)
         with self._lock:  # not queued after the thread's last look at its inbox
             self._refuse_if_down()
             self._open.add(job)
@@ -248,62 +271,151 @@ class Scheduler:
         """Cancel what is left, stop the thread, hand the caches back; waits `timeout` seconds at
         most (a step or compilation in progress finishes first)."""
         self._stop.set()
+        if self._compiler is not None:
+            self._compiler.close()
         self._inbox.put(("wake", None))
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def warmup_stages(self, full: bool = True) -> list[tuple[str, int]]:
-        """(method, requests at once) of each stage of `warmup`, in its order."""
-        counts = [1]
-        while full and counts[-1] < self.slots:
-            counts.append(min(counts[-1] * 2, self.slots))
-        return [(method, count) for method in self.methods for count in counts]
+    @property
+    def compiling_ahead(self) -> bool:
+        """Whether one of the warm-up's threads is inside a compilation now."""
+        return self._compiler is not None and self._compiler.busy
 
-    def warmup(self, prompt_ids, max_new_tokens: int = 8, *, full: bool = True,
-               on_stage: Callable[[int, int, str, int, float | None], None] | None = None) -> None:
-        """Compile the shapes of short requests in every method, so that clients wait for nothing:
-        one request alone, and with `full` also 2, 4, … `slots` requests at once (a pool computes
-        the rows up to its highest busy slot, a power of two: each count is its own compiled step).
-        Plain decoding's request alone decodes past EOS, so that its chunk loop compiles whatever
-        the model answers. `on_stage(n, of, method, count, seconds)` hears of each stage (see
-        `warmup_stages`) as it starts (seconds None) and as it ends (its seconds), so that a
-        warm-up of minutes shows how far it is. `interrupt` ends it early (the server stops before
-        it serves): it returns then, at once."""
-        settings = GenerationSettings(max_new_tokens=max_new_tokens, max_length=self.max_length)
-        stages = self.warmup_stages(full)
-        for n, (method, count) in enumerate(stages, 1):
-            if on_stage is not None:
-                on_stage(n, len(stages), method, count, None)
-            began = time.monotonic()
-            queues = []
-            for _ in range(count):
-                q, sink = thread_sink()
-                # plain decoding's request alone decodes past EOS, so that its chunk loop (long to
-                # compile) is ready even where the model ends its answer at once
-                past_eos = count == 1 and not decoding_methods.get(method).drafts
-                try:
-                    self.submit(prompt_ids, settings, sink, method=method, stop_at_eos=not past_eos)
-                except RuntimeError:
-                    if self._closing.is_set():
-                        return
-                    raise
-                queues.append(q)
-            for q in queues:
-                while not (event := q.get()).done:
-                    pass
-                if event.finish_reason == "shutdown":
+    def warmup_plan(self, full: bool = True, length: int = WARM_LENGTH) -> list[Stage]:
+        """The stages of `warmup`, in its order (`dart_jax.serve.warmup.plan`)."""
+        return plan(self.methods, self.slots, self.max_length, full=full, length=length)
+
+    def warmup(self, prompt_ids, max_new_tokens: int = 4, *, full: bool = True, length: int = WARM_LENGTH,
+               on_stage: Callable[[int, int, Stage, float | None], None] | None = None,
+               ready: Callable[[], None] | None = None, threads: int | None = None) -> None:
+        """Warm the server up, stage by stage (`warmup_plan`, dart_jax/serve/warmup.py): each
+        stage's programs compiled ahead of time by `threads` threads (default: the usable cores, at
+        most 4; a stage's programs compile while the stage before runs its requests, those of the
+        stages after the single requests' once these are warm), then its
+        requests (`prompt_ids`, `max_new_tokens` tokens each, past EOS, half of them sampling) run
+        at once through this scheduler. `ready()` is called once the single-request stages are
+        warm (the server then accepts requests); `on_stage(n, of, stage, seconds)` hears of each
+        stage as it starts (seconds None) and as it ends.
+
+        While the warm-up goes on behind a serving server (`background_warmup`), a pool admits
+        only what is warm (the rule that no request runs a program still compiling): up to as
+        many requests at once as its warm stages cover for their prompts (prompts longer than the
+        warm-up covers count as its longest), the others waiting in order; a stage's requests
+        join its pool only when no client's request is in it, and no client's joins while they
+        run; a pool whose clients fill what is warm takes no more of them until it has emptied and
+        the stage due has run. Requests of other tree sizes, and every request once the warm-up
+        has ended (or failed), are admitted as they come. `interrupt` ends the warm-up early (it
+        returns then); a failed compilation or request raises."""
+        stages = self.warmup_plan(full, length)
+        progress = self.progress = Progress(stages)
+        if threads is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            threads = min(4, cores or 1)
+        compiler = self._compiler = Compiler(threads, progress)
+        if self.background_warmup:
+            self._inbox.put(("warming", stages))
+        try:
+            programs = self._programs(stages)
+            # the single requests' programs first and alone: the rest would take cores from them
+            futures = [[compiler.submit(p) for p in listed] if stage.ready else [] for stage, listed in
+                       zip(stages, programs)]
+            for n, stage in enumerate(stages, 1):
+                progress.current = n - 1
+                if on_stage is not None:
+                    on_stage(n, len(stages), stage, None)
+                began = time.monotonic()
+                if not self._wait(futures[n - 1]) or not self._warm_requests(stage, prompt_ids, max_new_tokens):
+                    progress.finish("interrupted: the server stops")
                     return
-                if event.error:
-                    raise RuntimeError(f"warm-up of method {method!r} failed: {event.error}")
-            if on_stage is not None:
-                on_stage(n, len(stages), method, count, time.monotonic() - began)
+                self._inbox.put(("warmed", stage))
+                if on_stage is not None:
+                    on_stage(n, len(stages), stage, time.monotonic() - began)
+                if stage.ready and (n == len(stages) or not stages[n].ready):
+                    progress.ready = True
+                    if ready is not None:
+                        ready()
+                    futures = [done if s.ready else [compiler.submit(p) for p in listed]
+                               for s, done, listed in zip(stages, futures, programs)]
+            progress.current = len(stages)
+            progress.finish()
+        except BaseException as e:
+            progress.finish(f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            compiler.close()
+            if self.background_warmup:
+                self._inbox.put(("warmed", None))  # the pools admit as they come from now on
+
+    def _programs(self, stages: list[Stage]) -> list[list[ahead.Program]]:
+        """The programs each stage compiles ahead (those of an earlier stage left out). The pools
+        are made (their caches allocated) in the scheduler thread."""
+        out, seen = [], set()
+        for stage in stages:
+            listed = [] if not self.compiles_ahead else self._call(lambda s=stage: ahead.programs(
+                self._pool(*self._stage_pool(s)), s.rows, s.prompt_length, s.length))
+            out.append([p for p in listed if (stage.method, p) not in seen])
+            seen.update((stage.method, p) for p in out[-1])
+            self.progress.add_programs(len(out[-1]))
+        return out
+
+    def _wait(self, futures: list[concurrent.futures.Future]) -> bool:
+        """Wait for these compilations (raising the first error); False when the server stops first."""
+        pending = set(futures)
+        while pending:
+            if self._closing.is_set() or self._stop.is_set():
+                return False
+            done, pending = concurrent.futures.wait(pending, timeout=0.25)
+            for future in done:
+                if future.cancelled():
+                    return False
+                future.result()
+        return True
+
+    def _warm_requests(self, stage: Stage, prompt_ids, max_new_tokens: int) -> bool:
+        """A stage's requests, all at once, decoding past EOS (so that their steps run whatever the
+        model answers), every second one sampling; False when the server stops first."""
+        queues = []
+        for i in range(stage.rows):
+            settings = GenerationSettings(max_new_tokens=max_new_tokens, max_length=self.max_length,
+                                          temperature=0.7 if i % 2 else 0.0, seed=i)
+            q, sink = thread_sink()
+            try:
+                self.submit(prompt_ids, settings, sink, method=stage.method, stop_at_eos=False, warmup=True)
+            except RuntimeError:
+                if self._closing.is_set() or self._stop.is_set():
+                    return False
+                raise
+            queues.append(q)
+        for q in queues:
+            while not (event := q.get()).done:
+                pass
+            if event.finish_reason in ("shutdown", "cancelled"):
+                return False
+            if event.error:
+                raise RuntimeError(f"warm-up of method {stage.method!r} failed: {event.error}")
+        return True
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` run by the scheduler thread (what touches the pools), its result or error here."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._refuse_if_down()
+            self._inbox.put(("call", (fn, future)))
+        return future.result()
 
     # ------------------------------------------------------------------ the scheduler thread
+    def _key(self, method: str, tree_size: int | None) -> tuple[str, int | None]:
+        return method, tree_size if decoding_methods.get(method).tree_per_request else None
+
+    def _stage_pool(self, stage: Stage) -> tuple[str, int | None]:
+        """The pool a warm-up stage warms: its method's at the default tree size."""
+        return self._key(stage.method, decoding_methods.get(stage.method).tree_size(self.model))
+
     def _pool(self, method: str, tree_size: int | None) -> SlotPool:
-        record = decoding_methods.get(method)
-        key = (method, tree_size if record.tree_per_request else None)
+        key = self._key(method, tree_size)
         if key not in self._pools:
-            self._pools[key] = record.pool(self.model, self.slots, self.max_length, tree_size)
+            self._pools[key] = decoding_methods.get(method).pool(self.model, self.slots, self.max_length, tree_size)
         return self._pools[key]
 
     def compiling(self) -> tuple[float, str] | None:
@@ -331,6 +443,7 @@ class Scheduler:
         if self._stop.is_set():
             return False
         self._drain(block=not any(p.active for p in self._pools.values()))
+        self._release()
         self._step_pools()
         return True
 
@@ -376,12 +489,85 @@ class Scheduler:
                 self._cancel(job)
             elif kind == "interrupt":
                 self._fail_all(job, reason="shutdown")
+            elif kind == "call":
+                self._run_call(*job)
+            elif kind == "warming":  # the stages about to warm: their pools admit what is warm from now on
+                self._warm = {self._stage_pool(stage): [] for stage in job}
+                for stage in job:
+                    key = self._stage_pool(stage)
+                    self._warm_prompt[key] = max(self._warm_prompt.get(key, 0), stage.prompt_length)
+            elif kind == "warmed":  # a stage is warm (None: the warm-up ended; its pools admit as they come)
+                if job is None:
+                    self._warm = None
+                elif self._warm is not None:
+                    self._warm[self._stage_pool(job)].append((job.rows, job.prompt_length))
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
+    @staticmethod
+    def _run_call(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - the caller's to handle
+            future.set_exception(e)
+
+    def _in_pool(self, key) -> tuple[list[Job], list[Job]]:
+        """The clients' jobs and the warm-up's in pool `key` (running or about to join)."""
+        pool = self._pools.get(key)
+        jobs = [] if pool is None else [self._jobs.get(r) for r in (*pool.busy, *pool.waiting) if r is not None]
+        jobs = [j for j in jobs if j is not None]
+        return [j for j in jobs if not j.warmup], [j for j in jobs if j.warmup]
+
+    def _warm_rows(self, key, prompt: int) -> int | None:
+        """How many requests at once pool `key` may hold while the warm-up goes on, for prompts of
+        up to `prompt` tokens (None: no limit)."""
+        if self._warm is None or key not in self._warm:
+            return None
+        prompt = min(prompt, self._warm_prompt[key])
+        return max((rows for rows, covered in self._warm[key] if covered >= prompt), default=0)
+
+    def _admissible(self, key, job: Job, held: bool = False) -> bool:
+        """Whether `job` may join its pool now (the rule of `warmup`); `held`: it waits in `_held`."""
+        clients, warming = self._in_pool(key)
+        if job.warmup:  # a stage's requests run alone
+            return not clients
+        if warming:
+            return False
+        if held and self._warm_held.get(key):  # clients wait for what is warm: the pool empties for the stage due
+            return False
+        pool = self._pools.get(key)
+        joining = [self._jobs[r] for r in (pool.waiting if pool is not None else ()) if r in self._jobs]
+        rows = self._warm_rows(key, max(len(j.prompt_ids) for j in [*joining, job]))
+        return rows is None or len(clients) + 1 <= rows
+
     def _admit(self, job: Job) -> None:
+        """Into its pool, or held back (in order) while the warm-up has not warmed what it needs."""
+        key = self._key(job.method, job.tree_size)
+        if job.warmup and not self._admissible(key, job):
+            self._warm_held.setdefault(key, []).append(job)
+        elif not job.warmup and (self._held.get(key) or not self._admissible(key, job)):
+            self._held.setdefault(key, collections.deque()).append(job)
+        else:
+            self._enter(job)
+
+    def _release(self) -> None:
+        """The held requests that may join their pools now: a stage's all together, clients in order."""
+        for key in list(self._warm_held):
+            if self._warm_held[key] and self._admissible(key, self._warm_held[key][0]):
+                for job in self._warm_held.pop(key):
+                    if not job.done:
+                        self._enter(job)
+        for key, held in list(self._held.items()):
+            while held and (held[0].done or self._admissible(key, held[0], held=True)):
+                job = held.popleft()
+                if not job.done:
+                    self._enter(job)
+            if not held:
+                del self._held[key]
+
+    def _enter(self, job: Job) -> None:
         try:
             job._handle = self._pool(job.method, job.tree_size).submit(job.prompt_ids, job.settings, job.stats,
                                                                         stop_at_eos=job.stop_at_eos)
@@ -396,6 +582,9 @@ class Scheduler:
     def _cancel(self, job: Job) -> None:
         if job.done:
             return
+        for held in (*self._held.values(), *self._warm_held.values()):
+            if job in held:
+                held.remove(job)
         if job._handle is not None:
             for pool in self._pools.values():
                 if pool.cancel(job._handle):
@@ -436,7 +625,9 @@ class Scheduler:
     def _fail_all(self, error: str | None, reason: str = "error") -> None:
         """Finish every job still open: `reason` ('error' after a crash, 'shutdown' when the server
         stops) with `error`, or 'cancelled' without one (the thread ends)."""
-        jobs = list(self._jobs.values())
+        jobs = [*self._jobs.values(), *(j for held in (*self._held.values(), *self._warm_held.values()) for j in held)]
+        self._held.clear()
+        self._warm_held.clear()
         while True:
             try:
                 kind, job = self._inbox.get_nowait()
@@ -444,6 +635,8 @@ class Scheduler:
                 break
             if kind == "submit":
                 jobs.append(job)
+            elif kind == "call":
+                job[1].set_exception(RuntimeError("the server is shutting down."))
         for job in jobs:
             if job._handle is not None:
                 for pool in self._pools.values():
