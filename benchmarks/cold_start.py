@@ -3,7 +3,7 @@ the first DART token, with the caches cold (a fresh persistent XLA compilation c
 Numba cache) and then warm (the same run again over the caches the cold one filled).
 
     python benchmarks/cold_start.py [--runs 2] [--tree DIR ...] [--max-new-tokens 16] [--compare-ar]
-    python benchmarks/cold_start.py --serve quick|full [--tree DIR ...]   # the server's time to ready
+    python benchmarks/cold_start.py --serve quick|full [--requests] [--tree DIR ...]   # the server's time to ready
 
 Each run is a new Python process (this file with --child) that times the command's own path
 (`dart_jax.api.generate.run`, warm-up included, exactly as the CLI runs it): the imports, the
@@ -120,36 +120,82 @@ def run_once(tree: Path, xdg: Path, numba: Path, cli: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def serve_ready(tree: Path, xdg: Path, numba: Path, warmup: str, timeout: float) -> dict:
-    """Seconds from starting `python -m dart_jax.serve --warmup WARMUP` until GET /v1/models answers."""
-    import socket
+def _get(url: str, timeout: float = 2) -> dict:
     import urllib.request
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def first_requests(base: str) -> list[dict]:
+    """One chat request of each method the server lists, greedy and not streamed, then sampled and
+    streamed: what each first answer reports it waited for compiling (`dart.compile_s`) and its
+    wall seconds."""
+    import urllib.request
+    model = _get(base + "/v1/models")["data"][0]
+    out = []
+    for method in model["methods"]:
+        for stream, temperature in ((False, 0.0), (True, 0.8)):
+            body = {"model": model["id"], "messages": [{"role": "user", "content": "Name three colours."}],
+                    "max_tokens": 24, "method": method, "temperature": temperature, "stream": stream, "seed": 1}
+            request = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})
+            began = time.time()
+            with urllib.request.urlopen(request, timeout=900) as r:
+                text = r.read().decode()
+            if stream:  # the last chunk with a finish reason carries the answer's figures
+                chunks = [json.loads(line[6:]) for line in text.splitlines()
+                          if line.startswith("data: {")]
+                dart = next(c["dart"] for c in reversed(chunks) if c.get("choices") and c["choices"][0]["finish_reason"])
+            else:
+                dart = json.loads(text)["dart"]
+            out.append({"method": method, "stream": stream, "temperature": temperature,
+                        "wall_s": round(time.time() - began, 2), "compile_s": dart["compile_s"]})
+    return out
+
+
+def serve_ready(tree: Path, xdg: Path, numba: Path, warmup: str, timeout: float, requests: bool = False) -> dict:
+    """Seconds from starting `python -m dart_jax.serve --warmup WARMUP` until GET /v1/models answers
+    (`ready_s`), and until /health says the warm-up ended (`warm_s`, where /health reports it); with
+    `requests`, what the first requests of every method waited for afterwards (`first_requests`)."""
+    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, XDG_CACHE_HOME=str(xdg), NUMBA_CACHE_DIR=str(numba),
                PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log = xdg / "serve.log"
+    base = f"http://127.0.0.1:{port}"
     began = time.time()
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "dart_jax.serve", "--port", str(port), "--no-ui",
                                  "--warmup", warmup], cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
-    ready = None
+    result: dict = {"ready_s": None, "warm_s": None}
     try:
         while time.time() - began < timeout and proc.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        ready = time.time() - began
-                        break
+                _get(base + "/v1/models")
+                result["ready_s"] = time.time() - began
+                result["load_ready"] = os.getloadavg()[0]
+                break
             except OSError:
                 pass
             time.sleep(0.5)
+        while result["ready_s"] is not None and time.time() - began < timeout and proc.poll() is None:
+            warmup_state = _get(base + "/health").get("warmup")
+            if warmup_state is None or warmup_state.get("done"):
+                result["warm_s"] = time.time() - began
+                result["load_warm"] = os.getloadavg()[0]
+                result["health"] = warmup_state
+                break
+            time.sleep(0.5)
+        if requests and result["warm_s"] is not None:
+            result["first_requests"] = first_requests(base)
     finally:
         proc.terminate()
         proc.wait(60)
     lines = [line for line in log.read_text(errors="replace").splitlines() if "warm-up" in line or "compil" in line]
-    return {"ready_s": ready, "log": lines[-30:]}
+    result["log"] = lines[-40:]
+    return result
 
 
 def fresh_caches(scratch: Path, n: int) -> tuple[Path, Path]:
@@ -173,6 +219,8 @@ def main() -> None:
     p.add_argument("--serve", choices=["quick", "full"],
                    help="instead: seconds until `python -m dart_jax.serve --warmup X` answers GET /v1/models")
     p.add_argument("--timeout", type=float, default=900, help="--serve: give up after this many seconds")
+    p.add_argument("--requests", action="store_true",
+                   help="--serve: once warm, send each method's first requests and print what they compiled")
     opts = p.parse_args()
     trees = [t.resolve() for t in (opts.tree or [ROOT])]
     if opts.serve:
@@ -181,11 +229,19 @@ def main() -> None:
             for rep in range(opts.runs):
                 for tree in trees:
                     n += 1
-                    result = serve_ready(tree, *fresh_caches(Path(scratch), n), opts.serve, opts.timeout)
-                    ready = "not within the timeout" if result["ready_s"] is None else f"{result['ready_s']:.1f} s"
-                    print(f"{tree.name} serve --warmup {opts.serve} #{rep + 1}: /v1/models answered after {ready} "
-                          f"(load average {os.getloadavg()[0]:.1f})")
-                    print("    " + "\n    ".join(result["log"]))
+                    caches = fresh_caches(Path(scratch), n)
+                    for mode in ("cold", "warm"):  # the warm run over the caches the cold one filled
+                        load = os.getloadavg()[0]
+                        result = serve_ready(tree, *caches, opts.serve, opts.timeout, requests=opts.requests)
+                        ready = "not within the timeout" if result["ready_s"] is None else f"{result['ready_s']:.1f} s"
+                        warm = "" if result["warm_s"] is None else f", warm-up ended at {result['warm_s']:.1f} s"
+                        print(f"{tree.name} serve --warmup {opts.serve} {mode} #{rep + 1}: /v1/models answered after "
+                              f"{ready}{warm} (load average {load:.1f} at start, "
+                              f"{result.get('load_ready', float('nan')):.1f} when ready)")
+                        for r in result.get("first_requests", []):
+                            print(f"    first request {r['method']} {'streamed' if r['stream'] else 'whole'} "
+                                  f"T={r['temperature']}: {r['wall_s']} s, compiling {r['compile_s']} s")
+                        print("    " + "\n    ".join(result["log"]))
         return
     cli = ["--max-new-tokens", str(opts.max_new_tokens)] + (["--compare-ar"] if opts.compare_ar else [])
     runs: dict[tuple[str, str], list[dict]] = {}
