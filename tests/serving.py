@@ -23,7 +23,11 @@ def free_port() -> int:
 @contextlib.contextmanager
 def live_server(*args: str, timeout: float = 240.0, env: dict | None = None):
     """Yields (base URL, process) once GET /health answers; SIGTERM at the end (the process must
-    then exit by itself within 60 s). stdout/stderr are captured in the process's `log` file."""
+    then exit by itself within 60 s). stdout/stderr are captured in the process's `log` file. The
+    warm-up covers 64 tokens unless `args` say otherwise: the requests of these tests are short, and
+    what a warm-up covers is tested in test_serve_ready."""
+    if "--warmup-length" not in args:
+        args = (*args, "--warmup-length", "64")
     port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"dart_jax_serve_{port}.log"
     full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
