@@ -42,36 +42,25 @@ def test_demo_cli_is_lossless_and_accepts_long_runs():
     assert out["stats"]["tau"] > 3.0, out["accept_lengths"]
 
 
-def test_smollm2_demo_cli_is_lossless_on_a_held_out_prompt():
+def test_smollm2_demo_is_lossless_on_a_held_out_prompt_and_compares_dart_eagle3_and_plain():
     """The default demo (SmolLM2-135M-Instruct, our head and trie) on its default prompt, which is
-    in neither the head's training data nor the trie: same tokens as plain decoding, and drafts
-    that the target accepts (the speed figures are the benchmark's, not a test's)."""
+    in neither the head's training data nor the trie, with `generate --compare`: DART, the EAGLE-3
+    head we trained for it and plain decoding are offered without any flag; under greedy decoding
+    both drafters give plain decoding's tokens (the oracle: the plain method, the target's own
+    greedy loop) and both heads draft tokens the target accepts (the speed figures are the
+    benchmark's, not a test's). One process for both facts: loading the 135 M target and compiling
+    its steps is most of the cost."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-m", "dart_jax.generate", "--compare-ar", "--json", "--max-new-tokens", "64",
-         "--keep", "8"], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    assert out["token_ids"] == out["ar"]["token_ids"] and out["greedy_match"] is True
-    assert out["stats"]["tau"] > 1.5, out["accept_lengths"]
-
-
-def test_smollm2_demo_compares_dart_eagle3_and_plain_out_of_the_box():
-    """`generate --compare` on the default demo offers DART, the EAGLE-3 head we trained for it and
-    plain decoding without any flag; under greedy decoding both drafters give plain decoding's
-    tokens (the oracle: the plain method, the target's own greedy loop) and both heads draft
-    tokens the target accepts."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, "-m", "dart_jax.generate", "--compare", "--json", "--max-new-tokens", "48",
-         "--prompt", "Write a Python function that returns the n-th Fibonacci number."],
+        [sys.executable, "-m", "dart_jax.generate", "--compare", "--json", "--max-new-tokens", "64", "--keep", "8"],
         capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert set(out["methods"]) == {"dart", "eagle3", "ar"}
     plain = out["methods"]["ar"]["token_ids"]
-    for name in ("dart", "eagle3"):
+    assert len(plain) > 16
+    for name, least in (("dart", 1.5), ("eagle3", 1.3)):
         assert out["methods"][name]["token_ids"] == plain, name
         assert out["methods"][name]["greedy_match"] is True
         lengths = out["methods"][name]["accept_lengths"]
-        assert sum(lengths) / len(lengths) > 1.3, (name, lengths)
+        assert sum(lengths) / len(lengths) > least, (name, lengths)
