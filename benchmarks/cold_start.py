@@ -173,7 +173,7 @@ def serve_ready(tree: Path, xdg: Path, numba: Path, warmup: str, timeout: float,
     try:
         while time.time() - began < timeout and proc.poll() is None:
             try:
-                _get(base + "/v1/models")
+                _get(base + "/v1/models", timeout=30)
                 result["ready_s"] = time.time() - began
                 result["load_ready"] = os.getloadavg()[0]
                 break
@@ -181,7 +181,10 @@ def serve_ready(tree: Path, xdg: Path, numba: Path, warmup: str, timeout: float,
                 pass
             time.sleep(0.5)
         while result["ready_s"] is not None and time.time() - began < timeout and proc.poll() is None:
-            warmup_state = _get(base + "/health").get("warmup")
+            try:  # a server compiling on every core may take seconds to answer
+                warmup_state = _get(base + "/health", timeout=60).get("warmup")
+            except OSError:
+                continue
             if warmup_state is None or warmup_state.get("done"):
                 result["warm_s"] = time.time() - began
                 result["load_warm"] = os.getloadavg()[0]

@@ -13,12 +13,12 @@ at once for prompts and sequences up to a length:
 3. with `--warmup full` (the default), for each method 2, 4, … `--slots` requests at once, up to
    the same length.
 
-Each stage's programs are compiled ahead of time by `Compiler`'s threads (`ahead.programs`; a
-program two stages share compiles once), so that the scheduler thread, which serves the
-requests, never waits for a compilation of the warm-up; the stage then runs its requests at once
-through the scheduler, which compiles what is left (the small programs the pool runs between its
-calls, the host search's batch kernel) and has keep="auto" time its tree sizes for that many
-rows. Past `--warmup-length` tokens (a longer prompt, an answer that reaches the next attention
+Each stage's programs are compiled ahead of time by `Compiler`'s threads (`ahead.programs`, the
+host search's kernels included; a program two stages share compiles once), so that the
+scheduler thread, which serves the requests, never waits for a compilation of the warm-up; the
+stage then runs its requests at once through the scheduler, which compiles what is left: the
+small programs the pool runs between its calls (moving its slots' keys and sampling settings).
+Past `--warmup-length` tokens (a longer prompt, an answer that reaches the next attention
 window), and for a tree size other than the default, a request compiles its programs on first
 use. `Progress` is what GET /health shows of it.
 """
@@ -113,7 +113,7 @@ class Progress:
         n = min(self.current, len(self.stages))
         end = self.ended if self.ended is not None else time.monotonic()
         out = {"stage": min(n + 1, len(self.stages)), "stages": len(self.stages),
-               "warming": None if self.done else str(self.stages[n]),
+               "warming": None if self.done or n == len(self.stages) else str(self.stages[n]),
                "warm": [str(s) for s in self.stages[:n]], "programs": self.compiled, "of": self.programs,
                "seconds": round(end - self.started, 1), "ready": self.ready, "done": self.done}
         if self.error is not None:
