@@ -5,6 +5,11 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The oracles' torch runs one thread per process: the suite runs one pytest worker per core (and
+# subprocesses beside them), and torch's OpenMP threads spin-waiting for a core another process
+# holds made SmolLM2's transformers `generate` 30x slower (60 s for 32 tokens on a loaded 2-core
+# machine, 2 s with one thread). Set before torch is imported (subprocesses inherit it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The suite compiles hundreds of small programs and runs each on tiny shapes: less LLVM optimisation
 # makes compiling about a third faster (subprocesses inherit it); the results are the same.
 _FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
