@@ -1,9 +1,8 @@
 """Self-distillation throughput, side by side in one process on the SmolLM2 demo's target: the
-same prompts answered by plain decoding in static batches of prompts of similar lengths
-(`train.distill.batch_answers`, what `python -m dart_jax.train.distill` runs) and in a
-continuous-batching pool of as many slots (`pool_answers` over the engine's `PlainBatcher`: a
-finished sequence's slot refilled), alternating, each warmed up first; the answers must be
-identical.
+same prompts answered by plain decoding, both in a `PlainBatcher` pool of the engine, in static
+batches of prompts of similar lengths (`train.distill.batch_answers`, what `python -m
+dart_jax.train.distill` runs) and continuously batched (`pool_answers`: a finished sequence's slot
+refilled), alternating, each warmed up first; the answers must be identical.
 
     python benchmarks/distill_throughput.py PROMPTS.jsonl [--n 64] [--batch 32] [--rounds 2]
 
@@ -21,16 +20,21 @@ from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.train.distill import batch_answers, pool_answers, read_prompts
 
 
-def static(decoder, jobs, batch, eos):
-    return {key: list(ids) for key, ids, _ in batch_answers(decoder, jobs, batch, eos)}
+def answers(engine, jobs, batch, run):
+    """{key: new ids} of `jobs` answered by `run(pool)` over a plain pool of `batch` slots."""
+    pool = engine.batcher(batch, max(s.max_length for _, _, s in jobs), plain=True)
+    try:
+        return {key: list(ids) for key, ids, _ in run(pool)}
+    finally:
+        pool.close()
+
+
+def static(engine, jobs, batch):
+    return answers(engine, jobs, batch, lambda pool: batch_answers(pool, jobs))
 
 
 def pooled(engine, jobs, batch, refill):
-    pool = engine.batcher(batch, max(s.max_length for _, _, s in jobs), plain=True)
-    try:
-        return {key: list(ids) for key, ids, _ in pool_answers(pool, jobs, refill)}
-    finally:
-        pool.close()
+    return answers(engine, jobs, batch, lambda pool: pool_answers(pool, jobs, refill))
 
 
 def main() -> None:
@@ -52,9 +56,9 @@ def main() -> None:
                   add_special_tokens=False)["input_ids"]
         jobs.append((i, ids, GenerationSettings(max_new_tokens=args.max_new, max_length=len(ids) + args.max_new)))
         warm.append((i, ids, GenerationSettings(max_new_tokens=40, max_length=len(ids) + 40)))
-    runs = {"static": lambda: static(engine.baseline, jobs, args.batch, eos),
+    runs = {"static": lambda: static(engine, jobs, args.batch),
             "pool": lambda: pooled(engine, jobs, args.batch, args.refill)}
-    static(engine.baseline, warm[:args.batch], args.batch, eos)  # warm-up: the shapes compile once
+    static(engine, warm[:args.batch], args.batch)  # warm-up: the shapes compile once
     pooled(engine, warm[:args.batch], args.batch, args.refill)
     rates = {name: [] for name in runs}
     answers = {}

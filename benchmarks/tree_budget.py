@@ -1,6 +1,6 @@
 """The tree budget side by side, in one process: `keep="auto"` against fixed tree sizes, and the
-plain-decoding baseline before (one host round trip per token) and after (a device loop per
-chunk of tokens), on the same prompts, interleaved so that the machine's load hits all alike.
+plain-decoding baseline (a `PlainBatcher` of one slot: a device loop per chunk of tokens), on the
+same prompts, interleaved so that the machine's load hits all alike.
 
     python benchmarks/tree_budget.py                      # the demo model; training + held-out prompts
     python benchmarks/tree_budget.py --sizes 16,60 --max-new-tokens 128 --reps 3 --json out.json
@@ -21,7 +21,6 @@ from pathlib import Path
 
 from dart_jax.api.model import DartModel
 from dart_jax.bench.e2e import load_prompts
-from dart_jax.decoding.batcher import PlainBatcher
 from dart_jax.decoding.driver import decode
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
@@ -35,9 +34,11 @@ def prompt_sets(limit: int) -> dict[str, list[str]]:
     return {"training": train[:limit], "held-out": held_out[:limit]}
 
 
-def dart_steps(engine):
-    """One sequence through the pool driver, as (ids, settings, stats=) → (new ids, accepted length)."""
-    return lambda ids, settings, stats: ((e.ids, e.accepted) for e in decode(engine, ids, settings, stats))
+def dart_steps(engine, plain=False):
+    """One sequence through the pool driver (with `plain`, plain decoding), as (ids, settings,
+    stats=) → (new ids, accepted length)."""
+    return lambda ids, settings, stats: ((e.ids, e.accepted) for e in decode(engine, ids, settings, stats,
+                                                                             plain=plain))
 
 
 def run_steps(steps_fn, ids, settings) -> tuple[list[int], Stats, float]:
@@ -46,19 +47,6 @@ def run_steps(steps_fn, ids, settings) -> tuple[list[int], Stats, float]:
     for kept, _ in steps_fn(ids, settings, stats=stats):
         out.extend(kept)
     return out, stats, time.perf_counter() - start
-
-
-def per_token_baseline(engine, ids, settings) -> tuple[list[int], Stats, float]:
-    """Plain decoding with one jitted call and one host round trip per token (the old baseline)."""
-    pool = PlainBatcher(engine, 1, settings.max_length)
-    stats = Stats()
-    start = time.perf_counter()
-    try:
-        request = pool.submit(ids, settings, stats)
-        pool.run()
-    finally:
-        pool.close()
-    return list(request.token_ids), stats, time.perf_counter() - start
 
 
 def main() -> None:
@@ -74,8 +62,7 @@ def main() -> None:
     auto = model.engine
     fixed = {int(s): auto.with_tree(dataclasses.replace(auto.tree, keep=int(s)), adaptive=False)
              for s in args.sizes.split(",")}
-    methods = {"ar (device loop)": lambda ids, st: run_steps(auto.generate_ar_steps, ids, st),
-               "ar (per token)": lambda ids, st: per_token_baseline(auto, ids, st),
+    methods = {"ar (device loop)": lambda ids, st: run_steps(dart_steps(auto, plain=True), ids, st),
                "auto": lambda ids, st: run_steps(dart_steps(auto), ids, st),
                **{f"keep {s}": (lambda e: lambda ids, st: run_steps(dart_steps(e), ids, st))(e)
                   for s, e in fixed.items()}}

@@ -202,13 +202,13 @@ def answer(args, prompts_path: Path, out_path: Path) -> None:
 
     from dart_jax.convert.target import target_folder
     from dart_jax.decoding.autoregressive import AutoregressiveDecoder
+    from dart_jax.decoding.driver import decode_together
     from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
     from dart_jax.models.checkpoints import load_target
 
     folder = target_folder(base_model())
     tok = AutoTokenizer.from_pretrained(str(folder))
     target = load_target(folder)
-    decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64, cache_multiple=64))
     prompts = [json.loads(line) for line in open(prompts_path)]
     done = set()
     if out_path.exists():
@@ -218,6 +218,7 @@ def answer(args, prompts_path: Path, out_path: Path) -> None:
            for i, p in enumerate(prompts) if i not in done}
     order = sorted(ids, key=lambda i: len(ids[i]))
     eos = sorted({int(tok.eos_token_id), *target.config.eos_token_ids})
+    decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64, cache_multiple=64), eos_ids=eos)
     start = time.time()
     made = 0
     with open(out_path, "a") as f:
@@ -225,7 +226,7 @@ def answer(args, prompts_path: Path, out_path: Path) -> None:
             rows = order[b:b + args.batch]
             settings = [GenerationSettings(max_new_tokens=args.max_new, max_length=len(ids[i]) + args.max_new)
                         for i in rows]
-            outs = decoder.generate_batch([ids[i] for i in rows], settings, eos)
+            outs = decode_together(decoder, [ids[i] for i in rows], settings)
             for i, new in zip(rows, outs):
                 text = tok.decode([t for t in new if t not in eos], skip_special_tokens=False)
                 msgs = [{"role": "user", "content": prompts[i]["prompt"]}, {"role": "assistant", "content": text}]

@@ -17,7 +17,7 @@ from dart_jax.api.generate import load_model
 from dart_jax.api.options import parse_args
 from dart_jax.bench.tiny import make_tiny_setup
 from dart_jax.decoding.driver import decode as driver_decode
-from dart_jax.decoding.engine import Stats
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import InputError
 from dart_jax.models import backend
@@ -75,12 +75,10 @@ def test_a_cpu_keeps_the_host_loop_and_its_layout(monkeypatch):
 def decode(engine, prompt, n, ar=False):
     stats = Stats()
     settings = GenerationSettings(max_new_tokens=n)
-    steps = (engine.generate_ar_steps(prompt, settings, stats=stats) if ar else
-             ((e.ids, e.accepted) for e in driver_decode(engine, prompt, settings, stats)))
     ids, counts = [], []
-    for kept, accepted in steps:
-        ids += kept
-        counts.append(accepted)
+    for event in driver_decode(engine, prompt, settings, stats, plain=ar):
+        ids += event.ids
+        counts.append(event.accepted)
     return ids, counts
 
 

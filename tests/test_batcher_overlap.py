@@ -13,7 +13,8 @@ from dart_jax.api.model import DartModel
 from dart_jax.bench.tiny import make_tiny_setup
 from dart_jax.decoding.batcher import Batcher
 from dart_jax.decoding.drafter import DartDrafter
-from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding.driver import decode
+from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.ngram import TreeSettings, Trie
 
@@ -34,9 +35,8 @@ def tiny(tmp_path_factory):
                    tree=TreeSettings(keep=20), shapes=ShapeSettings(min_bucket=64))
     alone = {}
     for prompt, n in JOBS + [(p, 40) for p in PROMPTS]:
-        stats = Stats()
-        alone[(tuple(prompt), n)] = [t for kept, _ in plain.generate_ar_steps(prompt, GenerationSettings(
-            max_new_tokens=n), stats=stats) for t in kept]
+        alone[(tuple(prompt), n)] = [t for e in decode(plain, prompt, GenerationSettings(max_new_tokens=n), plain=True)
+                                     for t in e.ids]
     # a trie of the target's own continuations: long accepted runs, so that rows finish at different steps
     cheat = Trie.build([p + alone[(tuple(p), 40)] for p in PROMPTS], order=3)
     return SimpleNamespace(model=model, alone=alone, cheat=cheat)

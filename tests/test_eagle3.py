@@ -19,7 +19,8 @@ from safetensors.numpy import load_file, save_file
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_tokenizer
 from dart_jax.decoding.driver import decode
 from dart_jax.decoding.eagle3 import Eagle3Drafter, draft
-from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding.engine import Engine
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.errors import FileFormatError
 from dart_jax.models.checkpoints import load_eagle3_head, load_qwen3

@@ -18,13 +18,15 @@ import torch
 from dart_jax.api.model import DartModel, load_trie, published_base
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_setup
 from dart_jax.errors import InputError
-from dart_jax.decoding.batcher import Batcher, PlainBatcher
+from dart_jax.decoding.autoregressive import AutoregressiveDecoder
+from dart_jax.decoding.batcher import Batcher
 from dart_jax.decoding.drafter import DartDrafter
-from dart_jax.decoding.driver import Driver, decode, pool_for
-from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding.driver import Driver, decode, decode_together, pool_for
+from dart_jax.decoding.engine import Engine
 from dart_jax.decoding import engine as engine_module
 from dart_jax.decoding import sampling as sampling_module
 from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings, prompt_bucket
 from dart_jax.ngram import TreeSettings, Trie
 
@@ -62,14 +64,19 @@ def engine_for(tiny, trie=None, *, eos=(EOS,), adaptive=False, **tree):
                   adaptive=adaptive)
 
 
-def dart_steps(engine):
+def dart_steps(engine, plain=False):
     """One sequence decoded alone through the pool driver (`driver.decode`), as (prompt, settings,
     stats=) → (new ids, accepted length) per step: the speculative path the tests hold against
-    the oracles (`generate_ar_steps`, the baseline decoder; transformers)."""
+    the oracles (with `plain`, plain decoding: `ar_steps`; transformers)."""
     def steps(prompt, settings, stats=None):
-        for event in decode(engine, prompt, settings, stats):
+        for event in decode(engine, prompt, settings, stats, plain=plain):
             yield event.ids, event.accepted
     return steps
+
+
+def ar_steps(engine):
+    """`dart_steps` of plain decoding (a `PlainBatcher` of the engine's baseline decoder): the oracle."""
+    return dart_steps(engine, plain=True)
 
 
 def decode_rows(engine, prompts, settings, stats):
@@ -140,7 +147,7 @@ def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
     for prompt in PROMPTS:
         expected = hf_generate(tiny, prompt, 20)
         dart, counts, stats = run(dart_steps(engine), prompt, max_new_tokens=20)
-        ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=20)
+        ar, _, _ = run(ar_steps(engine), prompt, max_new_tokens=20)
         assert dart == ar == expected
         assert all(1 <= c <= (rows or 4) + 1 for c in counts)
         assert stats.steps == len(counts) and stats.new_tokens == len(dart)
@@ -157,7 +164,7 @@ def test_fused_projections_keep_greedy_decoding_exact(tiny):
     for prompt in PROMPTS:
         expected = hf_generate(tiny, prompt, 24)
         dart, counts, _ = run(dart_steps(engine), prompt, max_new_tokens=24)
-        ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=24)
+        ar, _, _ = run(ar_steps(engine), prompt, max_new_tokens=24)
         assert dart == ar == expected
         assert max(counts) > 2  # runs of accepted draft tokens were verified
     # a mesh would copy the fused kernels whole onto every device: refused, naming the fix
@@ -287,7 +294,7 @@ def test_long_accepted_runs_eos_and_limits_inside_a_run(tiny):
     stopped, _, _ = run(dart_steps(eos_engine), prompt, max_new_tokens=30)
     assert stopped == full[: j + 1] == hf_generate(tiny, prompt, 30, eos=full[j])
     # the baseline's device loop stops on EOS inside a chunk of tokens too
-    assert run(eos_engine.generate_ar_steps, prompt, max_new_tokens=30)[0] == stopped
+    assert run(ar_steps(eos_engine), prompt, max_new_tokens=30)[0] == stopped
 
     s, c = next((s, c) for s, c in zip(starts, counts) if c >= 3)
     cut, _, _ = run(dart_steps(engine), prompt, max_new_tokens=int(s) + 1)
@@ -301,7 +308,7 @@ def test_no_compilation_after_warmup(tiny):
     other = engine_for(tiny)  # another Engine over the same modules shares the executables
     run(dart_steps(engine), PROMPTS[0], max_new_tokens=12)
     run(dart_steps(engine), PROMPTS[0], max_new_tokens=12, temperature=1.0, seed=1)
-    run(engine.generate_ar_steps, PROMPTS[0], max_new_tokens=4)
+    run(ar_steps(engine), PROMPTS[0], max_new_tokens=4)
     with compilations() as compiles:
         seen_counts = set()
         for prompt in PROMPTS[1:]:
@@ -309,7 +316,7 @@ def test_no_compilation_after_warmup(tiny):
                 _, counts, _ = run(dart_steps(eng), prompt, max_new_tokens=17)
                 seen_counts.update(counts)
             run(dart_steps(engine), prompt, max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=3)
-            run(engine.generate_ar_steps, prompt, max_new_tokens=5)
+            run(ar_steps(engine), prompt, max_new_tokens=5)
     assert len(seen_counts) > 1
     assert compiles == []
 
@@ -442,7 +449,7 @@ def test_sampling_keeps_the_target_distribution(tiny):
         ids, counts, _ = run(dart_steps(engine), prompt, **kw)
         samples["dart"][tuple(ids)] += 1
         accepted_drafts += sum(c - 1 for c in counts)
-        ar, _, _ = run(engine.generate_ar_steps, prompt, **kw)
+        ar, _, _ = run(ar_steps(engine), prompt, **kw)
         samples["ar"][tuple(ar)] += 1
     assert accepted_drafts > n // 2, "the test needs drafts to be accepted to exercise the rejection sampling"
     for name, counter in samples.items():
@@ -571,7 +578,7 @@ def test_generation_across_attention_windows(tiny):
     prompt = [int(t) for t in rng.integers(3, VOCAB, 236)]
     expected = hf_generate(tiny, prompt, 40, eos=None)
     dart, _, _ = run(dart_steps(engine), prompt, max_new_tokens=40, max_length=1024)
-    ar, _, _ = run(engine.generate_ar_steps, prompt, max_new_tokens=40, max_length=1024)
+    ar, _, _ = run(ar_steps(engine), prompt, max_new_tokens=40, max_length=1024)
     assert dart == ar == expected
 
 
@@ -582,7 +589,7 @@ def test_batch_dimension_decodes_each_sequence_as_alone(tiny):
     engine = engine_for(tiny)
     prompts = [np.asarray(PROMPTS[0], np.int32), np.asarray(PROMPTS[1], np.int32)]
     kw = dict(max_new_tokens=18, max_length=len(PROMPTS[1]) + 6)
-    alone = [run(engine.generate_ar_steps, p.tolist(), **kw)[0] for p in prompts]
+    alone = [run(ar_steps(engine), p.tolist(), **kw)[0] for p in prompts]
     assert [len(a) for a in alone] == [18, 6] or any(a and a[-1] == EOS for a in alone)
     stats = [Stats(), Stats()]
     out = [[], []]
@@ -599,11 +606,11 @@ def test_batch_with_own_settings_and_stops_equals_each_alone(tiny):
     output (the oracle runs each prompt alone)."""
     long_prompt = [int(t) for t in np.random.default_rng(5).integers(3, VOCAB, 41)]
     prompts = [PROMPTS[2], PROMPTS[0], long_prompt, PROMPTS[1]]
-    full, _, _ = run(engine_for(tiny).generate_ar_steps, PROMPTS[2], max_new_tokens=30)
+    full, _, _ = run(ar_steps(engine_for(tiny)), PROMPTS[2], max_new_tokens=30)
     eos = full[len(full) // 2]
     engine = engine_for(tiny, cheating_trie(tiny), eos=(eos,))
     settings = [GenerationSettings(max_new_tokens=n) for n in (30, 4, 17, 25)]
-    alone = [run(engine.generate_ar_steps, p, max_new_tokens=s.max_new_tokens)[0] for p, s in zip(prompts, settings)]
+    alone = [run(ar_steps(engine), p, max_new_tokens=s.max_new_tokens)[0] for p, s in zip(prompts, settings)]
     assert alone[0][-1] == eos and len(alone[0]) < 30, "the first sequence should stop on EOS"
     assert len(alone[1]) == 4
     stats = [Stats() for _ in prompts]
@@ -621,7 +628,7 @@ def test_sampling_keeps_the_target_distribution_beside_other_sequences(tiny):
     prompt, temperature, top_p, top_k = PROMPTS[0], 1.3, 0.95, 3
     exact = exact_first_tokens(tiny, prompt, 3, temperature, top_p, top_k)
     engine = engine_for(tiny, cheating_trie(tiny))
-    greedy, _, _ = run(engine.generate_ar_steps, PROMPTS[1], max_new_tokens=3)
+    greedy, _, _ = run(ar_steps(engine), PROMPTS[1], max_new_tokens=3)
     per_batch, batches = 15, 16
     counter = collections.Counter()
     for batch in range(batches):
@@ -660,7 +667,7 @@ def test_branch_decided_on_the_host_keeps_every_output(tiny, monkeypatch):
         return out
 
     on_device = decode(mixed)
-    alone = [run(engine.generate_ar_steps, p, max_new_tokens=12)[0] for p in PROMPTS[:3]]
+    alone = [run(ar_steps(engine), p, max_new_tokens=12)[0] for p in PROMPTS[:3]]
     monkeypatch.setattr(sampling_module, "host_branch", lambda: True)
     assert decode(greedy) == alone
     on_host = decode(mixed)
@@ -694,10 +701,10 @@ def test_continuous_batching_requests_join_and_leave(tiny):
     it alone), a finished request frees its slot at once, and no step compiles anything new once
     the pool's shapes have been seen."""
     long_prompt = [int(t) for t in np.random.default_rng(6).integers(3, VOCAB, 33)]
-    full, _, _ = run(engine_for(tiny).generate_ar_steps, PROMPTS[2], max_new_tokens=30)
+    full, _, _ = run(ar_steps(engine_for(tiny)), PROMPTS[2], max_new_tokens=30)
     engine = engine_for(tiny, cheating_trie(tiny), eos=(full[len(full) // 2],))
     jobs = [(PROMPTS[2], 30), (PROMPTS[0], 3), (long_prompt, 14), (PROMPTS[1], 9), (PROMPTS[0], 20)]
-    alone = [run(engine.generate_ar_steps, p, max_new_tokens=n)[0] for p, n in jobs]
+    alone = [run(ar_steps(engine), p, max_new_tokens=n)[0] for p, n in jobs]
     assert len(alone[0]) < 30, "the first request should stop on EOS"
 
     def serve(late_after: int):
@@ -734,7 +741,7 @@ def test_cancelled_requests_free_their_slots_for_the_next(tiny):
     output); the others take the freed slot and still get exactly their own greedy output."""
     engine = engine_for(tiny)
     jobs = [(PROMPTS[0], 40), (PROMPTS[1], 12), (PROMPTS[2], 10), (PROMPTS[0], 8)]
-    alone = [run(engine.generate_ar_steps, p, max_new_tokens=n)[0] for p, n in jobs]
+    alone = [run(ar_steps(engine), p, max_new_tokens=n)[0] for p, n in jobs]
     pool = Batcher(engine, 2, 2048)
     try:
         handles = [pool.submit(p, GenerationSettings(max_new_tokens=n)) for p, n in jobs]
@@ -761,22 +768,17 @@ def test_plain_pool_requests_join_and_leave_and_sample_as_alone(tiny):
     equal plain decoding of it alone with the same settings (same seed: the same key sequence),
     and nothing compiles once the pool's shapes were seen."""
     long_prompt = [int(t) for t in np.random.default_rng(7).integers(3, VOCAB, 33)]
-    full, _, _ = run(engine_for(tiny).generate_ar_steps, PROMPTS[2], max_new_tokens=30)
+    full, _, _ = run(ar_steps(engine_for(tiny)), PROMPTS[2], max_new_tokens=30)
     engine = engine_for(tiny, eos=(full[len(full) // 2],))
     jobs = [(PROMPTS[2], GenerationSettings(max_new_tokens=30)),
             (PROMPTS[0], GenerationSettings(max_new_tokens=12, temperature=0.9, top_k=20, seed=5)),
             (long_prompt, GenerationSettings(max_new_tokens=14, temperature=1.0, top_p=0.8, seed=9)),
             (PROMPTS[1], GenerationSettings(max_new_tokens=9)), (PROMPTS[0], GenerationSettings(max_new_tokens=40))]
-    alone = []
-    for prompt, settings in jobs:
-        ids = []
-        for kept, _ in engine.generate_ar_steps(prompt, settings):
-            ids.extend(kept)
-        alone.append(ids)
+    alone = [[t for kept, _ in ar_steps(engine)(prompt, settings) for t in kept] for prompt, settings in jobs]
     assert len(alone[0]) < 30, "the first request should stop on EOS"
 
     def serve():
-        pool = PlainBatcher(engine, 2, 2048)
+        pool = engine.batcher(2, 2048, plain=True)
         try:
             handles = [pool.submit(p, s) for p, s in jobs[:-1]]
             steps = 0
@@ -821,8 +823,21 @@ def test_batched_autoregressive_decoding_equals_each_alone(tiny):
     engine = engine_for(tiny)
     prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
     settings = [GenerationSettings(max_new_tokens=n) for n in (12, 3, 20)]
-    alone = [run(engine.generate_ar_steps, p, max_new_tokens=s.max_new_tokens)[0] for p, s in zip(prompts, settings)]
-    assert engine.baseline.generate_batch(prompts, settings, engine.eos_ids) == alone
+    alone = [run(ar_steps(engine), p, max_new_tokens=s.max_new_tokens)[0] for p, s in zip(prompts, settings)]
+    assert decode_together(engine, prompts, settings, plain=True) == alone
+
+
+def test_a_decoder_of_the_target_alone_decodes_as_the_engines_plain_pool(tiny):
+    """What training runs (an `AutoregressiveDecoder` over a target without a head, its pool made
+    by `pool_for`) gives the engine's plain decoding, greedy and sampled, alone and together."""
+    engine = engine_for(tiny)
+    decoder = AutoregressiveDecoder(tiny.model.target, ShapeSettings(min_bucket=64), eos_ids=(EOS,))
+    prompts = [PROMPTS[2], PROMPTS[0]]
+    settings = [GenerationSettings(max_new_tokens=20), GenerationSettings(max_new_tokens=9, temperature=0.9, seed=4)]
+    want = decode_together(engine, prompts, settings, plain=True)
+    assert decode_together(decoder, prompts, settings) == want
+    assert [[t for e in decode(decoder, p, s) for t in e.ids] for p, s in zip(prompts, settings)] == want
+
 
 
 # ------------------------------------------------------------------------------------------------
@@ -924,7 +939,7 @@ def test_plain_chunks_sample_what_the_baseline_samples(tiny):
     engine = adaptive_engine(tiny, [0])
     for seed in range(4):
         kw = dict(max_new_tokens=24, temperature=1.1, top_p=0.9, seed=seed)
-        assert run(dart_steps(engine), PROMPTS[0], **kw)[0] == run(engine.generate_ar_steps, PROMPTS[0], **kw)[0]
+        assert run(dart_steps(engine), PROMPTS[0], **kw)[0] == run(ar_steps(engine), PROMPTS[0], **kw)[0]
 
 
 def test_keep_auto_is_the_default_and_its_options(tiny):

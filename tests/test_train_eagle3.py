@@ -25,7 +25,8 @@ from dart_jax.bench.tiny import make_tiny_llama, make_tiny_tokenizer
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder
 from dart_jax.decoding.driver import decode
 from dart_jax.decoding.eagle3 import Eagle3Drafter, draft
-from dart_jax.decoding.engine import Engine, Stats
+from dart_jax.decoding.engine import Engine
+from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.models.checkpoints import load_eagle3_head, load_target
 from dart_jax.models.head import HeadCache
@@ -256,6 +257,11 @@ def trained(base, target, tmp_path_factory):
     return SimpleNamespace(out=out, metrics=json.loads((out / "metrics.json").read_text()))
 
 
+def plain_answer(decoder, prompt, n=24):
+    """Plain greedy decoding of `prompt` by `decoder` (an AutoregressiveDecoder) through the pool driver."""
+    return [t for event in decode(decoder, prompt, GenerationSettings(max_new_tokens=n)) for t in event.ids]
+
+
 def held_out(base, target, head, prompts, decoder):
     """τ of greedy EAGLE-3 decoding (depth 3, 15 nodes) on `prompts`, checking each output against
     plain greedy decoding."""
@@ -263,7 +269,7 @@ def held_out(base, target, head, prompts, decoder):
                     tree=TreeSettings(keep=15, topk=4), shapes=ShapeSettings(min_bucket=64))
     counts = []
     for prompt in prompts:
-        plain = decoder.generate(prompt, GenerationSettings(max_new_tokens=24), (EOS,))
+        plain = plain_answer(decoder, prompt)
         got, accepted = [], []
         for kept, count in ((e.ids, e.accepted) for e in decode(engine, prompt, GenerationSettings(max_new_tokens=24), Stats())):
             got.extend(kept)
@@ -291,13 +297,13 @@ def test_trained_head_loads_decodes_losslessly_and_beats_a_random_one(request):
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                for q in questions(4, seed=7)]  # not in the training data
-    decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64))
+    decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64), eos_ids=(EOS,))
     tau_trained = held_out(base, target, head, prompts, decoder)
     tau_random = held_out(base, target, random_head, prompts, decoder)
     assert tau_trained > tau_random + 0.2, (tau_trained, tau_random)
 
     # and the loss on those held-out replies
-    seqs = [p + decoder.generate(p, GenerationSettings(max_new_tokens=24), (EOS,)) for p in prompts]
+    seqs = [p + plain_answer(decoder, p) for p in prompts]
     width = max(map(len, seqs))
     ids = np.zeros((len(seqs), width), np.int32)
     mask = np.zeros((len(seqs), width), bool)

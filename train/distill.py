@@ -23,9 +23,10 @@ from tqdm.auto import tqdm  # noqa: E402 (after the check above, on purpose)
 
 from dart_jax.convert.target import target_folder  # noqa: E402
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder  # noqa: E402
+from dart_jax.decoding.batcher import PlainBatcher  # noqa: E402
 from dart_jax.decoding.drafter import DartDrafter  # noqa: E402
+from dart_jax.decoding.driver import Driver  # noqa: E402
 from dart_jax.decoding.engine import Engine  # noqa: E402
-from dart_jax.decoding.requests import Budget  # noqa: E402
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings  # noqa: E402
 from dart_jax.errors import InputError, load_tokenizer_folder, parse_json  # noqa: E402
 from dart_jax.models.checkpoints import load_dart_head, load_target  # noqa: E402
@@ -103,66 +104,64 @@ def todo(rows: list[dict], done: set[int]) -> tuple[list[dict], int]:
     return left, dupes
 
 
-def batch_answers(decoder, jobs, batch: int, eos):
-    """Plain decoding of jobs (key, prompt ids, GenerationSettings) in static batches of `batch`
-    prompts of similar lengths (sorted by length within each window of 8 batches, so that a run cut
-    short keeps the file's mix). Yields (key, new ids, finish reason) as each answer finishes, at
-    the end of the device call that finished it."""
+def batch_answers(pool, jobs):
+    """Plain decoding of jobs (key, prompt ids, GenerationSettings) in static batches of as many
+    prompts as `pool` (a `PlainBatcher`) has slots, of similar lengths (sorted by length within each
+    window of 8 batches, so that a run cut short keeps the file's mix): a batch joins the empty pool
+    at once and the next waits until it is done. Yields (key, new ids, finish reason) as each answer
+    finishes, at the end of the device call that finished it."""
+    batch, driver = pool.slots, Driver(pool)
     window = 8 * batch
     for w in range(0, len(jobs), window):
         part = sorted(jobs[w:w + window], key=lambda job: len(job[1]))
         for b in range(0, len(part), batch):
-            rows = part[b:b + batch]
-            budgets = [Budget(frozenset(eos), s.max_new_tokens, s.max_length - len(ids)) for _, ids, s in rows]
-            waiting = list(range(len(rows)))
-            for moved in decoder.decode_batch([ids for _, ids, _ in rows], [s for _, _, s in rows], eos):
-                for budget, kept in zip(budgets, moved):
-                    budget.take(kept)
-                for i in [i for i in waiting if budgets[i].done]:
-                    waiting.remove(i)
-                    yield rows[i][0], budgets[i].out, finish_reason(budgets[i].out, eos)
+            handles = {pool.submit(ids, settings): key for key, ids, settings in part[b:b + batch]}
+            for step in driver.run():
+                for event in step.events:
+                    request = event.request
+                    if request.done and request in handles:
+                        yield handles.pop(request), request.token_ids, request.finish_reason
 
 
 def pool_answers(pool, jobs, refill: float):
     """Jobs (key, prompt ids, GenerationSettings) through a continuous-batching `pool`, in order:
     waiting jobs join once `refill` of the slots are free (each admission prefills the pool's live
-    rows once, so joining one at a time would prefill about as often as sequences finish). Yields
-    (key, new ids, finish reason) as each request finishes."""
+    rows once, so joining one at a time would prefill about as often as sequences finish); the pool
+    is stepped by the pool driver. Yields (key, new ids, finish reason) as each request finishes."""
     jobs = list(jobs)[::-1]  # pop() from the end takes them in order
     least = max(1, int(pool.slots * refill))
     handles = {}
+    driver = Driver(pool)
     while jobs or pool.active:
         free = sum(r is None for r in pool.busy) - len(pool.waiting)
         if jobs and (free >= min(least, len(jobs)) or not pool.active):
             for _ in range(min(free, len(jobs))):
                 key, ids, settings = jobs.pop()
                 handles[pool.submit(ids, settings)] = key
-        for event in pool.step():
+        for event in driver.step().events:
             request = event.request
             if request.done and request in handles:
                 yield handles.pop(request), request.token_ids, request.finish_reason
 
 
-def finish_reason(ids, eos) -> str:
-    return "eos" if ids and ids[-1] in eos else "length"
-
-
 def open_answers(args, jobs):
-    """(answers as `batch_answers` yields them, eos ids, the pool or None): plain decoding in
-    static batches over the target alone (no head needed), or DART's pool (the head over the
-    target, its trees searched with `--ngram` when given)."""
+    """(answers as `batch_answers` yields them, eos ids, the pool): plain decoding in static
+    batches over the target alone (no head needed), or DART's pool (the head over the target, its
+    trees searched with `--ngram` when given)."""
     tokenizer = load_tokenizer_folder(target_folder(args.base))
     target = load_target(target_folder(args.base))
     eos = stop_ids(target, tokenizer)
     shapes = ShapeSettings(min_bucket=64, cache_multiple=64)
+    max_length = max(s.max_length for _, _, s in jobs)
     if args.method == "ar":
-        return batch_answers(AutoregressiveDecoder(target, shapes), jobs, args.slots, eos), eos, None
+        pool = PlainBatcher(AutoregressiveDecoder(target, shapes, eos_ids=eos), args.slots, max_length)
+        return batch_answers(pool, jobs), eos, pool
     head = load_dart_head(args.ckpt, target)
     trie = None if args.ngram is None else load_any(args.ngram)
     if trie is not None:
         check_trie_vocab(trie, target.config.vocab_size, args.ngram)
     engine = Engine(target, DartDrafter(head), trie, eos_ids=eos, tree_eos_id=tokenizer.eos_token_id, shapes=shapes)
-    pool = engine.batcher(args.slots, max(s.max_length for _, _, s in jobs))
+    pool = engine.batcher(args.slots, max_length)
     return pool_answers(pool, jobs, args.refill), eos, pool
 
 
@@ -204,8 +203,7 @@ def run(args) -> dict:
             os.fsync(f.fileno())
     finally:
         bar.close()
-        if pool is not None:
-            pool.close()
+        pool.close()
     seconds = time.perf_counter() - start
     return {**summary, "seconds": round(seconds, 2), "tokens_per_s": round(summary["new_tokens"] / seconds, 1)}
 

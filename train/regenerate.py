@@ -1,11 +1,13 @@
 """Regenerating the assistant turns with the target itself (heads learn best on its own outputs),
-with the project's autoregressive decoder: greedy when temperature is 0, else sampling at that
-temperature, one seed per (conversation, turn)."""
+by plain decoding (a pool of one slot over an `AutoregressiveDecoder`, stepped by the pool
+driver): greedy when temperature is 0, else sampling at that temperature, one seed per
+(conversation, turn)."""
 from __future__ import annotations
 
 import numpy as np
 
 from dart_jax.decoding.autoregressive import AutoregressiveDecoder
+from dart_jax.decoding.driver import decode
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.models.qwen3 import Qwen3
 
@@ -24,14 +26,15 @@ class Regenerator:
         self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
         self.eos = set(stop_ids(target, tokenizer))
         # prompts are padded to multiples of 64: few compiled prefill shapes
-        self.decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64, cache_multiple=64))
+        self.decoder = AutoregressiveDecoder(target, ShapeSettings(min_bucket=64, cache_multiple=64),
+                                             eos_ids=self.eos)
 
     def continue_ids(self, prompt_ids: list[int], key_data: list[int]) -> list[int]:
         """New token ids after `prompt_ids` (a final EOS included when generation stopped on it)."""
         seed = int(np.random.SeedSequence([self.seed, *key_data]).generate_state(1)[0])
         settings = GenerationSettings(max_new_tokens=self.max_new, max_length=len(prompt_ids) + self.max_new,
                                       temperature=self.temperature, seed=seed)
-        return self.decoder.generate(prompt_ids, settings, self.eos)
+        return [t for event in decode(self.decoder, prompt_ids, settings) for t in event.ids]
 
     def conversation(self, messages: list[dict], index: int) -> list[dict]:
         """`messages` with every assistant turn replaced by the target's reply to the turns before it."""

@@ -38,7 +38,7 @@ from dart_jax.models.head import DartHead
 from dart_jax.models.qwen3 import Qwen3, default_dtype, use_backend_layout
 from dart_jax.ngram import Trie
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
-from dart_jax.decoding.driver import decode
+from dart_jax.decoding.driver import decode, decode_together
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import load_tokenizer_folder
@@ -405,7 +405,7 @@ def run_batch(models: ModelSet, work: Workload, *, batches=(1, 2, 4, 8, 16), rep
                 return [list(h.token_ids) for h in handles]
 
             def ar():
-                return engine.baseline.generate_batch(prompts, [settings] * b, engine.eos_ids)
+                return decode_together(engine, prompts, [settings] * b, plain=True)
 
             for name, fn in (("dart", dart), ("ar", ar)):
                 for _ in range(warmup):

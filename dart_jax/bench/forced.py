@@ -4,7 +4,7 @@ Random weights give honest step costs but τ ≈ 1, so `bench e2e` on them canno
 trained head would give. `bench e2e --force-tau T` reproduces a chosen acceptance instead:
 
 1. each prompt is first decoded greedily by plain autoregressive decoding of the same target
-   (`engine.baseline`), a few tokens past --max-new-tokens: the *reference*;
+   (`driver.decode_together(..., plain=True)`), a few tokens past --max-new-tokens: the *reference*;
 2. DART then runs as usual (same pool, same drafter call, same n-gram tree search, same tree size,
    same verify step, same acceptance on the device), except that after the tree search each tree
    is edited on the host so that it holds the reference's next D tokens as a path from the root,
@@ -70,6 +70,7 @@ import numpy as np
 from dart_jax.bench.e2e import open_model, tree_label
 from dart_jax.bench.util import check_reps, median, progress
 from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.driver import decode_together
 from dart_jax.bench.forced_device import DeviceForcing
 from dart_jax.decoding.layout import device_steps_layout
 
@@ -331,8 +332,7 @@ def reference_outputs(engine, prompts: list[np.ndarray], settings) -> list[list[
     """Plain greedy decoding of each prompt (the target's own continuation), a tree depth plus one
     tokens past max_new_tokens so that no forced path is cut by the reference's end."""
     longer = dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens + engine.rows + 1)
-    return [list(map(int, out)) for out in engine.baseline.generate_batch(prompts, [longer] * len(prompts),
-                                                                         engine.eos_ids)]
+    return decode_together(engine, prompts, [longer] * len(prompts), plain=True)
 
 
 def first_mismatch(output: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -375,8 +375,8 @@ def calibrate(engine, prompts, settings, references, *, tau: float, seed: int, p
                 continue
             prefix = [int(t) for t in h.token_ids[:at + 1]]
             rest = dataclasses.replace(settings, max_new_tokens=max(len(references[i]) - len(prefix), 1))
-            tail = engine.baseline.generate_batch([np.concatenate([np.asarray(prompts[i]), prefix]).astype(np.int32)],
-                                                  [rest], engine.eos_ids)[0] if prefix[-1] not in engine.eos_ids else []
+            tail = decode_together(engine, [np.concatenate([np.asarray(prompts[i]), prefix]).astype(np.int32)],
+                                   [rest], plain=True)[0] if prefix[-1] not in engine.eos_ids else []
             references[i] = prefix + [int(t) for t in tail]
             resyncs, moved = resyncs + 1, True
         if not moved:
@@ -446,8 +446,7 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
             ar_rates, ar_out = [], None
             for rep in range(warmup + reps):
                 t0 = time.perf_counter()
-                ar_out = [list(map(int, o)) for o in engine.baseline.generate_batch(prompts, [settings] * b,
-                                                                                    engine.eos_ids)]
+                ar_out = decode_together(engine, prompts, [settings] * b, plain=True)
                 if rep >= warmup:
                     ar_rates.append(sum(map(len, ar_out)) / (time.perf_counter() - t0))
                 bar.update()

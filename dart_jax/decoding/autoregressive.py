@@ -1,10 +1,12 @@
 """Plain autoregressive decoding of a Qwen3 target: the baseline of the speculative engine, the
 regeneration of training data, and the decode step the benchmarks time.
 
-Two jitted pure functions over the target's state (`split_flat`: the arrays as one tuple): a
-prefill of the padded prompt and a one-token step. The step attends over a power-of-two window
-of the cache that follows the sequence (`attention_window`), so its cost follows the sequence
-length, not the cache size.
+Jitted pure functions over the target's state (`split_flat`: the arrays as one tuple): a prefill
+of the padded prompt, a one-token step and a chunk of one-token steps in one device loop
+(`decode_tokens`). The steps attend over a power-of-two window of the cache that follows the
+sequence (`attention_window`), so their cost follows the sequence length, not the cache size.
+`AutoregressiveDecoder` holds them; the loop over them is a pool's (`batcher.PlainBatcher`,
+stepped by `driver.Driver`), as for speculative decoding.
 """
 from __future__ import annotations
 
@@ -12,8 +14,7 @@ import dataclasses
 import functools
 import math
 import os
-import time
-from typing import Callable, Iterator
+from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -22,12 +23,11 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from dart_jax.errors import ResourceError
-from dart_jax.models.multihost import to_host
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
 from dart_jax.models.sharding import constrain_cache, constrain_replicated, inputs_on_mesh
 
 from .sampling import SamplingParams, sample_tokens, split_rows
-from .requests import Budget, Stats
+from .requests import check_request
 from .settings import GenerationSettings, ShapeSettings
 
 _MIN_WINDOW = 256  # smallest attention window: few compiled variants, little waste
@@ -262,17 +262,25 @@ def _pinned_outputs(fn, mesh):
 
 
 class AutoregressiveDecoder:
-    """Plain decoding of `target` with the engine's sampling; caches come from a `CachePool`
-    whose sets start with a target `KVCache` (other caches in the set are kept untouched)."""
+    """Plain decoding of `target` with the engine's sampling: its jitted programs (a prefill, a
+    one-token step, a chunk of `chunk` tokens in one device loop) and what a `PlainBatcher` asks of
+    its engine: caches from a `CachePool` whose sets are (target `KVCache`, drafter cache; None
+    without a drafter), `shapes`, the EOS ids and `check_request`. An `Engine` holds one over its
+    own cache set (`Engine.baseline`); training decodes with one over a target alone, through a
+    `PlainBatcher` stepped by the pool driver (`driver.pool_for` takes either)."""
 
-    def __init__(self, target: Qwen3, shapes: ShapeSettings = ShapeSettings(), pool: CachePool | None = None):
+    def __init__(self, target: Qwen3, shapes: ShapeSettings = ShapeSettings(), pool: CachePool | None = None, *,
+                 eos_ids: Iterable[int] = ()):
         self.target, self.shapes = target, shapes
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.eos_row = jnp.asarray(sorted(self.eos_ids) or [-1], jnp.int32)
         model, self.state = split_flat(target)
-        self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),))
+        self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),
+                                                             None))
         # over a mesh (the target's parameters carry it): the caches keep their shardings, the rest
         # comes back whole on every device, so that every host of a multi-host mesh reads it
-        mesh = next((leaf.sharding.mesh for leaf in jax.tree.leaves(self.state)
-                     if isinstance(getattr(leaf, "sharding", None), NamedSharding)), None)
+        mesh = self.mesh = next((leaf.sharding.mesh for leaf in jax.tree.leaves(self.state)
+                                 if isinstance(getattr(leaf, "sharding", None), NamedSharding)), None)
         self.prefill = inputs_on_mesh(jitted(_pinned_outputs(_prefill_rows, mesh), model, donate_argnames="cache"),
                                       mesh)
         self.decode = inputs_on_mesh(jitted(_pinned_outputs(_decode, mesh), model, static_argnames=("window", "live"),
@@ -283,71 +291,6 @@ class AutoregressiveDecoder:
 
     chunk = 32  # tokens per device loop: one host round trip per chunk, not per token
 
-    def decode_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids, *,
-                     cache_length: int | None = None, stats: list | None = None) -> Iterator[list[list[int]]]:
-        """B prompts together, each within its own budget (a finished sequence idles): yields the new
-        ids of every sequence per device call ([first] from the prefill, then up to `chunk` tokens
-        decoded in one jitted loop that checks EOS and the budgets on the device; [] once done)
-        until all are done. `cache_length` defaults to what
-        the longest request needs; `stats` (one `Stats` per sequence) get prefill_s, device_s,
-        steps, accept_lengths and total_s."""
-        prompts = [np.asarray(p, np.int32) for p in prompts]
-        b, lens = len(prompts), np.array([p.size for p in prompts], np.int32)
-        padded = np.zeros((b, self.shapes.bucket(int(lens.max()))), np.int32)
-        for i, p in enumerate(prompts):
-            padded[i, :p.size] = p
-        eos = frozenset(int(e) for e in eos_ids)
-        budgets = [Budget(eos, s.max_new_tokens, s.max_length - p.size) for s, p in zip(settings, prompts)]
-        stats = stats if stats is not None else [Stats() for _ in prompts]
-        params, keys = GenerationSettings.sampling_rows(settings)
-        if cache_length is None:
-            cache_length = self.shapes.cache_length(max(padded.shape[1], max(s.max_length for s in settings)) + 1)
-        length, caches = self.pool.take(cache_length, b)
-        cache, rest = caches[0], caches[1:]
-        start = time.perf_counter()
-        try:
-            token, cache, keys = self.prefill(self.state, jnp.asarray(padded), jnp.asarray(lens),
-                                              jnp.zeros((b,), jnp.int32), cache, keys, params)
-            first = to_host(token)
-            for s in stats:
-                s.prefill_s = time.perf_counter() - start
-            yield [budget.take([t]) for budget, t in zip(budgets, first)]
-            cache_len, committed = jnp.asarray(lens), int(lens.max())
-            remaining = jnp.asarray([0 if budget.done else budget.limit - len(budget.out) for budget in budgets],
-                                    jnp.int32)
-            eos_row = jnp.asarray(sorted(eos) or [-1], jnp.int32)
-            while not all(budget.done for budget in budgets):
-                t0 = time.perf_counter()
-                chunk = self.chunk
-                out, token, cache, cache_len, keys, remaining = self.decode_chunk(
-                    self.state, token, cache, cache_len, keys, params, remaining, eos_row,
-                    window=attention_window(committed + chunk, length), chunk=chunk)
-                host = to_host(out)
-                elapsed = time.perf_counter() - t0
-                committed += chunk
-                rows = []
-                for s, budget, row in zip(stats, budgets, host):
-                    kept = budget.take(row[row >= 0]) if not budget.done else []
-                    if kept:
-                        s.device_s += elapsed
-                        s.steps += len(kept)
-                        s.accept_lengths.extend([1] * len(kept))
-                    rows.append(kept)
-                yield rows
-        finally:
-            for s in stats:
-                s.total_s = time.perf_counter() - start
-            self.pool.keep(length, (cache, *rest), b)
-
-    def generate_batch(self, prompts: list, settings: list[GenerationSettings], eos_ids) -> list[list[int]]:
-        """The new ids of each prompt (a final EOS included when generation stopped on it), decoded
-        together: the batched baseline."""
-        outs: list[list[int]] = [[] for _ in prompts]
-        for rows in self.decode_batch(prompts, settings, eos_ids):
-            for out, kept in zip(outs, rows):
-                out.extend(kept)
-        return outs
-
-    def generate(self, prompt_ids, settings: GenerationSettings, eos_ids) -> list[int]:
-        """The new ids after `prompt_ids` (a final EOS included when generation stopped on it)."""
-        return self.generate_batch([prompt_ids], [settings], eos_ids)[0]
+    def check_request(self, prompt_ids, settings: GenerationSettings, *, warn: bool = True) -> np.ndarray:
+        """The prompt as int32 ids, or an InputError naming what is wrong (`check_request`)."""
+        return check_request(self.target.config, prompt_ids, settings, warn=warn)

@@ -117,7 +117,8 @@ class SlotPool:
     prefill waiting requests into free slots; `_advance`: one step of every busy slot)."""
 
     def __init__(self, engine, slots: int, max_length: int = 2048):
-        """`engine`: a `dart_jax.decoding.engine.Engine` (its jitted calls, drafter, trie and caches)."""
+        """`engine`: a `dart_jax.decoding.engine.Engine` (its jitted calls, drafter, trie and caches),
+        for a `PlainBatcher` an `AutoregressiveDecoder`."""
         if int(slots) < 1:
             raise ValueError(f"the pool needs at least one slot, got {slots}.")
         if int(max_length) < 2:
@@ -714,16 +715,18 @@ class Batcher(SlotPool):
 
 
 class PlainBatcher(SlotPool):
-    """Plain autoregressive decoding of the target in the same kind of pool: each step decodes a
-    chunk of up to `AutoregressiveDecoder.chunk` tokens for every busy slot in one jitted device
-    loop (the loop `generate_ar` runs: the same baseline beside `Batcher`, e.g. in a server)."""
+    """Plain autoregressive decoding of the target in the same kind of pool, over `decoder` (an
+    `AutoregressiveDecoder`: an `Engine`'s `baseline`, or one over a target alone): each step
+    decodes a chunk of up to `AutoregressiveDecoder.chunk` tokens for every busy slot in one jitted
+    device loop. The one plain-decoding loop: `generate_ar`, the server's method "ar", the
+    benchmarks' baselines and training's answers all run it."""
 
-    def __init__(self, engine, slots: int, max_length: int = 2048):
-        super().__init__(engine, slots, max_length)
+    def __init__(self, decoder, slots: int, max_length: int = 2048):
+        super().__init__(decoder, slots, max_length)
         # the tree size its tokens are recorded with: None (plain decoding, method "ar"), or 0 where
         # keep="auto" decodes a pool plainly because no tree size can pay (`driver.pool_for`)
         self.tree_size: int | None = None
-        self.decoder = engine.baseline
+        self.decoder = decoder
         self.token = jnp.zeros((self.slots,), jnp.int32)  # each slot's last token, not yet in the cache
 
     def _cache_length(self) -> int:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator, Sequence
 
-from .autoregressive import live_rows
-from .batcher import Request, SlotPool, StepEvent
+from .autoregressive import AutoregressiveDecoder, live_rows
+from .batcher import PlainBatcher, Request, SlotPool, StepEvent
 from .compile_time import CompileTimer
 from .requests import Stats
 from .settings import GenerationSettings
@@ -54,10 +54,13 @@ class Driver:
 
 
 def pool_for(engine, slots: int, max_length: int, *, plain: bool = False) -> SlotPool:
-    """A pool of `slots` sequences on `engine`: plain decoding with `plain`, and also where
-    keep="auto" finds that no tree size can pay on this device for that many rows
-    (`TreeSizer.drafting_pays`: the same output at plain decoding's speed, each token recorded
-    with tree size 0); else the engine's speculative pool."""
+    """A pool of `slots` sequences on `engine` (an `Engine`, or an `AutoregressiveDecoder`, which
+    decodes plainly only): plain decoding with `plain`, and also where keep="auto" finds that no
+    tree size can pay on this device for that many rows (`TreeSizer.drafting_pays`: the same
+    output at plain decoding's speed, each token recorded with tree size 0); else the engine's
+    speculative pool."""
+    if isinstance(engine, AutoregressiveDecoder):
+        return PlainBatcher(engine, slots, max_length)
     if plain:
         return engine.batcher(slots, max_length, plain=True)
     if not engine.sizer.drafting_pays(live_rows(slots, slots)):
@@ -88,5 +91,20 @@ def decode(engine, prompt_ids: Sequence[int], settings: GenerationSettings = Gen
     try:
         for step in Driver(pool).run():
             yield from step.events
+    finally:
+        pool.close()
+
+
+def decode_together(engine, prompts: Sequence[Sequence[int]], settings: Sequence[GenerationSettings], *,
+                    plain: bool = False) -> list[list[int]]:
+    """The new ids of each of `prompts` (a final EOS included), each with its own `settings`,
+    decoded together in one pool of as many slots (`pool_for`): they join at its first step and
+    leave as they finish. The pool is closed at the end."""
+    pool = pool_for(engine, len(prompts), max(s.max_length for s in settings), plain=plain)
+    try:
+        requests = [pool.submit(p, s) for p, s in zip(prompts, settings, strict=True)]
+        for _ in Driver(pool).run():
+            pass
+        return [list(r.token_ids) for r in requests]
     finally:
         pool.close()

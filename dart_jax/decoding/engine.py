@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +52,7 @@ from .batcher import Batcher, PlainBatcher
 from .drafter import DartDrafter, Drafter
 from .device_tree import DeviceSearch, DeviceTrie, LoopStep, TreeEdit, search_trees
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
-from .requests import Stats, check_prompt
+from .requests import check_request
 from .sampling import accept_trees, sample_tokens, split_rows
 from .settings import GenerationSettings, ShapeSettings
 from .state import PoolState
@@ -357,8 +356,8 @@ def _pinned(fn, mesh):
 
 class Engine:
     """Speculative decoding of `target` with `drafter`; the drafter's trees are searched with `trie`
-    (None: the drafter's scores alone) under `tree` settings. Also runs the autoregressive baseline
-    over the same cache set."""
+    (None: the drafter's scores alone) under `tree` settings. Its `baseline` (an
+    `AutoregressiveDecoder`) decodes plainly over the same cache set: a `PlainBatcher`'s engine."""
 
     plain_chunk = 32  # tokens per call of the adaptive budget's size 0 (plain decoding)
 
@@ -415,7 +414,7 @@ class Engine:
                                             static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
                                      self.mesh)
         self.pool = CachePool(self._make_caches)
-        self.baseline = AutoregressiveDecoder(target, shapes, self.pool)
+        self.baseline = AutoregressiveDecoder(target, shapes, self.pool, eos_ids=self.eos_ids)
         if device_steps and (self.mesh is not None or self.adaptive):
             raise InputError("device_steps (--device-steps) runs one fixed tree size on one device: pass keep=N / "
                              "--keep N (not \"auto\") and no mesh, or device_steps=0")
@@ -476,11 +475,12 @@ class Engine:
                 overlap: bool = False) -> "Batcher | PlainBatcher":
         """A continuous-batching pool of `slots` sequences on this engine: a `Batcher` (speculative
         steps; with `overlap` the host searches half the rows' trees while the device verifies the
-        other half, see `Batcher`), or with `plain` a `PlainBatcher` (plain decoding of the target)."""
+        other half, see `Batcher`), or with `plain` a `PlainBatcher` over `baseline` (plain decoding
+        of the target)."""
         if plain:
             if overlap:
                 raise ValueError("overlap applies to the speculative pool (a plain pool has no tree search)")
-            return PlainBatcher(self, slots, max_length)
+            return PlainBatcher(self.baseline, slots, max_length)
         return Batcher(self, slots, max_length, overlap=overlap)
 
     def with_tree(self, tree: TreeSettings, adaptive: bool | None = None) -> "Engine":
@@ -498,16 +498,9 @@ class Engine:
         """The tree settings of a step that uses a tree of `size` nodes besides the root."""
         return self._tree_settings[size]
 
-    def check_request(self, prompt_ids, settings: GenerationSettings, *, warn: bool = True):
-        """The prompt as int32 ids, or an InputError naming what is wrong (see `check_prompt`);
-        warns (`warn`) when the answer may run past the target's max_position_embeddings."""
-        limit = self.target.config.max_position_embeddings
-        ids = check_prompt(prompt_ids, self.vocab_size, settings.max_length, max_positions=limit)
-        if warn and ids.size + min(settings.max_new_tokens, settings.max_length - ids.size) > limit:
-            warnings.warn(f"prompt ({ids.size} tokens) + answer (up to {settings.max_new_tokens}) may run past the "
-                          f"model's max_position_embeddings ({limit}); tokens past it are unreliable: lower "
-                          "max_new_tokens / max_length.", stacklevel=3)
-        return ids
+    def check_request(self, prompt_ids, settings: GenerationSettings, *, warn: bool = True) -> np.ndarray:
+        """The prompt as int32 ids, or an InputError naming what is wrong (`requests.check_request`)."""
+        return check_request(self.target.config, prompt_ids, settings, warn=warn)
 
     @property
     def vocab_size(self) -> int:
@@ -531,21 +524,3 @@ class Engine:
         if self.mesh is None:
             return self.new_caches(batch, length)
         return sharded_caches(lambda: self.new_caches(batch, length), self.mesh)
-
-    # ------------------------------------------------------------------ the baseline
-    def generate_ar_steps(self, prompt_ids: Sequence[int], settings: GenerationSettings = GenerationSettings(), *,
-                          stats: Stats | None = None) -> Iterator[tuple[list[int], int]]:
-        """Plain autoregressive decoding of the target with the same sampling; yields ([token], 1)
-        ([first], 0 for the prefill's token)."""
-        ids = self.check_request(prompt_ids, settings)
-        stats = stats if stats is not None else Stats()
-        stats.prompt_tokens = ids.size
-        # the DART sizing, so that both decoders share one cache set (and its compiled shape)
-        rows = self.baseline.decode_batch([ids], [settings], self.eos_ids,
-                                          cache_length=self.cache_length(ids.size, settings.max_length), stats=[stats])
-        stats.token_ids = []
-        for step, (kept,) in enumerate(rows):
-            for token in kept:  # a device call decodes a chunk of tokens: hand them on one by one
-                stats.token_ids.append(token)
-                stats.new_tokens = len(stats.token_ids)
-                yield [token], min(step, 1)

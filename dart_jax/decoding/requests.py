@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,6 +31,20 @@ def check_prompt(prompt_ids: Sequence[int], vocab: int, max_length: int, *, max_
         raise InputError(f"the prompt has {ids.size} tokens but the model knows positions up to "
                          f"{max_positions} (max_position_embeddings): shorten the prompt.")
     return ids.astype(np.int32)
+
+
+def check_request(config, prompt_ids, settings, *, warn: bool = True) -> np.ndarray:
+    """A request's prompt as int32 ids for a target of `config` (its vocabulary and positions), or
+    an InputError naming what is wrong (`check_prompt`); warns (`warn`) when the answer may run past
+    the target's max_position_embeddings, at the line that submitted the request (a pool's
+    `submit`, through its engine's `check_request`)."""
+    limit = config.max_position_embeddings
+    ids = check_prompt(prompt_ids, config.vocab_size, settings.max_length, max_positions=limit)
+    if warn and ids.size + min(settings.max_new_tokens, settings.max_length - ids.size) > limit:
+        warnings.warn(f"prompt ({ids.size} tokens) + answer (up to {settings.max_new_tokens}) may run past the "
+                      f"model's max_position_embeddings ({limit}); tokens past it are unreliable: lower "
+                      "max_new_tokens / max_length.", stacklevel=4)
+    return ids
 
 
 class Budget:
