@@ -839,6 +839,26 @@ def test_a_decoder_of_the_target_alone_decodes_as_the_engines_plain_pool(tiny):
     assert [[t for e in decode(decoder, p, s) for t in e.ids] for p, s in zip(prompts, settings)] == want
 
 
+def test_a_pool_on_a_longer_cache_set_keeps_a_running_rows_samples_when_another_joins(tiny):
+    """A pool handed a longer cache set than it asked for (the engine keeps the last set) takes
+    that set's length as its own: a prefill of a joining request leaves the running rows' keys
+    alone, so a sampled request decodes as alone."""
+    engine = engine_for(tiny, eos=())  # no EOS: the sampled request runs past the other's admission
+    sampled = GenerationSettings(max_new_tokens=40, max_length=96, temperature=1.0, seed=6)
+    alone = [t for e in decode(engine, PROMPTS[0], sampled, plain=True) for t in e.ids]
+    # a DART pool of two slots leaves the engine its set of over 2048 positions
+    decode_together(engine, [PROMPTS[1]] * 2, [GenerationSettings(max_new_tokens=2)] * 2)
+    pool = engine.batcher(2, 96, plain=True)
+    try:
+        first = pool.submit(PROMPTS[0], sampled)
+        pool.step()  # its prefill
+        pool.step()  # a chunk
+        pool.submit(PROMPTS[1], GenerationSettings(max_new_tokens=4, max_length=96))
+        pool.run()
+    finally:
+        pool.close()
+    assert pool.length >= 2048 and len(alone) == 40 and first.token_ids == alone
+
 
 # ------------------------------------------------------------------------------------------------
 # the adaptive tree budget (keep="auto"): the engine's mechanics under scripted choices

@@ -127,7 +127,8 @@ class SlotPool:
         self.length = self._cache_length()
         b = self.slots
         self.settings: list[GenerationSettings | None] = [None] * b
-        _, caches = engine.pool.take(
+        # a set held from an earlier pool may be longer than asked: its length is the pool's
+        self.length, caches = engine.pool.take(
             self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
             fix="use fewer slots (batch size) or a smaller max_length.")
         # the keys are placeholders: a request brings its own
