@@ -177,7 +177,7 @@ def two_prompts(model, engine, new: int = 40):
     depth and one past `new`)."""
     settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
     prompts = [np.asarray(model.encode(p, False)) for p in ("def f(x):", "Hi there")]
-    return settings, prompts, [plain_greedy(engine.target, p, new + engine.rows + 1) for p in prompts]
+    return settings, prompts, [plain_greedy(engine.target, p, new + engine.depth + 1) for p in prompts]
 
 
 def test_forced_run_outputs_plain_greedy_at_the_asked_tau(tiny, monkeypatch):
@@ -219,7 +219,7 @@ def a_wrong_reference(model, engine, new: int):
     """(settings of `new` greedy tokens, a prompt, its true reference, the same with token 10 wrong)."""
     settings = GenerationSettings(max_new_tokens=new, max_length=128, temperature=0.0)
     prompt = np.asarray(model.encode("x = 1", False))
-    truth = plain_greedy(engine.target, prompt, new + engine.rows + 1)
+    truth = plain_greedy(engine.target, prompt, new + engine.depth + 1)
     return settings, prompt, truth, truth[:10] + [(truth[10] + 1) % 200] + truth[11:]
 
 

@@ -994,7 +994,7 @@ def test_keep_auto_runs_one_step_program_before_its_first_dart_step(tiny):
     other programs come as the rule, the probes or the exploration pick them, and the output
     stays the target's greedy one."""
     engine = engine_for(tiny, adaptive=True, keep=8)
-    assert engine.tree_sizes == (0, 3, 8) and engine.rows == 4 and not engine.sizer.eager
+    assert engine.tree_sizes == (0, 3, 8) and engine.depth == 4 and not engine.sizer.eager
     calls, step, plain = [], engine.step, engine.plain
 
     def spy(name, call):

@@ -57,7 +57,7 @@ def test_the_search_context_is_the_references(order, tiny, tmp_path):
     for i in range(1, len(emitted)):
         root = (prompt + sum(emitted[:i], []))[-1]
         expected.append([root] + emitted[i][:counts[i]])
-    width = max(engine.rows + 2, order - 1)
+    width = max(engine.depth + 2, order - 1)
     assert len(calls) >= len(emitted) - 1
     for i, (got, _, _, _) in enumerate(calls):
         assert got[0] == expected[i][-width:], (i, got[0], expected[i])

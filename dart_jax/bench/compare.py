@@ -36,7 +36,7 @@ def drafting_ms(engine, *, context: int = 256, reps: int = 20, seed: int = 0) ->
     with the engine's tree settings (static shapes as in the step), on random inputs."""
     drafter = engine.drafter
     cls = type(drafter)
-    depth, k, nodes = engine.rows, engine.tree.topk, engine.n_nodes
+    depth, k, nodes = engine.depth, engine.tree.topk, engine.n_nodes
     dtype = engine.target.dtype
     model, state = split_flat(drafter.module)  # as the engine passes it: a flat tuple
     length = context + 2 * (depth + 1) + 64

@@ -495,7 +495,7 @@ def run_phases(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int =
     step_ms, prefill_ms = [], []
     with open_model(models, seed) as (model, source):
         engine = model.engine
-        topk_ms = _transfer_ms(2 * engine.rows * engine.tree.topk, reps=20)
+        topk_ms = _transfer_ms(2 * engine.depth * engine.tree.topk, reps=20)
         bar = progress(len(items) * (reps + warmup), "phases", show_progress)
         for item in items:
             ids = model.encode(item["prompt"], work.chat)

@@ -331,7 +331,7 @@ class ForcedBatcher(Batcher):
 def reference_outputs(engine, prompts: list[np.ndarray], settings) -> list[list[int]]:
     """Plain greedy decoding of each prompt (the target's own continuation), a tree depth plus one
     tokens past max_new_tokens so that no forced path is cut by the reference's end."""
-    longer = dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens + engine.rows + 1)
+    longer = dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens + engine.depth + 1)
     return decode_together(engine, prompts, [longer] * len(prompts), plain=True)
 
 
@@ -431,9 +431,9 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
         if engine.adaptive:
             engine = engine.with_tree(engine.tree, adaptive=False)  # the largest size, every step
         for tau in taus:
-            acceptance_rate(tau, engine.rows)  # refuse an unreachable τ before anything runs
+            acceptance_rate(tau, engine.depth)  # refuse an unreachable τ before anything runs
         config = {"model": source, "num_prompts": len(items), **work.config(seed), "keep": tree_label(engine),
-                  "tree_depth": engine.rows, "force_tau": list(taus), "batches": list(batches), "overlap": overlap,
+                  "tree_depth": engine.depth, "force_tau": list(taus), "batches": list(batches), "overlap": overlap,
                   "reps": reps, "warmup": warmup, "depth_law": "D = min(Geometric(alpha), tree depth), E[D] + 1 = tau",
                   "device_steps": engine.device_steps, "verify_gemms": engine.verify_gemms,
                   "attention": engine.target.attention_kernel}

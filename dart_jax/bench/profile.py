@@ -413,7 +413,7 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
     result = {"mode": "profile",
               "config": {"model": source, "prompt_id": item["id"], "steps": sum(h["steps"] for h in host), "keep": keep,
                          "device_steps": engine.device_steps, "calls": len(host),
-                         "tree_depth": engine.rows, "force_tau": force_tau, **work.config(seed),
+                         "tree_depth": engine.depth, "force_tau": force_tau, **work.config(seed),
                          "backend": jax.default_backend(), "device": jax.devices()[0].device_kind},
               "phases": phase_rows, "ops": op_rows, "summary": summary, "trace_dir": str(trace_dir)}
     (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -348,7 +348,7 @@ class Batcher(SlotPool):
         self._ready: _Half | None = None  # overlap: the other half's searched trees, dispatched when it lands
         self._plain_due = False  # overlap: the sizer chose size 0 for a half: a plain chunk of the whole pool next
         self.overlap_stats = {"half_steps": 0, "search_s": 0.0, "wait_s": 0.0, "restarts": 0}
-        self.depth, self.k = engine.rows, engine.tree.topk
+        self.depth, self.k = engine.depth, engine.tree.topk
         self.fields = engine.drafter.proposal_fields(self.depth, self.k, engine.n_nodes)
         self.outputs = step_layout(self.depth, self.fields)
         self.trees = {size: tree_layout(size + 1, self.depth) for size in engine.tree_sizes if size}

@@ -386,13 +386,13 @@ class Engine:
         self.shapes = shapes
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.tree_eos_id = tree_eos_id
-        self.rows = tree.rows_used(drafter.rows)
+        self.depth = tree.rows_used(drafter.rows)  # the draft rows a tree spans
         self.n_nodes = tree.keep + 1  # the biggest tree
         # keep="auto": each step picks among a few tree sizes up to tree.keep (dart_jax.decoding.adaptive)
         self.adaptive = bool(adaptive) and drafter.adaptive_tree
         # size 0: a chunk of plain decoding, chosen where drafting does not pay
         self.tree_sizes = (0,) + auto_sizes(tree.keep) if self.adaptive else (tree.keep,)
-        self.sizer = TreeSizer(self.tree_sizes, plain_tokens=self.plain_chunk, depth=self.rows)
+        self.sizer = TreeSizer(self.tree_sizes, plain_tokens=self.plain_chunk, depth=self.depth)
         self._tree_settings = {size: dataclasses.replace(self.tree, keep=size) for size in self.tree_sizes if size}
         self.eos_row = jnp.asarray(sorted(self.eos_ids) or [-1], jnp.int32)
         model, self._state = split_flat(_Pair(target, drafter.module))
@@ -511,7 +511,7 @@ class Engine:
         S <= max_length-2 reads the tree's N nodes beside the cache and writes the drafter's
         reach(rows + 1) from S."""
         bucket = self.shapes.bucket(prompt_len)
-        step = max(self.n_nodes, self.drafter.reach(self.rows + 1), self.drafter.reach(self.plain_chunk))
+        step = max(self.n_nodes, self.drafter.reach(self.depth + 1), self.drafter.reach(self.plain_chunk))
         need = max(self.drafter.reach(bucket), max_length + step)
         return self.shapes.cache_length(need)
 
