@@ -47,8 +47,10 @@ def test_from_pretrained_takes_a_config_and_few_parameters_besides():
 @pytest.mark.parametrize("flags, names", SAME_SETTINGS)
 def test_the_cli_and_the_python_api_build_the_same_config(flags, names):
     from_python = DecodeConfig.build(**names)
-    for parse in (generate_options.parse_args, lambda argv: serve_options.parse_args(argv)):
-        assert DecodeConfig.from_args(parse(flags)) == from_python
+    assert DecodeConfig.from_args(generate_options.parse_args(flags)) == from_python
+    # the server pads prompts to at least SERVE_MIN_BUCKET tokens unless told otherwise (its one own default)
+    served = DecodeConfig.build(**{"min_bucket": serve_options.SERVE_MIN_BUCKET, **names})
+    assert DecodeConfig.from_args(serve_options.parse_args(flags)) == served
     # and each value given landed in its field (not a default that happens to agree)
     assert all(getattr(from_python, name) == value for name, value in names.items())
 
