@@ -263,3 +263,65 @@ def test_compilations_are_named_in_words_or_by_their_function():
     assert describe("jit(_step)") == describe("_step") == "the DART decode step"
     assert describe("jit(_pool_step)") == "the program _pool_step"
     assert describe("") == "a helper"
+
+
+def test_an_accelerator_s_programs_compile_ahead_too(monkeypatch):
+    """What only an accelerator runs, on the CPU: the device loop (device_steps) and the sampling
+    branch decided on the host (each pool step compiled for all-greedy rows and for a sampling
+    one). After the programs listed for one row are compiled and one greedy request has run (the
+    small programs between the calls), a sampled request and a greedy one compile nothing."""
+    from dart_jax.api.model import DartModel
+    from dart_jax.decoding import ahead, sampling
+    from dart_jax.decoding.driver import Driver
+    from dart_jax.decoding.settings import GenerationSettings
+
+    monkeypatch.setattr(sampling, "host_branch", lambda: True)
+    model = DartModel.demo("tiny", keep=4, device_steps=2, min_bucket=64)
+    engine = model.engine
+    pool = engine.batcher(1, 64)
+    try:
+        programs = ahead.programs(pool, 1, 63, 64)
+        assert {(p.kind, p.greedy) for p in programs} == {(kind, greedy) for kind in ("prefill", "loop")
+                                                          for greedy in (True, False)}
+        for program in programs:
+            program.compile()
+        prompt = model.encode("What is speculative decoding?", chat=False)
+
+        def answer(temperature: float) -> list[int]:
+            request = pool.submit(prompt, GenerationSettings(max_new_tokens=6, max_length=64, temperature=temperature,
+                                                             seed=1), stop_at_eos=False)
+            for _ in Driver(pool).run():
+                pass
+            return request.token_ids
+
+        answer(0.0)
+        with compilations() as seen:
+            assert len(answer(0.8)) == 6 and len(answer(0.0)) == 6
+        assert seen == []
+    finally:
+        pool.close()
+
+
+def test_the_warm_up_stops_compiling_before_the_process_runs_out_of_memory_maps(monkeypatch):
+    """Linux ends a process whose memory maps reach vm.max_map_count, and each compiled XLA:CPU
+    program maps its kernels: past 75 % of the limit, the programs left fail with OutOfMaps."""
+    from dart_jax.decoding.ahead import Program
+    from dart_jax.serve import warmup
+
+    used = iter([100, 740, 760, 900])  # of 1000: a quarter is left to programs compiled on first use
+    monkeypatch.setattr(warmup, "maps_in_use", lambda: (next(used), 1000))
+    ran = []
+    compiler = warmup.Compiler(1)
+    try:
+        futures = [compiler.submit(Program("step", 1, 256, size, lower=lambda size=size: lambda: ran.append(size)))
+                   for size in range(4)]
+        outcomes = []
+        for future in futures:
+            try:
+                outcomes.append(future.result(HANG) is not None)
+            except warmup.OutOfMaps as e:
+                outcomes.append(str(e))
+    finally:
+        compiler.close()
+    assert ran == [0, 1] and outcomes[:2] == [True, True]
+    assert all("vm.max_map_count 1000" in o and "sysctl -w vm.max_map_count" in o for o in outcomes[2:]), outcomes

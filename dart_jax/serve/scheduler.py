@@ -59,7 +59,7 @@ from dart_jax.decoding.driver import Driver
 from dart_jax.decoding.requests import Stats, WarmTime
 from dart_jax.decoding.settings import GenerationSettings
 
-from .warmup import WARM_LENGTH, Compiler, Progress, Stage, plan
+from .warmup import WARM_LENGTH, Compiler, OutOfMaps, Progress, Stage, plan
 
 log = logging.getLogger("dart_jax.serve")
 
@@ -325,7 +325,15 @@ class Scheduler:
                 if on_stage is not None:
                     on_stage(n, len(stages), stage, None)
                 began = time.monotonic()
-                if not self._wait(futures[n - 1]) or not self._warm_requests(stage, prompt_ids, max_new_tokens):
+                try:
+                    compiled = self._wait(futures[n - 1])
+                except OutOfMaps as e:
+                    if not progress.ready:
+                        raise
+                    log.warning("the warm-up %s", e)
+                    progress.finish(str(e))
+                    return
+                if not compiled or not self._warm_requests(stage, prompt_ids, max_new_tokens):
                     progress.finish("interrupted: the server stops")
                     return
                 self._inbox.put(("warmed", stage))

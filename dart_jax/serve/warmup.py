@@ -21,6 +21,13 @@ small programs the pool runs between its calls (moving its slots' keys and sampl
 Past `--warmup-length` tokens (a longer prompt, an answer that reaches the next attention
 window), and for a tree size other than the default, a request compiles its programs on first
 use. `Progress` is what GET /health shows of it.
+
+A bound no warm-up can pass: each compiled XLA:CPU program maps its kernels into memory, about a
+thousand maps for a 30-layer model, and Linux ends a process whose maps reach `vm.max_map_count`
+(65 530 by default: some sixty such programs). The warm-up compiles ahead only while the maps
+leave `MAP_RESERVE` of that limit free, for the programs requests compile on first use; past it
+it stops (`OutOfMaps`: what is warm then stays warm, the rest compiles on first use) and says how
+to raise the limit.
 """
 from __future__ import annotations
 
@@ -30,7 +37,10 @@ import queue
 import threading
 import time
 
+from pathlib import Path
+
 from dart_jax.decoding.ahead import Program
+from dart_jax.errors import ResourceError
 
 from .options import WARM_LENGTH  # noqa: F401 (the default --warmup-length, importable from here)
 
@@ -125,6 +135,29 @@ class Progress:
 # compilation, which leaves the GIL, runs side by side
 _LOWERING = threading.Lock()
 
+MAP_RESERVE = 0.25  # the share of vm.max_map_count the warm-up leaves to programs compiled on first use
+
+
+def maps_in_use() -> tuple[int, int] | None:
+    """(memory maps of this process, the kernel's vm.max_map_count), or None where there is no such
+    limit to read (not Linux)."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps), limit
+    except (OSError, ValueError):
+        return None
+
+
+class OutOfMaps(ResourceError):
+    """The warm-up stopped: another program would leave less than `MAP_RESERVE` of vm.max_map_count."""
+
+    def __init__(self, used: int, limit: int):
+        super().__init__(f"stopped before the process's memory maps reach the kernel's limit ({used} of "
+                         f"vm.max_map_count {limit}; each compiled program takes hundreds to thousands): what is "
+                         "warm stays warm, the rest compiles on first use; to warm more, raise the limit (sudo "
+                         "sysctl -w vm.max_map_count=262144) or lower --warmup-length or --slots")
+
 
 class Compiler:
     """`threads` daemon threads that compile `Program`s ahead of time in the order submitted;
@@ -175,6 +208,9 @@ class Compiler:
             with self._lock:
                 self._running += 1
             try:
+                maps = maps_in_use()
+                if maps is not None and maps[0] > (1 - MAP_RESERVE) * maps[1]:
+                    raise OutOfMaps(*maps)
                 with _LOWERING:
                     compile_ = program.lower()
                 compile_()
