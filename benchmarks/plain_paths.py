@@ -9,6 +9,7 @@ load falls on both alike; prints tokens/s per path and batch size per round, the
 the ratio driver / removed loop (of the medians, and the median of each round's ratio).
 
     python benchmarks/plain_paths.py [--demo smollm2] [--rounds 7] [--max-new-tokens 128] [--limit 3] [--batch 3]
+                                     [--no-eos]
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import numpy as np
 from dart_jax.api.model import DartModel
 from dart_jax.bench.e2e import load_prompts
 from dart_jax.decoding.autoregressive import attention_window
+from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.driver import decode, decode_together
+from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Budget
 from dart_jax.decoding.settings import GenerationSettings
 
@@ -68,10 +71,15 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--limit", type=int, default=3, help="prompts decoded one at a time (default 3)")
     ap.add_argument("--batch", type=int, default=3, help="prompts decoded together (default 3; 0: none)")
+    ap.add_argument("--no-eos", action="store_true",
+                    help="decode past the EOS ids, every answer to --max-new-tokens (the tiny demo's answers are short)")
     args = ap.parse_args()
     model = DartModel.demo(args.demo)
     model.compile_notice = None
     engine = model.engine
+    if args.no_eos:  # an EOS id outside the vocabulary: never sampled, and both paths check it as usual
+        engine = Engine(model.target, DartDrafter(model.head), None, eos_ids=(engine.vocab_size,), tree_eos_id=None,
+                        shapes=engine.shapes)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     prompts = [model.encode(p["prompt"]) for p in load_prompts(None)[:max(args.limit, args.batch)]]
     # (batch, the prompts of one timed pair of runs): each unit runs both paths back to back
