@@ -39,15 +39,22 @@ def tree_size(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
 
 
-def device_steps(text: str) -> int:
-    """--device-steps: an integer in [0, MAX_DEVICE_STEPS], else an argparse error naming the limit."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= MAX_DEVICE_STEPS:
-        raise argparse.ArgumentTypeError(f"must lie in [0, {MAX_DEVICE_STEPS}] (0: a host call per step), got {value}")
-    return value
+def number_type(kind: type, low: float, high: float, *, low_open: bool = False, says: str = ""):
+    """An argparse type: a `kind` (int or float) in [low, high] ((low, high] with `low_open`), else
+    an argparse error naming the range, so that a bad value is refused before jax loads (the
+    settings' own checks state the same rules)."""
+    def parse(text: str):
+        value = kind(text)  # a ValueError is argparse's "invalid int value: 'x'"
+        if not ((low < value) if low_open else (low <= value)) or not value <= high:  # NaN fails too
+            shown = (lambda v: str(int(v))) if kind is int else (lambda v: f"{v:g}")
+            bounds = f"{'(' if low_open else '['}{shown(low)}, {shown(high)}]"
+            raise argparse.ArgumentTypeError(f"must lie in {bounds}{says}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+device_steps = number_type(int, 0, MAX_DEVICE_STEPS, says=" (0: a host call per step)")  # --device-steps
 
 
 def _setting(group: str, default: Any, flag: str, help: str, *, aliases: tuple[str, ...] = (),

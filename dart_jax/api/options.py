@@ -37,7 +37,7 @@ from dart_jax.files import check_regular, compile_cache_dir
 from . import methods as decoding_methods
 # the model's settings, one DecodeConfig field a flag (api/config.py declares each once)
 from .config import (ATTENTION_CHOICES, MAX_DEVICE_STEPS, SWITCH, VERIFY_GEMMS_CHOICES,  # noqa: F401
-                     DecodeConfig, add_config_flags, device_steps, tree_size)
+                     DecodeConfig, add_config_flags, device_steps, number_type, tree_size)
 from .prompts import read_prompt_file
 
 DEMOS = ("smollm2", "tiny")  # DartModel.demo(name) / --demo: the real model (default) and the embedded toy
@@ -50,30 +50,7 @@ DTYPE_CHOICES = ("float32", "bfloat16", "float16")  # `dart_jax.models.qwen3.MOD
 MAX_TEMPERATURE = 100.0  # `dart_jax.decoding.settings.MAX_TEMPERATURE`, which this light module cannot import (jax)
 
 
-def _number(kind: type, low: float, high: float, *, low_open: bool = False, says: str = ""):
-    """An argparse type: a `kind` (int or float) in [low, high] ((low, high] with `low_open`),
-    else an argparse error naming the range, so that a bad value is refused before jax loads
-    (`GenerationSettings` states the same rules)."""
-    def parse(text: str):
-        value = kind(text)  # a ValueError is argparse's "invalid int value: 'x'"
-        if not ((low < value) if low_open else (low <= value)) or not value <= high:  # NaN fails too
-            shown = (lambda v: str(int(v))) if kind is int else (lambda v: f"{v:g}")
-            bounds = f"{'(' if low_open else '['}{shown(low)}, {shown(high)}]"
-            raise argparse.ArgumentTypeError(f"must lie in {bounds}{says}, got {text}")
-        return value
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def top_k_value(text: str) -> int:
-    """--top-k: an integer in [0, INT32_MAX], else an argparse error naming the option and the limit."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"top-k must be an integer, got {text!r}") from None
-    if not 0 <= value <= INT32_MAX:
-        raise argparse.ArgumentTypeError(f"top-k must lie in [0, {INT32_MAX}] (0 = off), got {value}")
-    return value
+top_k_value = number_type(int, 0, INT32_MAX, says=" (0 = off)")  # --top-k: int32 on the device
 
 
 def default_cache_dir() -> Path:
@@ -135,15 +112,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="interactive chat: read a message, answer it, keep the history (an empty line or Ctrl-D ends; "
                          "/reset clears the history)")
     ap.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, without the chat template")
-    ap.add_argument("--max-new-tokens", type=_number(int, 1, INT32_MAX), default=256, help="generated tokens at most")
-    ap.add_argument("--max-length", type=_number(int, 2, INT32_MAX), default=2048,
+    ap.add_argument("--max-new-tokens", type=number_type(int, 1, INT32_MAX), default=256, help="generated tokens at most")
+    ap.add_argument("--max-length", type=number_type(int, 2, INT32_MAX), default=2048,
                     help="prompt + generated tokens at most")
-    ap.add_argument("--temperature", type=_number(float, 0, MAX_TEMPERATURE, says=" (0 = greedy)"), default=0.0,
+    ap.add_argument("--temperature", type=number_type(float, 0, MAX_TEMPERATURE, says=" (0 = greedy)"), default=0.0,
                     help="0 = greedy")
-    ap.add_argument("--top-p", type=_number(float, 0, 1, low_open=True, says=" (1 = off)"), default=1.0,
+    ap.add_argument("--top-p", type=number_type(float, 0, 1, low_open=True, says=" (1 = off)"), default=1.0,
                     help="nucleus sampling (1 = off)")
     ap.add_argument("--top-k", type=top_k_value, default=0, help=f"sampling top-k (0 = off; at most {INT32_MAX})")
-    ap.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0, help="sampling seed")
+    ap.add_argument("--seed", type=number_type(int, 0, 2**63 - 1), default=0, help="sampling seed")
     ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
                     help="stop before this text (repeatable; the text itself is not printed)")
     ap.add_argument("--stop-id", action="append", type=int, default=None, metavar="ID",
