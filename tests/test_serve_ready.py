@@ -265,6 +265,7 @@ def test_compilations_are_named_in_words_or_by_their_function():
     assert describe("") == "a helper"
 
 
+@pytest.mark.slow  # the device loop's compilation: half a minute on 2 cores, for paths only an accelerator runs
 def test_an_accelerator_s_programs_compile_ahead_too(monkeypatch):
     """What only an accelerator runs, on the CPU: the device loop (device_steps) and the sampling
     branch decided on the host (each pool step compiled for all-greedy rows and for a sampling
