@@ -305,7 +305,9 @@ class Scheduler:
         join its pool only when no client's request is in it, and no client's joins while they
         run; a pool whose clients fill what is warm takes no more of them until it has emptied and
         the stage due has run. Requests of other tree sizes, and every request once the warm-up
-        has ended (or failed), are admitted as they come. `interrupt` ends the warm-up early (it
+        has ended (or stopped), are admitted as they come. An answer that grows past the
+        sequences its stage covers before a longer stage is warm compiles its next attention
+        window in its own step (admission sees only the prompt). `interrupt` ends the warm-up early (it
         returns then); a failed compilation or request raises."""
         stages = self.warmup_plan(full, length)
         progress = self.progress = Progress(stages)
