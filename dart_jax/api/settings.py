@@ -53,7 +53,7 @@ def resolve(config: DecodeConfig, mesh, defaults: BackendDefaults | None = None)
     if mesh is not None and config.fused_projections:
         raise InputError("fused_projections (--fused-projections on) lays a model out for one device, a mesh keeps "
                          "the checkpoint's layout: drop one of them.")
-    backend = defaults.override(**{k: v for k, v in config.group("backend").items() if k in _BACKEND_FIELDS})
+    backend = defaults.override(**config.group("backend"))
     keep = config.keep if config.keep is not None else "auto" if config.max_keep is not None else backend.keep
     adaptive = keep == "auto"
     if config.max_keep is not None and not adaptive:
@@ -69,10 +69,6 @@ def resolve(config: DecodeConfig, mesh, defaults: BackendDefaults | None = None)
     return Resolved(tree=TreeSettings(keep=size, **search), adaptive=adaptive, shapes=ShapeSettings(**config.group("shapes")),
                     chat=ChatSettings(**config.group("chat")), backend=backend,
                     eagle3_tree=TreeSettings(keep=total - 1, topk=top_k), eagle3_depth=depth)
-
-
-# the backend choices a DecodeConfig holds (BackendDefaults also holds the default tree size, `keep`)
-_BACKEND_FIELDS = DecodeConfig.fields_of("backend")
 
 
 # the reference's `DartModel.from_pretrained` argument names → ours
