@@ -80,6 +80,29 @@ def test_processes_form_one_mesh(processes, devices, all_output):
     assert "[Gloo]" not in proc.stdout  # gloo's connection notices would break --json output
 
 
+def gloo_notice_pieces(rank: int, peers: int) -> list[bytes]:
+    """Gloo's connection notice as its C++ code writes it, one `<<` a piece (restated here)."""
+    return [b"[Gloo] Rank ", str(rank).encode(), b" is connected to ", str(peers).encode(), b" peer ranks. ",
+            b"Expected number of connected peer ranks is : ", str(peers).encode(), b"\n"]
+
+
+def test_gloo_notices_are_dropped_however_their_pieces_interleave():
+    from dart_jax.launch.__main__ import GlooFilter
+
+    rng = np.random.default_rng(0)
+    own = [b"RESULT 0 4 8 2 4150784.0\n", b"12\n", b"\n", b'{"tokens": [1, 2]}\n', b"Rank 1 is connected\n"]
+    for trial in range(300):
+        writers = [gloo_notice_pieces(int(r), int(rng.integers(1, 8))) for r in rng.integers(0, 16, rng.integers(1, 5))]
+        out = b""
+        while any(writers):  # the threads' pieces in a random order, each thread's own in order
+            w = rng.choice([i for i, pieces in enumerate(writers) if pieces])
+            out += writers[w].pop(0)
+        out += b"".join(own)  # the program's own lines, after the notices
+        gloo = GlooFilter()
+        kept = [line for line in out.splitlines(keepends=True) if not gloo.is_notice(line)]
+        assert kept == own, (trial, out)
+
+
 KILLED = textwrap.dedent(r'''
     import os, signal, sys, time
     import jax, jax.numpy as jnp, numpy as np

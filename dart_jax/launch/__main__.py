@@ -138,16 +138,37 @@ def _die_with_parent():
         pass
 
 
-# Gloo's connection notices, which it prints on the standard output (they would break `--json`);
-# its threads may interleave two of them, leaving "[Gloo] Rank " prefixes and a line's tail apart
-_GLOO_PREFIX = b"[Gloo] Rank "
-_GLOO_NOTICE = re.compile(rb"^\d+ is connected to \d+ peer ranks")
+# Gloo's connection notices, which it prints on the standard output (they would break `--json`):
+# "[Gloo] Rank R is connected to N peer ranks. Expected number of connected peer ranks is : N".
+# Its threads write a notice in pieces and may interleave two or more of them anywhere between
+# pieces: a notice's tail may then come on a later line of its own.
+_GLOO_START = b"[Gloo] Rank "
+_GLOO_PIECES = (_GLOO_START, b" is connected to ", b" peer ranks. ", b" peer ranks.",
+                b"Expected number of connected peer ranks is : ")
+_NUMBERS = re.compile(rb"[\d\s]*")
+
+
+class GlooFilter:
+    """Tells the lines of Gloo's connection notices, whole or interleaved, from a process's own."""
+
+    def __init__(self):
+        self.open = 0  # notices begun whose line end has not come yet
+
+    def is_notice(self, line: bytes) -> bool:
+        rest = line
+        for piece in _GLOO_PIECES:
+            rest = rest.replace(piece, b" ")
+        if _NUMBERS.fullmatch(rest) is None or (rest == line and not self.open):
+            return False
+        self.open = max(0, self.open + line.count(_GLOO_START) - line.count(b"\n"))
+        return True
 
 
 def _forward(stream, prefix: str, out) -> None:
     """Copy a process's output line by line to `out`, each line after `prefix`."""
+    gloo = GlooFilter()
     for line in iter(stream.readline, b""):
-        if _GLOO_NOTICE.match(line.replace(_GLOO_PREFIX, b"")):
+        if gloo.is_notice(line):
             continue
         out.buffer.write(prefix.encode() + line)
         out.flush()
