@@ -19,9 +19,10 @@ from flax import nnx
 
 from dart_jax import bench
 from dart_jax.bench import cli
-from dart_jax.bench.forced import (DepthSequence, ForcedBatcher, acceptance_rate, calibrate, draw_depth, encode_tree,
+from dart_jax.bench.forced import (DepthSequence, Forcing, acceptance_rate, calibrate, draw_depth, encode_tree,
                                    force_tree, parse_taus, reference_outputs, step_split)
 from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.driver import Driver
 from dart_jax.bench.forced_device import force_trees
 from dart_jax.ngram import TreeSettings
 from dart_jax.decoding.settings import GenerationSettings
@@ -180,6 +181,18 @@ def two_prompts(model, engine, new: int = 40):
     return settings, prompts, [plain_greedy(engine.target, p, new + engine.depth + 1) for p in prompts]
 
 
+def forced_pool(engine, prompts, settings, references, tau, seed=3):
+    """A pool forced to `tau` (`Forcing`, the pool's edit) over `prompts`, stepped by the driver → (the
+    forcing, the requests)."""
+    forcing = Forcing(engine, tau=tau, seed=seed)
+    pool = engine.batcher(len(prompts), settings.max_length, edit=forcing)
+    handles = [forcing.submit(pool, p, settings, r) for p, r in zip(prompts, references)]
+    for _ in Driver(pool).run():
+        pass
+    pool.close()
+    return forcing, handles
+
+
 def test_forced_run_outputs_plain_greedy_at_the_asked_tau(tiny, monkeypatch):
     model, engine = tiny
     new = 40
@@ -195,16 +208,13 @@ def test_forced_run_outputs_plain_greedy_at_the_asked_tau(tiny, monkeypatch):
 
     for tau, batch in ((3.0, 2), (2.0, 1)):
         normal.clear()
-        pool = ForcedBatcher(engine, batch, 128, tau=tau, seed=3)
-        handles = [pool.submit_forced(p, settings, r) for p, r in list(zip(prompts, references))[:batch]]
-        pool.run()
-        pool.close()
+        forcing, handles = forced_pool(engine, prompts[:batch], settings, references[:batch], tau)
         # the output is plain greedy decoding's, token for token
         assert [list(h.token_ids) for h in handles] == [r[:new] for r in references[:batch]]
         lengths = [n for h in handles for n in h.stats.accept_lengths]
         # every step accepted exactly what was drawn (nothing more by chance, nothing less) ...
-        assert pool.unforced_steps == 0 and pool.capped_steps == 0
-        assert sorted(lengths) == sorted(pool.drawn)
+        assert forcing.unforced_steps == 0 and forcing.capped_steps == 0
+        assert sorted(lengths) == sorted(forcing.drawn)
         # ... and over the run the mean is the asked τ (13-20 steps a sequence, the last one cut by the budget)
         assert abs(np.mean(lengths) - tau) < 0.15 * tau, (tau, lengths)
         # the same tree size as a normal DART step: the same packed shape, keep + 1 real nodes
@@ -434,14 +444,6 @@ def device(tiny):
                   device_steps=4)
 
 
-def forced_pool(engine, prompts, settings, references, tau, seed=3):
-    pool = ForcedBatcher(engine, len(prompts), settings.max_length, tau=tau, seed=seed)
-    handles = [pool.submit_forced(p, settings, r) for p, r in zip(prompts, references)]
-    pool.run()
-    pool.close()
-    return pool, handles
-
-
 def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
     model, _ = tiny
     new = 40
@@ -462,7 +464,7 @@ def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
             jax.monitoring.register_event_duration_secs_listener(compiled)
             jax.monitoring.register_event_listener(loaded)
         try:
-            pool, handles = forced_pool(device, prompts[:batch], settings, references[:batch], tau)
+            forcing, handles = forced_pool(device, prompts[:batch], settings, references[:batch], tau)
         finally:
             if run == 2:
                 jax.monitoring.unregister_event_duration_listener(compiled)
@@ -470,10 +472,10 @@ def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
         # the output is plain greedy decoding's, token for token
         assert [list(h.token_ids) for h in handles] == [r[:new] for r in references[:batch]]
         # every step accepted exactly what was drawn, the trees edited on the device ...
-        assert pool.unforced_steps == 0 and pool.capped_steps == 0 and pool.force_s == 0
+        assert forcing.unforced_steps == 0 and forcing.capped_steps == 0 and forcing.force_s == 0
         assert all(h.stats.tree_s == 0 for h in handles)  # no host search, no host edit
         lengths = [n for h in handles for n in h.stats.accept_lengths]
-        assert (lengths if batch == 1 else sorted(lengths)) == (pool.drawn if batch == 1 else sorted(pool.drawn))
+        assert (lengths if batch == 1 else sorted(lengths)) == (forcing.drawn if batch == 1 else sorted(forcing.drawn))
         # ... and over the run the mean is the asked τ
         assert abs(np.mean(lengths) - tau) < 0.15 * tau, (tau, lengths)
     assert compiles == []  # the same pool shapes again: nothing compiled (the forced loop takes arrays)
@@ -486,11 +488,11 @@ def test_forced_device_loop_draws_the_law_over_a_long_run(tiny, device):
     prompts = [np.asarray(model.encode("x = 1", False))]
     references = reference_outputs(device, prompts, settings)  # engine.baseline's greedy decoding
     for tau in (3.61, 6.0):
-        pool, (handle,) = forced_pool(device, prompts, settings, references, tau, seed=0)
+        forcing, (handle,) = forced_pool(device, prompts, settings, references, tau, seed=0)
         assert list(handle.token_ids) == references[0][:new]
-        assert handle.stats.accept_lengths == pool.drawn and pool.unforced_steps == pool.capped_steps == 0
-        n = len(pool.drawn)  # 18-30 steps: the drawn mean within O(1/n) of τ (low-discrepancy draws)
-        assert np.mean(pool.drawn) == pytest.approx(tau, abs=6.0 / n)
+        assert handle.stats.accept_lengths == forcing.drawn and forcing.unforced_steps == forcing.capped_steps == 0
+        n = len(forcing.drawn)  # 18-30 steps: the drawn mean within O(1/n) of τ (low-discrepancy draws)
+        assert np.mean(forcing.drawn) == pytest.approx(tau, abs=6.0 / n)
 
 
 def test_a_row_that_leaves_its_reference_on_the_device_is_no_longer_forced(tiny, device):
@@ -500,11 +502,11 @@ def test_a_row_that_leaves_its_reference_on_the_device_is_no_longer_forced(tiny,
     model, _ = tiny
     new = 24
     settings, prompt, truth, wrong = a_wrong_reference(model, device, new)
-    pool, (handle,) = forced_pool(device, [prompt], settings, [wrong], 4.0)
+    forcing, (handle,) = forced_pool(device, [prompt], settings, [wrong], 4.0)
     lengths = handle.stats.accept_lengths
     assert list(handle.token_ids) == truth[:new]  # greedy acceptance: the target's tokens whatever the tree
-    k = len(pool.drawn)
-    assert pool.unforced_steps == len(lengths) - k > 0 and lengths[:k - 1] == pool.drawn[:k - 1]
+    k = len(forcing.drawn)
+    assert forcing.unforced_steps == len(lengths) - k > 0 and lengths[:k - 1] == forcing.drawn[:k - 1]
     assert 1 + sum(lengths[:k - 1]) <= 10 < 1 + sum(lengths[:k])  # the k-th step committed position 10
     refs, runs, resyncs = calibrate(device, [prompt], settings, [wrong], tau=4.0, seed=0)
     assert (runs, resyncs) == (2, 1) and refs[0][:new] == truth[:new]

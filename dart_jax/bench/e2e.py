@@ -38,7 +38,7 @@ from dart_jax.models.head import DartHead
 from dart_jax.models.qwen3 import Qwen3, default_dtype, use_backend_layout
 from dart_jax.ngram import Trie
 from dart_jax.bench.util import check_reps, median, progress, summary_ms
-from dart_jax.decoding.driver import decode, decode_together
+from dart_jax.decoding.driver import Driver, decode, decode_together
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.errors import load_tokenizer_folder
@@ -398,7 +398,8 @@ def run_batch(models: ModelSet, work: Workload, *, batches=(1, 2, 4, 8, 16), rep
                 pool = model.batcher(b, settings.max_length)
                 try:
                     handles = [pool.submit(p, settings) for p in prompts]
-                    pool.run()
+                    for _ in Driver(pool).run():
+                        pass
                 finally:
                     pool.close()
                 taus.append(float(np.mean([t for h in handles for t in h.stats.accept_lengths] or [float("nan")])))

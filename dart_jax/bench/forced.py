@@ -6,10 +6,11 @@ trained head would give. `bench e2e --force-tau T` reproduces a chosen acceptanc
 1. each prompt is first decoded greedily by plain autoregressive decoding of the same target
    (`driver.decode_together(..., plain=True)`), a few tokens past --max-new-tokens: the *reference*;
 2. DART then runs as usual (same pool, same drafter call, same n-gram tree search, same tree size,
-   same verify step, same acceptance on the device), except that after the tree search each tree
-   is edited on the host so that it holds the reference's next D tokens as a path from the root,
-   and NOT the (D+1)-th token below that path. Greedy acceptance then accepts exactly D nodes and
-   the bonus token: the step's accepted length is D + 1.
+   same verify step, same acceptance on the device, the pool stepped by the driver), except that
+   after the tree search each tree is edited on the host (`Forcing`, the pool's `DraftEdit`) so
+   that it holds the reference's next D tokens as a path from the root, and NOT the (D+1)-th
+   token below that path. Greedy acceptance then accepts exactly D nodes and the bonus token: the
+   step's accepted length is D + 1.
 
 D is drawn per sequence and step as D = min(G, Dmax), where G counts the successes before the
 first failure of independent trials of probability α (a geometric law: each further draft token
@@ -27,17 +28,18 @@ timed and taken out of DART's wall time (`force_ms` reports it); what remains is
 
 With `--device-steps N` (the trees searched on the device, N steps per device call) the edit runs
 on the device too, inside the loop between each step's search and its verify
-(`forced_device.DeviceForcing`, the engine's `TreeEdit` hook): the host hands each call the rows' references, their tokens so far and N
-depths per row drawn from the same `DepthSequence` (a row that stops early leaves its last draws
-unused). It differs from the host's edit in the chain it takes: the tree's deepest leaf path (its
-first, on ties) rather than a walk down matching or best-ranked children, made D nodes long where
-it is shorter by moving the last nodes off it (the highest indices: with each node they hold its
-children) below its end, one under the other. No node moves where that path is deep enough (the tiny random set's keep-60 trees
-are mostly 3 levels deep, so most draws past D = 3 move some), and a tree with too few real nodes
-caps D (`capped_steps`). The edit is part of the device call's time (`force_ms` and `search_ms`
-are 0: the search is in the device call too); the host's share, the draws and the reference
-rows, stays in DART's time. A row whose committed tokens leave its reference is unforced from the
-loop's next step on.
+(`forced_device.DeviceForcing`, the engine's `TreeEdit` hook, `Forcing.device`): the host hands
+each call the rows' references, their tokens so far and N depths per row drawn from the same
+`DepthSequence` (a row that stops early leaves its last draws unused). It differs from the host's
+edit in the chain it takes: the tree's deepest leaf path (its first, on ties) rather than a walk
+down matching or best-ranked children, made D nodes long where it is shorter by moving the last
+nodes off it (the highest indices: with each node they hold its children) below its end, one under
+the other. No node moves where that path is deep enough (the tiny random set's keep-60 trees are
+mostly 3 levels deep, so most draws past D = 3 move some), and a tree with too few real nodes caps
+D (`capped_steps`). The edit is part of the device call's time (`force_ms` and `search_ms` are 0:
+the search is in the device call too); the host's share, the draws and the reference rows, stays in
+DART's time. A row whose committed tokens leave its reference is unforced from the loop's next step
+on.
 
 Greedy only (the acceptance is forced through the target's argmax). In bfloat16 DART's tree
 verify (many query rows) may break a near-tie of the argmax otherwise than plain decoding (one
@@ -69,12 +71,11 @@ import numpy as np
 
 from dart_jax.bench.e2e import open_model, tree_label
 from dart_jax.bench.util import check_reps, median, progress
-from dart_jax.decoding.batcher import Batcher
-from dart_jax.decoding.driver import decode_together
 from dart_jax.bench.forced_device import DeviceForcing
-from dart_jax.decoding.layout import device_steps_layout
+from dart_jax.decoding.batcher import Batcher, DraftEdit
+from dart_jax.decoding.driver import Driver, decode_together
 
-__all__ = ["DepthSequence", "ForcedBatcher", "acceptance_rate", "force_tree", "encode_tree", "parse_taus", "run_forced"]
+__all__ = ["DepthSequence", "Forcing", "acceptance_rate", "force_tree", "encode_tree", "parse_taus", "run_forced"]
 
 
 # ------------------------------------------------------------------------------ the depth law
@@ -234,18 +235,18 @@ def force_tree(tokens: np.ndarray, parents: np.ndarray, num_nodes: int, path: Se
     return encode_tree(np.asarray(tok), np.asarray(par), slots, depth), placed
 
 
-class ForcedBatcher(Batcher):
-    """The DART pool with acceptance forced to a mean length `tau` (module docstring): submit each
-    request with `submit_forced(ids, settings, reference)`, where `reference` is its greedy
-    continuation (plain decoding's tokens, the prefill's first token first). On an engine with
-    `device_steps` the trees are edited in the device loop (`_device_edit`: `DeviceForcing`), and
-    `force_s` stays 0."""
+class Forcing(DraftEdit):
+    """Acceptance forced to a mean length `tau` (module docstring) as a pool's `DraftEdit`: open the
+    pool with `engine.batcher(slots, max_length, edit=forcing)`, submit each request with
+    `forcing.submit(pool, ids, settings, reference)`, where `reference` is its greedy continuation
+    (plain decoding's tokens, the prefill's first token first), and step the pool as any other (the
+    driver). On an engine with `device_steps` the trees are edited in the device loop (`device`:
+    `DeviceForcing`), and `force_s` stays 0."""
 
-    def __init__(self, engine, slots: int, max_length: int, *, tau: float, seed: int = 0, overlap: bool = False):
+    def __init__(self, engine, *, tau: float, seed: int = 0):
         if engine.adaptive:
             raise ValueError("--force-tau needs a fixed tree size (keep=auto may skip the tree): pass --keep N")
-        super().__init__(engine, slots, max_length, overlap=overlap)
-        self.max_depth = self.depth
+        self.max_depth = engine.depth
         self.alpha = acceptance_rate(tau, self.max_depth)
         self.depths = DepthSequence(self.alpha, self.max_depth, seed)
         self.references: dict[int, np.ndarray] = {}
@@ -253,17 +254,13 @@ class ForcedBatcher(Batcher):
         self.drawn: list[int] = []  # D + 1 of every forced step (what the accepted length must be)
         self.unforced_steps = 0
         self.capped_steps = 0  # steps whose chain the tree or the reference's end cut short
-        if engine.device_steps:
-            self.device_outputs = device_steps_layout(engine.device_steps, self.depth, self.context, self.fields,
-                                                      extra=DeviceForcing().fields(engine.device_steps))
-            # a fixed reference width (no new compilation per request): a row reads its reference up to
-            # the token after its last chain, at most max_length + depth
-            self.reference_width = self.max_length + self.depth + 1
+        self.device = DeviceForcing() if engine.device_steps else None
 
-    def submit_forced(self, prompt_ids, settings, reference: Sequence[int], stats=None):
+    def submit(self, pool, prompt_ids, settings, reference: Sequence[int], stats=None):
+        """`pool.submit`, the request forced onto `reference`."""
         if settings.temperature > 0:
             raise ValueError("--force-tau forces greedy acceptance: use --temperature 0")
-        request = self.submit(prompt_ids, settings, stats)
+        request = pool.submit(prompt_ids, settings, stats)
         self.references[request.index] = np.asarray(reference, np.int64)
         return request
 
@@ -275,14 +272,11 @@ class ForcedBatcher(Batcher):
             return None
         return ref
 
-    def _search(self, size: int, rows: list[int], m: int, start: int = 0) -> np.ndarray:
-        """DART's own search and packing (`Batcher._search`), then each busy row's tree edited."""
-        packed = super()._search(size, rows, m, start)
+    def searched(self, pool, trees: dict[str, np.ndarray], rows: list[int], start: int) -> None:
+        """Each busy row's tree, as DART's search made it, edited (`force_tree`)."""
         t0 = time.perf_counter()
-        layout = self.trees[size]
-        trees = layout.unpack(packed)
         for slot in rows:
-            request = self.busy[slot]
+            request = pool.busy[slot]
             ref = self._reference(request)
             if ref is None:
                 self.unforced_steps += 1
@@ -291,36 +285,37 @@ class ForcedBatcher(Batcher):
             want = self.depths()
             path = ref[done:done + want]
             block = int(ref[done + len(path)]) if done + len(path) < ref.size else None
-            i = slot - start  # its row in the packed trees
+            i = slot - start  # its row in the trees
             num_nodes = 1 + int((trees["parents"][i] >= 0).sum())  # real nodes come first
             tree, placed = force_tree(trees["tokens"][i], trees["parents"][i], num_nodes, path.tolist(), block,
-                                      slots=size + 1, depth=self.depth)
+                                      slots=trees["tokens"].shape[1], depth=pool.depth)
             if placed < want:
                 self.capped_steps += 1
             self.drawn.append(placed + 1)
             for name in trees:
                 trees[name][i] = tree[name]
-        packed = layout.pack(trees)
         self.force_s += time.perf_counter() - t0
-        return packed
 
-    def _device_edit(self, rows: list[int], m: int, steps: int) -> tuple[DeviceForcing, dict]:
-        """The device loop's forcing (`DeviceForcing`) and its inputs: each forced row's reference,
-        tokens so far and `steps` depths drawn now (those of steps a row does not take go unused)."""
-        reference = np.full((m, self.reference_width), -1, np.int32)
+    def device_inputs(self, pool, rows: list[int], m: int, steps: int) -> dict:
+        """`DeviceForcing`'s inputs: each forced row's reference, tokens so far and `steps` depths
+        drawn now (those of steps a row does not take go unused)."""
+        # a fixed reference width (no new compilation per request): a row reads its reference up to
+        # the token after its last chain, at most max_length + depth
+        width = pool.max_length + pool.depth + 1
+        reference = np.full((m, width), -1, np.int32)
         done, depths, forced = np.zeros(m, np.int32), np.zeros((m, steps), np.int32), np.zeros(m, bool)
         for slot in rows:
-            request = self.busy[slot]
+            request = pool.busy[slot]
             done[slot] = len(request.token_ids)
             ref = self._reference(request)
             if ref is not None:
-                ref = ref[:self.reference_width]
+                ref = ref[:width]
                 reference[slot, :ref.size], forced[slot] = ref, True
                 depths[slot] = [self.depths() for _ in range(steps)]
-        return DeviceForcing(), {"reference": jnp.asarray(reference), "done": jnp.asarray(done),
-                                 "depths": jnp.asarray(depths), "forced": jnp.asarray(forced)}
+        return {"reference": jnp.asarray(reference), "done": jnp.asarray(done), "depths": jnp.asarray(depths),
+                "forced": jnp.asarray(forced)}
 
-    def _device_edited(self, rows: list[int], out: dict) -> None:
+    def device_answer(self, pool, rows: list[int], out: dict) -> None:
         for slot in rows:
             self.drawn.extend(int(d) for d in out["drawn"][slot] if d > 0)
         self.unforced_steps += int(out["unforced"][rows].sum())
@@ -344,14 +339,17 @@ def first_mismatch(output: Sequence[int], reference: Sequence[int]) -> int | Non
 
 
 def forced_run(engine, prompts, settings, references, *, tau: float, seed: int,
-               overlap: bool = False) -> tuple[ForcedBatcher, list, float]:
+               overlap: bool = False) -> tuple[Batcher, list, float]:
     """One forced generation of `prompts` in a pool of len(prompts) slots (`overlap`: the pool
-    overlaps half the rows' tree search with the other half's verify) → (pool, requests, wall s)."""
-    pool = ForcedBatcher(engine, len(prompts), settings.max_length, tau=tau, seed=seed, overlap=overlap)
+    overlaps half the rows' tree search with the other half's verify), stepped by the driver →
+    (pool, requests, wall s); the pool's `edit` is its `Forcing`."""
+    forcing = Forcing(engine, tau=tau, seed=seed)
+    pool = engine.batcher(len(prompts), settings.max_length, overlap=overlap, edit=forcing)
     try:
         t0 = time.perf_counter()
-        handles = [pool.submit_forced(p, settings, r) for p, r in zip(prompts, references)]
-        pool.run()
+        handles = [forcing.submit(pool, p, settings, r) for p, r in zip(prompts, references)]
+        for _ in Driver(pool).run():
+            pass
         wall = time.perf_counter() - t0
     finally:
         pool.close()
@@ -391,7 +389,7 @@ def overlapped(engine, prompts, settings, references, *, tau: float, seed: int, 
     for rep in range(warmup + reps):  # the first `warmup` runs compile the half-steps
         pool, handles, wall = forced_run(engine, prompts, settings, references, tau=tau, seed=seed, overlap=True)
         if rep >= warmup:
-            rates.append(sum(len(h.token_ids) for h in handles) / (wall - pool.force_s))
+            rates.append(sum(len(h.token_ids) for h in handles) / (wall - pool.edit.force_s))
         last = (pool, handles)
         bar.update()
     pool, handles = last
@@ -400,7 +398,7 @@ def overlapped(engine, prompts, settings, references, *, tau: float, seed: int, 
     return {"overlap_tok_s": o, "overlap_speedup": o / ar_rate, "overlap_gain": o / rate,
             "overlap_tau": float(np.mean(lengths)) if lengths else float("nan"),
             "overlap_same_output": [list(h.token_ids) for h in handles] == ar_out,
-            "overlap_unforced_steps": pool.unforced_steps, "overlap_half_steps": pool.overlap_stats["half_steps"],
+            "overlap_unforced_steps": pool.edit.unforced_steps, "overlap_half_steps": pool.overlap_stats["half_steps"],
             "overlap_search_ms_per_half_step": 1e3 * pool.overlap_stats["search_s"] / halves,
             "overlap_wait_ms_per_half_step": 1e3 * pool.overlap_stats["wait_s"] / halves}
 
@@ -458,21 +456,23 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
                     pool, handles, wall = forced_run(engine, prompts, settings, refs, tau=tau, seed=seed)
                     tokens = sum(len(h.token_ids) for h in handles)
                     if rep >= warmup - runs:
-                        rates.append(tokens / (wall - pool.force_s))
+                        rates.append(tokens / (wall - pool.edit.force_s))
                         raw_rates.append(tokens / wall)
                     last = (pool, handles, wall)
                     bar.update()
                 pool, handles, wall = last
+                forcing = pool.edit
                 lengths = [n for h in handles for n in h.stats.accept_lengths]
-                split = step_split(pool, handles, wall)
+                split = step_split(forcing, handles, wall)
                 steps = sum(h.stats.steps for h in handles)
                 rate, ar_rate = median(rates), median(ar_rates)
                 rows.append({"tau_asked": tau, "batch": b, "tau": float(np.mean(lengths)) if lengths else float("nan"),
-                             "tau_drawn": float(np.mean(pool.drawn)) if pool.drawn else float("nan"),
-                             "alpha": pool.alpha, "steps": steps, "new_tokens": sum(len(h.token_ids) for h in handles),
+                             "tau_drawn": float(np.mean(forcing.drawn)) if forcing.drawn else float("nan"),
+                             "alpha": forcing.alpha, "steps": steps,
+                             "new_tokens": sum(len(h.token_ids) for h in handles),
                              "dart_tok_s": rate, "dart_tok_s_with_forcing": median(raw_rates), "ar_tok_s": ar_rate,
-                             "speedup": rate / ar_rate, "force_ms_per_step": 1e3 * pool.force_s / max(steps, 1),
-                             **split, "unforced_steps": pool.unforced_steps, "capped_steps": pool.capped_steps,
+                             "speedup": rate / ar_rate, "force_ms_per_step": 1e3 * forcing.force_s / max(steps, 1),
+                             **split, "unforced_steps": forcing.unforced_steps, "capped_steps": forcing.capped_steps,
                              "calibration_runs": runs, "resynced": resyncs,
                              "same_output": [list(h.token_ids) for h in handles] == ar_out,
                              **(overlapped(engine, prompts, settings, refs, tau=tau, seed=seed, reps=reps,
@@ -484,7 +484,7 @@ def run_forced(models, work, *, taus: Sequence[float], batches: Sequence[int] = 
     return forced_result(rows, config)
 
 
-def step_split(pool: "ForcedBatcher", handles, wall: float) -> dict[str, float]:
+def step_split(forcing: Forcing, handles, wall: float) -> dict[str, float]:
     """Where a pool step's wall time went in a forced run (host clocks, no profiler), ms per step:
     `step_ms` (the run's wall time less the prefill and the forcing, over the pool's steps),
     `device_call_ms` (the step's device call until its packed answer is on the host: dispatch,
@@ -498,8 +498,8 @@ def step_split(pool: "ForcedBatcher", handles, wall: float) -> dict[str, float]:
         return {}
     per_step = lambda key: max(getattr(h.stats, key) for h in handles) / steps  # noqa: E731
     prefill = max(h.stats.prefill_s for h in handles)
-    step = (wall - prefill - pool.force_s) / steps
-    call, search = per_step("device_s"), per_step("tree_s") - pool.force_s / steps
+    step = (wall - prefill - forcing.force_s) / steps
+    call, search = per_step("device_s"), per_step("tree_s") - forcing.force_s / steps
     return {"step_ms": 1e3 * step, "device_call_ms": 1e3 * call, "search_ms": 1e3 * search,
             "host_other_ms": 1e3 * (step - call - search)}
 

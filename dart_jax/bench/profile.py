@@ -65,9 +65,9 @@ import jax
 import numpy as np
 
 from dart_jax.bench.e2e import ModelSet, Workload, open_model, tree_label
-from dart_jax.bench.forced import ForcedBatcher, reference_outputs
+from dart_jax.bench.forced import Forcing, reference_outputs
 from dart_jax.bench.options import _model_options
-from dart_jax.decoding.batcher import Batcher
+from dart_jax.decoding.driver import Driver
 from dart_jax.errors import cli_boundary
 
 SEARCH_PARTS = ("context", "level_0", "levels_1+", "select", "links", "other")
@@ -340,10 +340,11 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
 
         def new_pool():
             if force_tau:
-                pool = ForcedBatcher(engine, 1, settings.max_length, tau=force_tau, seed=seed)
-                pool.submit_forced(ids, settings, ref)
+                forcing = Forcing(engine, tau=force_tau, seed=seed)
+                pool = engine.batcher(1, settings.max_length, edit=forcing)
+                forcing.submit(pool, ids, settings, ref)
             else:
-                pool = Batcher(engine, 1, settings.max_length)
+                pool = engine.batcher(1, settings.max_length)
                 pool.submit(ids, settings)
             return pool
 
@@ -351,7 +352,8 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
         try:
             pool = new_pool()  # untimed: compiles the prefill and every step shape of this prompt
             try:
-                pool.run()
+                for _ in Driver(pool).run():
+                    pass
             finally:
                 pool.close()
             def timed_steps(trace: Path | None) -> list[dict[str, float]]:
@@ -359,8 +361,9 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
                 call a step, or whole calls of the device loop), timed on the host, under the
                 profiler with `trace` (Python calls not traced: that tracer slows every call)."""
                 pool, host = new_pool(), []
+                driver = Driver(pool)
                 try:
-                    pool.step()  # the prefill
+                    driver.step()  # the prefill
                     if trace is not None:
                         options = jax.profiler.ProfileOptions()
                         options.python_tracer_level = 0
@@ -373,7 +376,7 @@ def profile_steps(models, work, out: str | Path, *, steps: int = 8, seed: int = 
                             tree0, dev0 = request.stats.tree_s, request.stats.device_s
                             t0 = time.perf_counter()
                             with jax.profiler.TraceAnnotation(_STEP):
-                                events = pool.step()
+                                events = driver.step().events
                             wall = time.perf_counter() - t0
                             mine = [a for r, _, a in events if r is request]
                             host.append({"wall_s": wall, "tree_s": request.stats.tree_s - tree0,

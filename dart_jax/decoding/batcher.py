@@ -333,13 +333,36 @@ class _Half:
     counted: list[int] = dataclasses.field(default_factory=list)  # the slots of `counts`
 
 
+class DraftEdit:
+    """A change to the draft trees a `Batcher` verifies, given at its construction (`Batcher(...,
+    edit=)`, `Engine.batcher(..., edit=)`); DART's own pool has none. `searched` edits the trees the
+    host searched for a step, before they are packed; with `device_steps` the trees are searched in
+    the device loop, and `device` (a `device_tree.TreeEdit`, or None: no change there) edits them
+    there, fed `device_inputs` each call, its output fields handed to `device_answer`. The
+    forced-acceptance benchmark (`dart_jax/bench/forced.py`) is such an edit."""
+
+    device: TreeEdit | None = None
+
+    def searched(self, pool: "Batcher", trees: dict[str, np.ndarray], rows: list[int], start: int) -> None:
+        """Edit in place the trees (`tree_layout` fields) of the busy slots `rows`, slot s in row
+        s - start of each array."""
+
+    def device_inputs(self, pool: "Batcher", rows: list[int], m: int, steps: int) -> Any:
+        """`device`'s inputs for a call of `steps` steps over the first m rows (`rows` busy)."""
+
+    def device_answer(self, pool: "Batcher", rows: list[int], out: dict) -> None:
+        """The call's unpacked answer (`device_steps_layout` with `device`'s fields) for the busy `rows`."""
+
+
 class Batcher(SlotPool):
     """The DART pool: each step verifies every busy slot's draft tree in one jitted call."""
 
-    def __init__(self, engine, slots: int, max_length: int = 2048, *, overlap: bool = False):
+    def __init__(self, engine, slots: int, max_length: int = 2048, *, overlap: bool = False,
+                 edit: DraftEdit | None = None):
         """`overlap`: step the busy rows in two halves, the host searching one half's trees while the
-        device verifies the other (module docstring)."""
+        device verifies the other (module docstring); `edit`: a change to every drafted tree (`DraftEdit`)."""
         super().__init__(engine, slots, max_length)
+        self.edit = edit
         if overlap and engine.device_steps:
             raise InputError("overlap searches trees on the host while the device verifies; this engine searches "
                              "them on the device (device_steps): use one or the other")
@@ -361,7 +384,9 @@ class Batcher(SlotPool):
         # bonus; kept up to the longest that is read (the trie's order - 1) or written (depth + 2)
         order = engine.trie.order if engine.trie is not None else 0
         self.context = max(self.depth + 2, order - 1)
-        self.device_outputs = (device_steps_layout(engine.device_steps, self.depth, self.context, self.fields)
+        device_edit = edit.device if edit is not None else None
+        self.device_outputs = (device_steps_layout(engine.device_steps, self.depth, self.context, self.fields,
+                                                   extra=device_edit.fields(engine.device_steps) if device_edit else ())
                                if engine.device_steps else None)
         self.preceding = np.zeros((b, self.context), np.int64)
         self.preceding_len = np.ones(b, np.int64)
@@ -450,7 +475,8 @@ class Batcher(SlotPool):
         # every slot the last step may read or write: its tree past the previous steps' tokens, its draft
         reach = committed + (steps - 1) * (self.depth + 1) + engine.drafter.reach(self.depth + 1)
         window = attention_window(reach, self.length)
-        edit = self._device_edit(rows, m, steps)
+        edit = self.edit.device if self.edit is not None else None
+        edit_inputs = self.edit.device_inputs(self, rows, m, steps) if edit is not None else None
         t0 = time.perf_counter()
         pending = {name: jnp.asarray(a[:m]) for name, a in self.proposal.items()}
         pending.update(preceding=jnp.asarray(self.preceding[:m], jnp.int32),
@@ -458,11 +484,11 @@ class Batcher(SlotPool):
         packed, self.state = engine.steps_on_device(
             pending, self.state, {"remaining": jnp.asarray(remaining), "stops": jnp.asarray(stops)},
             depth=self.depth, k=self.k, window=window,
-            **({} if edit is None else {"edit": edit[0], "edit_inputs": edit[1]}))
+            edit=edit, edit_inputs=edit_inputs)
         out = self.device_outputs.unpack(np.asarray(packed))
         elapsed = time.perf_counter() - t0
         if edit is not None:
-            self._device_edited(rows, out)
+            self.edit.device_answer(self, rows, out)
         events = []
         for slot in rows:
             counts = [int(c) for c in out["counts"][slot] if c > 0]
@@ -472,14 +498,6 @@ class Batcher(SlotPool):
                                    [(tokens[end - count:end], count) for end, count in zip(ends, counts)],
                                    size=engine.tree.keep, device_s=elapsed)
         return events
-
-    def _device_edit(self, rows: list[int], m: int, steps: int) -> tuple[TreeEdit, Any] | None:
-        """A change to the trees of a device call over the first m rows, with its inputs
-        (`device_tree.TreeEdit`, `Engine.steps_on_device`); None (here): DART's own trees."""
-        return None
-
-    def _device_edited(self, rows: list[int], out: dict) -> None:
-        """The answer of a device call that `_device_edit` changed (unpacked, with the edit's fields)."""
 
     def _advance_plain(self, rows: list[int], m: int) -> list[StepEvent]:
         """Tree size 0: a chunk of plain decoding for every busy slot (dart_jax.decoding.adaptive)."""
@@ -506,10 +524,11 @@ class Batcher(SlotPool):
                                    device_s=t1 - t0, plain=True)
         return events
 
-    def _search(self, size: int, rows: list[int], m: int, start: int = 0) -> np.ndarray:
+    def _search(self, size: int, rows: list[int], m: int, start: int = 0, *, dry: bool = False) -> np.ndarray:
         """The busy rows' draft trees of `size` nodes besides the root, packed for the first m rows
         (free slots among them get a root-only tree); with `start`, for the m rows from that one
-        (`rows` among them: an overlapped pool's half)."""
+        (`rows` among them: an overlapped pool's half). The pool's `edit` changes them, unless `dry`
+        (the sizer's timing: no tree of it is verified)."""
         engine = self.engine
         found = engine.drafter.tree({name: a[rows] for name, a in self.proposal.items()}, self.preceding[rows],
                                     self.preceding_len[rows], engine.trie, engine.tree_settings(size),
@@ -522,6 +541,8 @@ class Batcher(SlotPool):
             trees = {name: array[:m].copy() for name, array in empty.items()}
             for name in trees:
                 trees[name][at] = getattr(found, name)
+        if self.edit is not None and not dry:
+            self.edit.searched(self, trees, rows, start)
         return self.trees[size].pack(trees)
 
     # ------------------------------------------------------------------ overlap (module docstring)
@@ -660,7 +681,7 @@ class Batcher(SlotPool):
                 packed, self.state = self._dry(lambda state: engine.plain(
                     roots, state, full, chunk=chunk, depth=self.depth, k=self.k, window=plain_window))
             else:
-                tree = self._search(size, rows, m)
+                tree = self._search(size, rows, m, dry=True)
                 packed, self.state = self._dry(lambda state: engine.step(
                     tree, state, n=size + 1, depth=self.depth, k=self.k, window=window))
             np.asarray(packed)

@@ -48,7 +48,7 @@ from dart_jax.ngram import TreeSettings
 from .adaptive import TreeSizer, auto_sizes
 from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, decode_tokens, jitted, last_logits,
                              param_rows, put_window, split_flat, window_view)
-from .batcher import Batcher, PlainBatcher
+from .batcher import Batcher, DraftEdit, PlainBatcher
 from .drafter import DartDrafter, Drafter
 from .device_tree import DeviceSearch, DeviceTrie, LoopStep, TreeEdit, search_trees
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
@@ -472,16 +472,16 @@ class Engine:
                            chunk=self.plain_chunk if chunk is None else chunk, depth=depth, k=k, window=window)
 
     def batcher(self, slots: int, max_length: int = 2048, *, plain: bool = False,
-                overlap: bool = False) -> "Batcher | PlainBatcher":
+                overlap: bool = False, edit: DraftEdit | None = None) -> "Batcher | PlainBatcher":
         """A continuous-batching pool of `slots` sequences on this engine: a `Batcher` (speculative
         steps; with `overlap` the host searches half the rows' trees while the device verifies the
-        other half, see `Batcher`), or with `plain` a `PlainBatcher` over `baseline` (plain decoding
-        of the target)."""
+        other half, see `Batcher`; `edit`: a change to every drafted tree, `DraftEdit`), or with
+        `plain` a `PlainBatcher` over `baseline` (plain decoding of the target)."""
         if plain:
-            if overlap:
-                raise ValueError("overlap applies to the speculative pool (a plain pool has no tree search)")
+            if overlap or edit is not None:
+                raise ValueError("overlap and edit apply to the speculative pool (a plain pool has no tree search)")
             return PlainBatcher(self.baseline, slots, max_length)
-        return Batcher(self, slots, max_length, overlap=overlap)
+        return Batcher(self, slots, max_length, overlap=overlap, edit=edit)
 
     def with_tree(self, tree: TreeSettings, adaptive: bool | None = None) -> "Engine":
         """An engine over the same target, drafter and trie with other tree settings (another tree
