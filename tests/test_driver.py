@@ -1,13 +1,15 @@
 """The one pool driver (dart_jax/decoding/driver.py): the compile-time and warm-time accounting of
 its steps, checked on a scripted pool against a by-hand restatement of the rule; and generate,
-generate_many and the server's scheduler, which all step their pools through it, giving the same
-tokens and accepted lengths for the same request (each also equal to plain greedy decoding)."""
+generate_many, the server's scheduler and the bench's pool (`bench e2e`'s batch mode), which all
+step their pools through it, giving the same tokens and accepted lengths for the same request (each
+also equal to plain greedy decoding)."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from dart_jax.bench.e2e import decode_pool
 from dart_jax.decoding.batcher import Request, StepEvent
 from dart_jax.decoding.driver import Driver
 from dart_jax.decoding.requests import Budget, Stats
@@ -64,7 +66,7 @@ def tiny():
     return model
 
 
-def test_generate_generate_many_and_the_scheduler_drive_alike(tiny):
+def test_generate_generate_many_the_scheduler_and_the_bench_drive_alike(tiny):
     prompt = tiny.encode("What is speculative decoding?")
     settings = GenerationSettings(max_new_tokens=20, max_length=256)
     plain = tiny.generate_ar(prompt, chat=False, settings=settings).token_ids
@@ -82,8 +84,9 @@ def test_generate_generate_many_and_the_scheduler_drive_alike(tiny):
         scheduler.stop()
     served = [t for e in events for t in e.ids]
     served_lengths = [e.accepted for e in events if e.ids][1:]  # the first is the prefill's token
-    assert one.token_ids == many.token_ids == served == plain
-    assert one.accept_lengths == many.accept_lengths == served_lengths
+    (benched,) = decode_pool(tiny, [prompt], settings)
+    assert one.token_ids == many.token_ids == served == benched.token_ids == plain
+    assert one.accept_lengths == many.accept_lengths == served_lengths == benched.stats.accept_lengths
 
 
 def test_generate_reaches_the_engines_step_in_at_most_ten_frames(tiny, monkeypatch):

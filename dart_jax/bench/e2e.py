@@ -376,6 +376,19 @@ def run_e2e(models: ModelSet, work: Workload, *, reps: int = 1, warmup: int = 1,
     return {"mode": "e2e", "config": config, "rows": rows, "summary": summary}
 
 
+def decode_pool(model: DartModel, prompts, settings: GenerationSettings) -> list:
+    """DART on `prompts` together, in one pool of as many slots (`DartModel.batcher`) stepped by the
+    driver → their finished requests (`token_ids`, `stats`)."""
+    pool = model.batcher(len(prompts), settings.max_length)
+    try:
+        handles = [pool.submit(p, settings) for p in prompts]
+        for _ in Driver(pool).run():
+            pass
+    finally:
+        pool.close()
+    return handles
+
+
 def run_batch(models: ModelSet, work: Workload, *, batches=(1, 2, 4, 8, 16), reps: int = 1, warmup: int = 1,
               seed: int = 0, show_progress: bool = True) -> dict[str, Any]:
     """Tokens/s of DART (a continuous-batching pool of B slots) and of batched autoregressive
@@ -395,13 +408,7 @@ def run_batch(models: ModelSet, work: Workload, *, batches=(1, 2, 4, 8, 16), rep
             rates, outputs, taus = {"dart": [], "ar": []}, {}, []
 
             def dart():
-                pool = model.batcher(b, settings.max_length)
-                try:
-                    handles = [pool.submit(p, settings) for p in prompts]
-                    for _ in Driver(pool).run():
-                        pass
-                finally:
-                    pool.close()
+                handles = decode_pool(model, prompts, settings)
                 taus.append(float(np.mean([t for h in handles for t in h.stats.accept_lengths] or [float("nan")])))
                 return [list(h.token_ids) for h in handles]
 
