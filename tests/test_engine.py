@@ -27,7 +27,7 @@ from dart_jax.decoding import engine as engine_module
 from dart_jax.decoding import sampling as sampling_module
 from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
 from dart_jax.decoding.requests import Stats
-from dart_jax.decoding.settings import GenerationSettings, ShapeSettings, prompt_bucket
+from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.ngram import TreeSettings, Trie
 
 VOCAB = 32
@@ -321,6 +321,34 @@ def test_no_compilation_after_warmup(tiny):
     assert compiles == []
 
 
+def test_prompts_of_new_lengths_compile_nothing_in_a_warm_process(tiny):
+    """A prompt is prefilled in chunks of one shape: once a first prompt was answered (and a first
+    pair of prompts together), prompts of lengths never seen before, alone or side by side, compile
+    nothing while their attention windows are warm, and each answer is transformers' greedy one."""
+    engine = engine_for(tiny)
+    run(dart_steps(engine), PROMPTS[0], max_new_tokens=12)
+    run(ar_steps(engine), PROMPTS[0], max_new_tokens=12)
+    # the second row stops first, so that the pool steps its two rows, then its first row alone
+    settings = [GenerationSettings(max_new_tokens=12), GenerationSettings(max_new_tokens=4)]
+    for plain in (False, True):
+        pool_engine = engine if not plain else engine.baseline
+        list(decode_rows(pool_engine, PROMPTS[:2], settings, [Stats(), Stats()]))
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(3, VOCAB, n)] for n in (70, 133, 190, 29, 101)]
+    expected = [hf_generate(tiny, p, 12) for p in prompts[:4]] + [hf_generate(tiny, prompts[4], 4)]
+    with compilations() as compiles:
+        for prompt, want in zip(prompts[:3], expected):
+            assert run(dart_steps(engine), prompt, max_new_tokens=12)[0] == want
+            assert run(ar_steps(engine), prompt, max_new_tokens=12)[0] == want
+        for pool_engine in (engine, engine.baseline):
+            out = [[], []]
+            for rows in decode_rows(pool_engine, prompts[3:], settings, [Stats(), Stats()]):
+                for i, (kept, _) in enumerate(rows):
+                    out[i].extend(kept)
+            assert out == expected[3:]
+    assert compiles == []
+
+
 # ------------------------------------------------------------------------------------------------
 # sampling
 
@@ -565,8 +593,8 @@ def test_reference_trie_is_converted_once_and_cached(tmp_path):
     np.testing.assert_array_equal(again.probability([3, 4], [5, 6])[0], trie.probability([3, 4], [5, 6])[0])
 
 
-def test_prompt_bucket():
-    assert [prompt_bucket(n) for n in (1, 5, 32, 33, 64, 65)] == [32, 32, 32, 64, 64, 128]
+def test_prompts_pad_to_whole_chunks():
+    assert [ShapeSettings().padded(n) for n in (1, 5, 32, 33, 64, 65)] == [32, 32, 32, 64, 64, 96]
 
 
 def test_generation_across_attention_windows(tiny):

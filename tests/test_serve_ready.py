@@ -44,13 +44,15 @@ def test_the_plan_warms_single_requests_first_then_more_at_once():
     assert [(s.rows, s.prompt_length, s.length) for s in quick] == [(1, 64, 100), (1, 99, 100)]
 
 
-def test_the_programs_of_a_pool_cover_every_bucket_and_window_up_to_the_length():
-    from dart_jax.decoding.ahead import buckets, windows
-    from dart_jax.decoding.settings import ShapeSettings
-    # prompts of 1 … 300 tokens pad to 32, 64, …, 512; the attention windows of sequences of up to
-    # 600 tokens whose steps reach 16 slots past them: 256, 512 and 1024 (616 slots), cut at the cache
-    assert buckets(ShapeSettings(), 300) == [32, 64, 128, 256, 512]
-    assert buckets(ShapeSettings(min_bucket=64), 64) == [64]
+def test_the_programs_of_a_pool_cover_every_prefill_chunk_and_window_up_to_the_length():
+    from dart_jax.decoding.ahead import prefill_windows, windows
+    # prompts of 1 … 300 tokens in chunks of 32 reaching 35 slots past their offset (the last at
+    # 288: 323 slots): windows 256 and 512, cut at the cache; of up to 64 tokens in chunks of 64: 256
+    assert prefill_windows(32, 35, 300, 4096) == [256, 512]
+    assert prefill_windows(32, 35, 300, 300) == [256, 300]
+    assert prefill_windows(64, 64, 64, 4096) == [256]
+    # the attention windows of sequences of up to 600 tokens whose steps reach 16 slots past them:
+    # 256, 512 and 1024 (616 slots), cut at the cache
     assert windows(16, 600, 4096) == [256, 512, 1024]
     assert windows(16, 600, 768) == [256, 512, 768]
     assert windows(16, 200, 4096) == [256]

@@ -108,7 +108,7 @@ class CompileNotice:
                         self._shown_since = start
                         where = (f"kept in {self.cache} for later runs" if self.cache
                                  else "not kept: the compilation cache is off")
-                        self._write(f"compiling {what} (once per tree size, prompt length bucket and cache size; "
+                        self._write(f"compiling {what} (once per tree size, attention window and cache size; "
                                     f"{where})…" + ("" if self._tty else "\n"))
                     if self._shown_since is not None and self._tty:
                         self._write(f"\rcompiling {what} for this shape… {now - self._shown_since:.0f} s\x1b[K")

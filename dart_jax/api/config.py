@@ -92,10 +92,10 @@ class DecodeConfig:
     ngram_weight: float = _setting("tree", 0.5, "--ngram-weight",
                                    "weight of the n-gram term in the tree search's scores (0: the head's alone)",
                                    type=float)
-    # shapes: what compiles (prompt buckets and cache sizes)
+    # shapes: what compiles (the prefill's chunk and cache sizes)
     min_bucket: int = _setting("shapes", 32, "--min-bucket",
-                               "prompts are padded to a power of two of at least this many tokens (fewer shapes "
-                               "compile)", type=int)
+                               "prompts are prefilled in chunks of this many tokens (one program for every prompt "
+                               "length)", type=int)
     cache_multiple: int = _setting("shapes", 256, "--cache-multiple",
                                    "caches are rounded up to a multiple of this many positions", type=int)
     # chat: how string prompts are formatted

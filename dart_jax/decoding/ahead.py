@@ -2,8 +2,8 @@
 
 Every jitted program a pool (`batcher.SlotPool`) calls is one executable per static shape: the
 live rows m (`live_rows`: the power of two holding the highest busy slot, at most the pool), the
-prompt's bucket (`ShapeSettings.bucket`), the attention window (`attention_window`: it follows
-the committed length) and the tree size. `programs` lists those a pool runs for m live rows,
+attention window (`attention_window`: it follows the committed length, or a prefill chunk's
+offset) and the tree size; a prompt of any length is prefilled in chunks of one shape. `programs` lists those a pool runs for m live rows,
 prompts of up to `prompt_length` tokens and sequences of up to `length` tokens, each a `Program`
 whose `compile()` lowers and compiles it (`jit(...).lower(...).compile()`) with the arguments the
 pool passes: its own state (the arrays' shapes, dtypes and placement; lowering reads no data, so
@@ -13,7 +13,7 @@ small program per shape too). JAX keeps what was compiled this way for the pool'
 pool's first step of that shape compiles nothing. A DART pool's host search (Numba) is compiled by
 one search of one tree and one of two (its single-tree and its batch kernel).
 
-The arguments are built as the pools build them (the same windows, buckets, layouts and static
+The arguments are built as the pools build them (the same windows, chunks, layouts and static
 arguments); `tests/test_serve_ready.py` counts JAX's compilations after a warm-up to keep the two
 in step. Programs of a mesh's engine are not listed: the engine's calls place their inputs on the
 mesh (`inputs_on_mesh`), which a lowering here would not repeat; such a pool compiles in its
@@ -37,8 +37,8 @@ from .layout import tree_layout
 class Program:
     """One program of a pool: `kind` ("prefill", "step", "plain" (the plain chunk of keep="auto"),
     "loop" (the device loop), "search" (the host's tree search); "ar prefill" and "ar chunk" for
-    plain decoding's pool), its live `rows`, `shape` (the prompt bucket of a prefill, the attention
-    window of the others, the trees searched at once by a search), the tree `size` (None where
+    plain decoding's pool), its live `rows`, `shape` (the attention window, the trees searched at
+    once by a search), the tree `size` (None where
     there is none) and `greedy`, the static sampling branch it was compiled for (None: decided on
     the device). `lower()` traces and lowers it (Python) and returns what compiles it (XLA, which
     leaves the GIL); `compile()` does both. Equal programs compile once."""
@@ -55,13 +55,10 @@ class Program:
         return self.lower()()
 
 
-def buckets(shapes, prompt_length: int) -> list[int]:
-    """The prompt buckets of prompts of 1 … `prompt_length` tokens (`ShapeSettings` `shapes`)."""
-    out, p = [], 1
-    while p <= prompt_length:
-        out.append(shapes.bucket(p))
-        p = out[-1] + 1
-    return out
+def prefill_windows(chunk: int, reach: int, prompt_length: int, cache: int) -> list[int]:
+    """The attention windows of the prefill chunks (of `chunk` tokens, each reading or writing
+    `reach` slots past its offset) of prompts of 1 … `prompt_length` tokens, in a cache of `cache` slots."""
+    return sorted({attention_window(offset + reach, cache) for offset in range(0, prompt_length, chunk)})
 
 
 def windows(reach: int, length: int, cache: int) -> list[int]:
@@ -79,7 +76,7 @@ def windows(reach: int, length: int, cache: int) -> list[int]:
 def programs(pool, rows: int, prompt_length: int, length: int) -> list[Program]:
     """The programs `pool` (a `Batcher` or a `PlainBatcher`) runs with `rows` live rows for prompts
     of up to `prompt_length` tokens and sequences (prompt and answer) of up to `length` tokens, both
-    cut at the pool's max_length: its prefill of every prompt bucket, then its steps at every
+    cut at the pool's max_length: its prefill chunk at every window the prompts reach, then its steps at every
     attention window — for a `Batcher` each tree size of its engine (size 0: the plain chunk of
     keep="auto") or its device loop, and its host search; for a `PlainBatcher` its chunk of plain
     decoding. Empty for an engine over a mesh (module docstring)."""
@@ -121,11 +118,12 @@ def _dart_programs(pool, m: int, prompt_length: int, length: int) -> list[Progra
     reach = engine.drafter.reach
     out = []
     for state in _variants(pool.state):
-        for bucket in buckets(engine.shapes, prompt_length):
-            ids, lengths, start = _host(m, bucket), _host(m), _host(m)
-            out.append(_program("prefill", m, bucket, None, state, engine._prefill, engine._state, ids, lengths, start,
+        chunk = engine.shapes.chunk
+        for window in prefill_windows(chunk, reach(chunk), prompt_length, cache):
+            ids, lengths, start = _host(m, chunk + 1), _host(m), _host(m)
+            out.append(_program("prefill", m, window, None, state, engine._prefill, engine._state, ids, lengths, start,
                                 state, moved=(ids, lengths, start), rows=depth, k=k, nodes=engine.n_nodes,
-                                draft_window=min(reach(bucket), cache)))
+                                window=window))
         if engine.device_steps:
             out += _loop_programs(pool, m, length, state)
             continue
@@ -182,11 +180,13 @@ def _plain_programs(pool, m: int, prompt_length: int, length: int) -> list[Progr
     engine, d = pool.engine, pool.decoder
     out = []
     for state in _variants(pool.state):
-        for bucket in buckets(engine.shapes, prompt_length):
-            ids, lengths, start = _host(m, bucket), _host(m), _host(m)
-            joined = _host(m, dtype=jnp.bool_)  # which rows joined: where their first token goes
-            out.append(_program("ar prefill", m, bucket, None, state, d.prefill, d.state, ids, lengths, start,
-                                state.cache, state.keys, state.params, moved=(ids, lengths, start, joined)))
+        chunk = engine.shapes.chunk
+        for window in prefill_windows(chunk, chunk, prompt_length, pool.length):
+            ids, lengths, start = _host(m, chunk), _host(m), _host(m)
+            ends = _host(m, dtype=jnp.bool_)  # which rows' prompts end in the chunk: where their first token goes
+            out.append(_program("ar prefill", m, window, None, state, d.prefill, d.state, ids, lengths, start,
+                                state.cache, state.keys, state.params, moved=(ids, lengths, start, ends),
+                                window=window))
         remaining = _host(m)
         out += [_program("ar chunk", m, window, None, state, d.decode_chunk, d.state, pool.token, state.cache,
                          state.cache_len, state.keys, state.params, remaining, engine.eos_row, moved=(remaining,),

@@ -2,8 +2,8 @@
 regeneration of training data, and the decode step the benchmarks time.
 
 Jitted pure functions over the target's state (`split_flat`: the arrays as one tuple): a prefill
-of the padded prompt, a one-token step and a chunk of one-token steps in one device loop
-(`decode_tokens`). The steps attend over a power-of-two window of the cache that follows the
+of one fixed-size chunk of prompts (called once per chunk: one program for every prompt length),
+a one-token step and a chunk of one-token steps in one device loop (`decode_tokens`). They attend over a power-of-two window of the cache that follows the
 sequence (`attention_window`), so their cost follows the sequence length, not the cache size.
 `AutoregressiveDecoder` holds them; the loop over them is a pool's (`batcher.PlainBatcher`,
 stepped by `driver.Driver`), as for speculative decoding.
@@ -132,19 +132,32 @@ def last_logits(target: Qwen3, hidden: jax.Array, length: jax.Array) -> jax.Arra
     return target.lm_logits(last)
 
 
-def _prefill_rows(model: ModelDef, state, ids, prompt_len, start, cache: KVCache, keys, params: SamplingParams):
-    """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool →
-    first tokens [m]. A row whose `start` is the cache length is left alone: its writes fall past
-    the cache and are dropped, its key is kept, and its token is junk the host ignores (a pool
-    admitting requests beside running ones)."""
+def chunk_rows(prompt_len, start, chunk: int, length: int) -> tuple[jax.Array, jax.Array]:
+    """(n_real [m]: each row's prompt tokens in a prefill chunk of `chunk` tokens from slot `start`
+    [m], at least 1; last [m]: whether the row's prompt ends in it) for prompts of `prompt_len` [m]
+    tokens in a cache of `length` slots (a row whose `start` is past the cache is not prefilled)."""
+    rest = prompt_len - start
+    return jnp.clip(rest, 1, chunk), (start < length) & (rest <= chunk)
+
+
+def _prefill_rows(model: ModelDef, state, ids, prompt_len, start, cache: KVCache, keys, params: SamplingParams, *,
+                  window: int):
+    """A chunk of C = ids.shape[1] prompt tokens into the first m = ids.shape[0] rows of the pool,
+    at slots `start` [m] …, attending over the first `window` cache slots (which hold them): a
+    prompt of prompt_len [m] tokens is prefilled by one call per chunk, so that every prompt length
+    runs this one program. → first tokens [m], sampled (and their keys split) for the rows whose
+    prompt ends in this chunk; junk the host ignores for the others. A row whose `start` is the
+    cache length is left alone: its writes fall past the cache and are dropped, its key is kept (a
+    pool admitting requests beside running ones, or a prompt that ended in an earlier chunk)."""
     target = model.merge(state)
-    m, t = ids.shape
-    view = window_view(cache, t, m)  # the prompts' slots of the first m rows
+    m, c = ids.shape
+    n_real, last = chunk_rows(prompt_len, start, c, cache.k.shape[2])
+    view = window_view(cache, window, m)
     hidden, _, view = target.extend(ids, view, start)
     cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
     after, now = split_rows(keys[:m])
-    keys = keys.at[:m].set(jnp.where(start < cache.k.shape[2], after, keys[:m]))
-    return sample_tokens(now, last_logits(target, hidden, prompt_len), param_rows(params, m)), cache, keys
+    keys = keys.at[:m].set(jnp.where(last, after, keys[:m]))
+    return sample_tokens(now, last_logits(target, hidden, n_real), param_rows(params, m)), cache, keys
 
 
 def _decode(model: ModelDef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, *, window: int,
@@ -281,8 +294,8 @@ class AutoregressiveDecoder:
         # comes back whole on every device, so that every host of a multi-host mesh reads it
         mesh = self.mesh = next((leaf.sharding.mesh for leaf in jax.tree.leaves(self.state)
                                  if isinstance(getattr(leaf, "sharding", None), NamedSharding)), None)
-        self.prefill = inputs_on_mesh(jitted(_pinned_outputs(_prefill_rows, mesh), model, donate_argnames="cache"),
-                                      mesh)
+        self.prefill = inputs_on_mesh(jitted(_pinned_outputs(_prefill_rows, mesh), model, static_argnames="window",
+                                             donate_argnames="cache"), mesh)
         self.decode = inputs_on_mesh(jitted(_pinned_outputs(_decode, mesh), model, static_argnames=("window", "live"),
                                             donate_argnames="cache"), mesh)
         self.decode_chunk = inputs_on_mesh(jitted(_pinned_outputs(_decode_chunk, mesh), model,

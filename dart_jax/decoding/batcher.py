@@ -281,7 +281,7 @@ class SlotPool:
 
     def _joining(self, free: list[int]) -> tuple[list[tuple[int, Request]], np.ndarray, np.ndarray, np.ndarray]:
         """Waiting requests into the lowest free slots: (slot, request) pairs, then for the first m
-        rows of the pool (`live_rows`: those up to the highest busy slot) the padded ids [m,bucket],
+        rows of the pool (`live_rows`: those up to the highest busy slot) the ids padded to whole chunks [m,T],
         prompt lengths [m] and start [m] (0 for a joining row; the cache length for a row left
         alone, whose writes then fall past the cache and are dropped). Sets the new keys and params."""
         joining = [(slot, self.waiting.popleft()) for slot in free[:len(self.waiting)]]
@@ -290,8 +290,7 @@ class SlotPool:
             self.settings[slot], request.slot, self.busy[slot] = request.settings, slot, request
             request._started = start_time
         m = self._live()
-        bucket = self.engine.shapes.bucket(max(r.prompt_ids.size for _, r in joining))
-        ids = np.zeros((m, bucket), np.int32)
+        ids = np.zeros((m, self.engine.shapes.padded(max(r.prompt_ids.size for _, r in joining))), np.int32)
         prompt_len = np.ones(m, np.int32)
         start = np.full(m, self.length, np.int32)
         fresh = list(self.state.keys)
@@ -301,6 +300,19 @@ class SlotPool:
             fresh[slot] = jax.random.key(request.settings.seed)
         self.state, self._stale_params = self.state.replace(params=self._params(), keys=jnp.stack(fresh)), False
         return joining, ids, prompt_len, start
+
+    def _chunks(self, ids: np.ndarray, prompt_len: np.ndarray, start: np.ndarray, follow: int = 0):
+        """The prefill's calls, one per chunk of the joining prompts (`_joining`'s ids, prompt lengths
+        and start): (the chunk's ids [m, chunk + follow] from its offset, each row's start in it: the
+        offset where the row joins and its prompt reaches it, else the cache length (left alone),
+        the offset)."""
+        chunk = self.engine.shapes.chunk
+        for offset in range(0, ids.shape[1], chunk):
+            part = np.zeros((ids.shape[0], chunk + follow), np.int32)
+            taken = ids[:, offset:offset + chunk + follow]
+            part[:, :taken.shape[1]] = taken
+            rows_start = np.where((start == 0) & (prompt_len > offset), offset, self.length).astype(np.int32)
+            yield part, rows_start, offset
 
     def _live(self) -> int:
         return live_rows(max(i for i, r in enumerate(self.busy) if r is not None), self.slots)
@@ -403,12 +415,17 @@ class Batcher(SlotPool):
         engine = self.engine
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
-        packed, self.state = engine.prefill(
-            jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start), self.state, rows=self.depth, k=self.k,
-            nodes=engine.n_nodes,
-            draft_window=min(engine.drafter.reach(ids.shape[1]), self.length))
+        answers = []  # per chunk; a row's answer is its last chunk's
+        for part, rows_start, offset in self._chunks(ids, prompt_len, start, follow=1):
+            window = attention_window(offset + engine.drafter.reach(engine.shapes.chunk), self.length)
+            packed, self.state = engine.prefill(jnp.asarray(part), jnp.asarray(prompt_len), jnp.asarray(rows_start),
+                                                self.state, rows=self.depth, k=self.k, nodes=engine.n_nodes,
+                                                window=window)
+            answers.append(packed)
         self._joined(joining, prompt_len)
-        out = prefill_layout(self.fields).unpack(np.asarray(packed))
+        last = (prompt_len - 1) // engine.shapes.chunk
+        answers = [np.asarray(a) for a in answers]
+        out = prefill_layout(self.fields).unpack(np.stack([answers[c][row] for row, c in enumerate(last)]))
         elapsed = time.perf_counter() - start_time
         events = []
         for slot, request in joining:
@@ -758,13 +775,19 @@ class PlainBatcher(SlotPool):
         d = self.decoder
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
-        first, cache, keys = d.prefill(d.state, jnp.asarray(ids), jnp.asarray(prompt_len), jnp.asarray(start),
-                                       self.state.cache, self.state.keys, self.state.params)
-        self.state = self.state.replace(cache=cache, keys=keys)
+        m, chunk = ids.shape[0], self.engine.shapes.chunk
+        firsts = []  # per chunk; a row's first token is its last chunk's
+        for part, rows_start, offset in self._chunks(ids, prompt_len, start):
+            first, cache, keys = d.prefill(d.state, jnp.asarray(part), jnp.asarray(prompt_len), jnp.asarray(rows_start),
+                                           self.state.cache, self.state.keys, self.state.params,
+                                           window=attention_window(offset + chunk, self.length))
+            self.state = self.state.replace(cache=cache, keys=keys)
+            ends = jnp.asarray((start == 0) & ((prompt_len - 1) // chunk == offset // chunk))
+            self.token = self.token.at[:m].set(jnp.where(ends, first, self.token[:m]))
+            firsts.append(first)
         self._joined(joining, prompt_len)
-        m = ids.shape[0]
-        self.token = self.token.at[:m].set(jnp.where(jnp.asarray(start == 0), first, self.token[:m]))
-        host = to_host(first)
+        firsts = [to_host(f) for f in firsts]
+        host = [firsts[c][row] for row, c in enumerate((prompt_len - 1) // chunk)]
         elapsed = time.perf_counter() - start_time
         events = []
         for slot, request in joining:

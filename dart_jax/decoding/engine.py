@@ -2,15 +2,16 @@
 
 Device work is two jitted pure functions over the state of (target, drafter module), passed as
 the flat tuple of its arrays (`split_flat`):
-- `prefill`: the prompt (padded to a power-of-two bucket) through the target, the first token,
-  and the drafter's first proposal;
+- `prefill`: a chunk of the prompt (of `ShapeSettings.chunk` tokens, the last one padded; one
+  call per chunk) through the target and the drafter, and after the prompt's last chunk the
+  first token and the drafter's first proposal;
 - `step`: tree verification → acceptance → KV commit of the accepted path → the drafter's next
   proposal, in one call.
 Both return what the host needs as ONE int32 array laid out by `layout` (one device→host copy
 per step); the host answers with one packed tree (one host→device copy). The drafter turns its
 proposal into trees on the CPU in between. Caches are donated and reused across generations;
-every shape is static for a given (prompt bucket, cache size, attention window), so after warm-up
-no generation of the same lengths compiles anything.
+every shape is static for a given (cache size, attention window), so after warm-up no generation
+within the same attention windows compiles anything, whatever its prompt's length.
 
 Every array keeps a batch dimension B, and the host state is per sequence (lengths, budgets,
 stats); `driver.Driver` steps a pool of them (`Engine.batcher`), `driver.single` one sequence.
@@ -46,8 +47,8 @@ from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inp
 from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
-from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, decode_tokens, jitted, last_logits,
-                             param_rows, put_window, split_flat, window_view)
+from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, chunk_rows, decode_tokens, jitted,
+                             last_logits, param_rows, put_window, split_flat, window_view)
 from .batcher import Batcher, DraftEdit, PlainBatcher
 from .drafter import DartDrafter, Drafter
 from .device_tree import DeviceSearch, DeviceTrie, LoopStep, TreeEdit, search_trees
@@ -75,30 +76,34 @@ def verify_tree(target: Qwen3, tree: dict, cache: KVCache, cache_len: jax.Array)
 
 
 def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, pool: PoolState, *,
-             rows: int, k: int, nodes: int, draft_window: int):
-    """Prompts into the rows whose `start` is 0, among the first m = ids.shape[0] rows of the pool:
-    ids int32[m,T] (padded to the bucket), prompt_len int32[m] → (packed `prefill_layout` [m], the
-    pool's state with their caches and keys; lengths are the host's to set). A row whose `start` is the cache length is left
-    alone: its writes fall past the cache and are dropped, its key is kept, and its outputs are
-    junk the host ignores. Rows past m are not computed at all. The drafter attends over (and
-    writes) its first `draft_window` cache slots, its reach over T positions: not the whole cache."""
+             rows: int, k: int, nodes: int, window: int):
+    """A chunk of C = ids.shape[1] - 1 prompt tokens into the first m = ids.shape[0] rows of the
+    pool, at slots `start` [m] …: ids int32[m,C+1] holds the chunk and then the token that follows
+    it (the next chunk's first), prompt_len int32[m] the whole prompts' lengths; a prompt is
+    prefilled by one call per chunk, so that every prompt length runs this one program. → (packed
+    `prefill_layout` [m], the pool's state with the chunk in its caches). A row whose prompt ends in
+    this chunk gets its first token (its key split) and the drafter's first proposal; the others'
+    outputs are junk the host ignores. A row whose `start` is the cache length is left alone: its
+    writes fall past the cache and are dropped, its key is kept. Rows past m are not computed at
+    all. Target and drafter attend over (and write) the first `window` cache slots, which must hold
+    the drafter's reach over C positions from `start`."""
     pair = model.merge(state)
     cache, draft_cache, keys = pool.cache, pool.draft_cache, pool.keys
-    m, t = ids.shape
-    admit = start < cache.k.shape[2]
+    m, c = ids.shape[0], ids.shape[1] - 1
+    n_real, last = chunk_rows(prompt_len, start, c, cache.k.shape[2])
     with jax.named_scope("prefill_target"):
-        view = window_view(cache, t, m)  # the prompts' slots of the first m rows
-        hidden, taps, view = pair.target.extend(ids, view, start, return_taps=True)
+        view = window_view(cache, window, m)
+        hidden, taps, view = pair.target.extend(ids[:, :c], view, start, return_taps=True)
         cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
         after, now = split_rows(keys[:m])
-        keys = keys.at[:m].set(jnp.where(admit, after, keys[:m]))
-        first = sample_tokens(now, last_logits(pair.target, hidden, prompt_len), param_rows(pool.params, m))  # [m]
+        keys = keys.at[:m].set(jnp.where(last, after, keys[:m]))
+        first = sample_tokens(now, last_logits(pair.target, hidden, n_real), param_rows(pool.params, m))  # [m]
     with jax.named_scope("prefill_draft"):
-        # position i carries the token that follows it: prompt[1:] and then the sampled token
-        shifted = jnp.concatenate([ids[:, 1:], jnp.zeros((m, 1), ids.dtype)], axis=1)
-        shifted = jnp.where(jnp.arange(t)[None, :] == (prompt_len - 1)[:, None], first[:, None], shifted)
-        draft_view = drafter_cls.cache_window(draft_cache, draft_window, m)
-        proposal, draft_view = drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, prompt_len,
+        # position i carries the token that follows it: the chunk's next ids, the sampled token after the prompt
+        shifted = jnp.where((jnp.arange(c)[None, :] == (n_real - 1)[:, None]) & last[:, None], first[:, None],
+                            ids[:, 1:])
+        draft_view = drafter_cls.cache_window(draft_cache, window, m)
+        proposal, draft_view = drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, n_real,
                                                    rows=rows, k=k, nodes=nodes)
         draft_cache = drafter_cls.cache_put(draft_cache, draft_view)
     packed = prefill_layout(drafter_cls.proposal_fields(rows, k, nodes)).pack({"first": first, **proposal})
@@ -399,7 +404,7 @@ class Engine:
         cls = type(drafter)
         # with a mesh: host-made inputs go onto it, and the caches come back with their shardings
         self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), model, cls,
-                                              static_argnames=("rows", "k", "nodes", "draft_window"), donate_argnames=_DONATE),
+                                              static_argnames=("rows", "k", "nodes", "window"), donate_argnames=_DONATE),
                                        self.mesh)
         # each step compiled with the XLA options of its verification's size: verify_gemms says which
         # GEMMs a GPU takes (qwen3.verify_compiler_options)
@@ -428,12 +433,11 @@ class Engine:
             lambda pending: pending["preceding"].shape[0])
 
     # ------------------------------------------------------------------ device calls (a pool's caches)
-    def prefill(self, ids, prompt_len, start, pool: PoolState, *, rows: int, k: int, nodes: int, draft_window: int):
-        """Prompts into the first m = ids.shape[0] rows of a pool whose `start` is 0 (see `_prefill`):
-        ids int32[m,T], prompt lengths [m], start [m], the pool's state (donated) → (packed
-        `prefill_layout` [m], the next state)."""
-        return self._prefill(self._state, ids, prompt_len, start, pool, rows=rows, k=k, nodes=nodes,
-                             draft_window=draft_window)
+    def prefill(self, ids, prompt_len, start, pool: PoolState, *, rows: int, k: int, nodes: int, window: int):
+        """A chunk of prompts into the first m = ids.shape[0] rows of a pool, from slots `start` (see
+        `_prefill`): ids int32[m,C+1], prompt lengths [m], start [m], the pool's state (donated) →
+        (packed `prefill_layout` [m], the next state)."""
+        return self._prefill(self._state, ids, prompt_len, start, pool, rows=rows, k=k, nodes=nodes, window=window)
 
     def step(self, tree, pool: PoolState, *, n: int, depth: int, k: int, window: int):
         """One speculative step of the first m = tree.shape[0] rows (see `_step`): packed trees of
@@ -507,12 +511,11 @@ class Engine:
         return self.target.config.vocab_size
 
     def cache_length(self, prompt_len: int, max_length: int) -> int:
-        """Slots needed: the drafter's prefill writes reach(bucket); a step at committed length
-        S <= max_length-2 reads the tree's N nodes beside the cache and writes the drafter's
-        reach(rows + 1) from S."""
-        bucket = self.shapes.bucket(prompt_len)
+        """Slots needed: the drafter's prefill of the last chunk writes reach(chunk) from its
+        start, reach(the padded prompt) in all; a step at committed length S <= max_length-2 reads
+        the tree's N nodes beside the cache and writes the drafter's reach(rows + 1) from S."""
         step = max(self.n_nodes, self.drafter.reach(self.depth + 1), self.drafter.reach(self.plain_chunk))
-        need = max(self.drafter.reach(bucket), max_length + step)
+        need = max(self.drafter.reach(self.shapes.padded(prompt_len)), max_length + step)
         return self.shapes.cache_length(need)
 
     def new_caches(self, batch: int, length: int) -> tuple:

@@ -72,8 +72,9 @@ def check_settings(value, name: str = "settings") -> GenerationSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ShapeSettings:
-    """Static shapes: prompts are padded to max(min_bucket, next power of two) and caches rounded
-    up to a multiple of cache_multiple, so that few lengths compile."""
+    """Static shapes: a prompt is prefilled in chunks of `min_bucket` tokens (the last one padded),
+    so that every prompt length runs the same compiled prefill, and caches are rounded up to a
+    multiple of cache_multiple, so that few lengths compile."""
 
     min_bucket: int = 32
     cache_multiple: int = 256
@@ -82,12 +83,14 @@ class ShapeSettings:
         check_int(self.min_bucket, "min_bucket", low=1)
         check_int(self.cache_multiple, "cache_multiple", low=1)
 
-    def bucket(self, length: int) -> int:
-        return prompt_bucket(length, self.min_bucket)
+    @property
+    def chunk(self) -> int:
+        """Prompt tokens per prefill call."""
+        return self.min_bucket
+
+    def padded(self, length: int) -> int:
+        """A prompt of `length` tokens padded to whole chunks."""
+        return -(-max(length, 1) // self.chunk) * self.chunk
 
     def cache_length(self, need: int) -> int:
         return -(-need // self.cache_multiple) * self.cache_multiple
-
-
-def prompt_bucket(length: int, minimum: int = 32) -> int:
-    return max(minimum, 1 << max(length - 1, 0).bit_length())

@@ -28,7 +28,7 @@ from dart_jax.api.options import HelpFormatter, add_model_options
 MIN_LENGTH = 16  # the smallest --max-length: a prompt and an answer of a few tokens
 MAX_CONNECTIONS = 256  # requests served at once by default: well under the usual limit of 1024 open files
 WARM_LENGTH = 512  # tokens of prompt and answer the warm-up covers by default (dart_jax/serve/warmup.py)
-SERVE_MIN_BUCKET = 64  # the server's --min-bucket: prompts padded to at least 64 tokens
+SERVE_MIN_BUCKET = 64  # the server's --min-bucket: prompts prefilled in chunks of 64 tokens
 
 
 def _seconds(text: str) -> float:
@@ -62,8 +62,8 @@ def _name(text: str) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m dart_jax.serve", description=__doc__, formatter_class=HelpFormatter)
     add_model_options(ap)
-    # a chat turn with its template is rarely under 33 tokens: one bucket for the short prompts is one
-    # prefill program fewer for each method and pool size to warm up, for a few more padded tokens
+    # a chat turn with its template is rarely under 33 tokens: chunks of 64 prefill it in one call,
+    # and a longer prompt in half the calls of 32, for a few more padded tokens
     ap.set_defaults(min_bucket=SERVE_MIN_BUCKET)
     # "%(default).0s" prints nothing: argparse then adds no "(default: …)" where the text says it
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")

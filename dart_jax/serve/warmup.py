@@ -1,8 +1,8 @@
 """The server's warm-up: what it compiles, in which order, and how far it is.
 
 A pool runs one compiled program per static shape (`dart_jax.decoding.ahead`): its live rows (1,
-2, 4, … requests at once), the prompt's bucket, the attention window that follows a sequence's
-length, the tree size. The warm-up is a list of `Stage`s, each one method at a number of requests
+2, 4, … requests at once), the attention window that follows a sequence's length (or holds a
+prefill chunk of the prompt: any prompt length runs the same prefill), the tree size. The warm-up is a list of `Stage`s, each one method at a number of requests
 at once for prompts and sequences up to a length:
 
 1. for each method, one request at a time, prompts of up to `READY_PROMPT` tokens (a chat turn
