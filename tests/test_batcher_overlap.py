@@ -70,6 +70,7 @@ def serve(engine, overlap, jobs=JOBS, slots=4, late_after=3, cancel_after=None):
     return handles, pool
 
 
+@pytest.mark.extended
 def test_overlap_gives_the_outputs_of_the_default_pool_and_of_plain_decoding(tiny):
     engine = engine_for(tiny)
     expected = [tiny.alone[(tuple(p), n)] for p, n in JOBS]
@@ -120,6 +121,7 @@ def test_sampled_outputs_match_the_default_path(tiny):
     assert overlapped == default and pool.overlap_stats["half_steps"] > 0
 
 
+@pytest.mark.extended
 def test_tree_size_changing_per_half_step(tiny):
     """keep="auto" picks a size before each half's search (here a fixed rotation instead of timings:
     sizes 20, 3 and 0, a plain chunk of the whole pool, which stops the pipeline): outputs stay exact."""

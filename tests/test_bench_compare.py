@@ -23,6 +23,7 @@ def test_acceptance_per_depth_by_hand():
     assert step_figures({"hist": {}, "steps": 0, "tree_s": 0.0, "device_s": 0.0})["accept_per_depth"] == []
 
 
+@pytest.mark.extended
 def test_compare_random_models(capsys, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps(x) for x in [{"id": "a", "category": "code", "prompt": "def f(x):"},

@@ -244,6 +244,7 @@ def test_calibration_repairs_a_reference_that_dart_leaves(tiny):
     assert refs[0][:new] == truth[:new]
 
 
+@pytest.mark.extended
 def test_forced_tau_on_the_command_line(capsys, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "category": "code", "prompt": "def f(x):"}) + "\n")
@@ -444,6 +445,7 @@ def device(tiny):
                   device_steps=4)
 
 
+@pytest.mark.extended
 def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
     model, _ = tiny
     new = 40

@@ -140,6 +140,7 @@ def test_profile_of_a_tiny_model_on_this_device(tmp_path, capsys):
     assert {r["phase"] for r in result["ops"]} & {"verify_attention", "verify_mlp", "verify_lm_head"}
 
 
+@pytest.mark.extended
 def test_profile_of_the_device_loop(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "category": "code", "prompt": "def f(x):"}) + "\n")

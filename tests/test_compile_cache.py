@@ -12,6 +12,9 @@ import sys
 
 import pytest
 
+# one worker runs both tests of the `runs` fixture (two processes that compile the tiny model)
+pytestmark = pytest.mark.xdist_group("compile_cache")
+
 # the child: JAX's compiler log at DEBUG names each program looked up in the persistent cache
 CHILD = r"""
 import json, logging, sys

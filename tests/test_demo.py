@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import dart_jax
 
 DEMO = Path(dart_jax.__file__).parent / "demo"
@@ -42,6 +44,7 @@ def test_demo_cli_is_lossless_and_accepts_long_runs():
     assert out["stats"]["tau"] > 3.0, out["accept_lengths"]
 
 
+@pytest.mark.extended
 def test_smollm2_demo_is_lossless_on_a_held_out_prompt_and_compares_dart_eagle3_and_plain():
     """The default demo (SmolLM2-135M-Instruct, our head and trie) on its default prompt, which is
     in neither the head's training data nor the trie, with `generate --compare`: DART, the EAGLE-3

@@ -205,6 +205,7 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
         Engine(tiny.model.target, DartDrafter(tiny.model.head), eos_ids=(EOS,), tree_eos_id=EOS, verify_gemms="fast")
 
 
+@pytest.mark.extended
 def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):
     """device_steps: several steps per device call, the trees searched on the device. Against the
     host's one step per call (whose trees the device search reproduces): the same tokens, accepted
@@ -243,6 +244,7 @@ def test_steps_in_a_device_loop_equal_the_hosts_steps(tiny):
     assert [len(o) for o in results[1][0]] == [7, 25, 16]
 
 
+@pytest.mark.extended
 def test_a_device_loop_attends_over_every_slot_its_steps_reach(tiny, monkeypatch):
     """Attention windows as small as they go (8 slots, not 256): the window of a device call must
     cover all of its steps' slots, else the tokens go wrong; and a max_length reached inside a call
@@ -676,6 +678,7 @@ def test_sampling_keeps_the_target_distribution_beside_other_sequences(tiny):
     assert stat < chi_square_critical(df), (stat, df)
 
 
+@pytest.mark.extended
 def test_branch_decided_on_the_host_keeps_every_output(tiny, monkeypatch):
     """As on an accelerator (`sampling.host_branch`: the greedy-or-sampling choice static): a greedy
     batch is each prompt's plain greedy decoding (the oracle runs each alone), and a mixed batch

@@ -12,6 +12,7 @@ nbformat = pytest.importorskip("nbformat")
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
 
 
+@pytest.mark.extended
 def test_quickstart_notebook_runs_and_dart_matches_plain_decoding():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

@@ -326,6 +326,7 @@ def _train_on_moe(tmp_path, epochs: int):
     return metrics, runs
 
 
+@pytest.mark.extended
 def test_train_a_dart_head_on_an_moe_target(request, tmp_path):
     """`train --base` runs on a Qwen3-MoE target (its taps, its regenerated replies) and exports a
     head that decodes losslessly over it (a few epochs: that the head learns is the slow test's)."""

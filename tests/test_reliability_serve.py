@@ -260,6 +260,7 @@ def test_interrupt_ends_every_open_job_with_a_shutdown_error_and_refuses_new_one
             pool.close()
 
 
+@pytest.mark.extended
 def test_a_job_that_ends_inside_a_device_call_keeps_every_step(model):
     """An engine with device_steps moves a job by several steps per call: the scheduler streams
     each step and finishes the job at its last one, with the tokens the host's steps give."""

@@ -252,6 +252,7 @@ def test_a_client_that_disconnects_frees_its_slot(server):
     assert jobs["open"] == 0 and jobs["finished"].get("cancelled", 0) == before + 2, jobs
 
 
+@pytest.mark.extended
 def test_sigterm_finishes_running_requests_and_exits_cleanly():
     with live_server("--demo", "tiny", "--no-ui", "--slots", "1", "--max-length", "256", "--warmup", "quick", "--keep", "60") as (url, proc):
         body = {"model": NAME, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 120,

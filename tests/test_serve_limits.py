@@ -54,6 +54,7 @@ def test_a_300_mb_body_to_the_ui_login_is_a_413_and_memory_stays_flat():
         assert httpx.get(url + "/health", timeout=60).json() == {"status": "ok"}  # no counters without the key
 
 
+@pytest.mark.extended
 def test_sigterm_ends_streams_in_flight_with_an_error_event_and_done_and_the_process_exits():
     """--shutdown-timeout 1: the streams (both asking a draft tree size the server has not compiled
     yet, so that the scheduler thread is busy compiling when the signal comes) end with the

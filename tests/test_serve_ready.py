@@ -17,6 +17,9 @@ import pytest
 
 from dart_jax.decoding.batcher import SlotPool
 
+# one worker runs the tests of the `warming` fixture (a server warming up)
+pytestmark = pytest.mark.xdist_group("serve_ready")
+
 
 @pytest.mark.parametrize("busy, slots, rows", [
     ([0], 8, 1), ([0, 1], 8, 2), ([0, 2], 8, 4), ([0, 1, 2, 3], 8, 4), ([4], 8, 8), ([0, 1, 2], 3, 3), ([0], 1, 1)])

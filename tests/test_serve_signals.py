@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from serving import ROOT, free_port, live_server
 
@@ -24,6 +25,7 @@ NAME = "dart-jax-demo"
 ABORT = ("Traceback", "terminate called", "FATAL", "Aborted", "core dumped")
 
 
+@pytest.mark.extended
 def test_ui_streams_need_the_login_and_one_request_past_the_limit_gets_a_503():
     with live_server("--demo", "tiny", "--api-key", KEY, "--slots", "1", "--max-length", "64", "--warmup", "none",
                      "--max-connections", "3") as (url, proc):
@@ -106,6 +108,7 @@ def streaming_server(shutdown_timeout: str):
         yield proc, lines, reader
 
 
+@pytest.mark.extended
 def test_sighup_ends_streams_with_the_error_event_and_done_as_sigterm_does():
     with streaming_server("1") as (proc, lines, reader):
         proc.send_signal(signal.SIGHUP)

@@ -115,6 +115,7 @@ def test_logits_match_transformers(gguf, ours, theirs):
         np.testing.assert_allclose(got, ref32, atol=2e-4, rtol=0)
 
 
+@pytest.mark.extended
 def test_greedy_generation_matches_transformers(gguf, theirs):
     """64 greedy tokens per prompt through the public API (plain decoding and DART with the shipped
     head) equal transformers' greedy `generate` on the same file."""

@@ -89,6 +89,7 @@ def test_answers_are_the_targets_greedy_replies_in_a_pool_smaller_than_the_promp
         assert r["finish_reason"] in ("eos", "length")
 
 
+@pytest.mark.extended
 def test_a_torn_last_line_is_cut_and_the_run_resumes_where_it_stopped(base, oracle, tmp_path):
     rows = write_prompts(tmp_path / "p.jsonl", 7, seed=1)
     out = tmp_path / "a.jsonl"
@@ -124,6 +125,7 @@ def test_a_killed_process_resumes_without_losing_or_repeating_answers(base, tmp_
     assert sorted(r["index"] for r in read(out)) == list(range(24))  # each prompt once
 
 
+@pytest.mark.extended
 def test_dart_drafting_gives_the_same_answers(base, tmp_path):
     write_prompts(tmp_path / "p.jsonl", 5, seed=3)
     head = make_tiny_head(tmp_path / "head", base, draft_length=3)

@@ -279,6 +279,7 @@ def held_out(base, target, head, prompts, decoder):
     return float(np.mean(counts))
 
 
+@pytest.mark.extended
 def test_trained_head_loads_decodes_losslessly_and_beats_a_random_one(request):
     if in_own_process(request):
         return
@@ -319,6 +320,7 @@ def test_trained_head_loads_decodes_losslessly_and_beats_a_random_one(request):
 # kill -9 and resume
 
 
+@pytest.mark.extended
 def test_killed_run_resumes_to_the_uninterrupted_result(request):
     if in_own_process(request):
         return

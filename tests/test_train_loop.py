@@ -145,6 +145,7 @@ def full_and_stopped_runs(base, tmp_path) -> tuple[list[str], Path]:
     return args, b
 
 
+@pytest.mark.extended
 def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
     args, b = full_and_stopped_runs(base, tmp_path)
     assert not (b / "head").exists()

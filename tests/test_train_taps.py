@@ -72,6 +72,7 @@ def check_rows(cache, target, data):
         assert not got[len(ids):].any()
 
 
+@pytest.mark.extended
 def test_cache_holds_the_targets_taps_and_rebuilds_what_is_damaged_or_stale(base, tmp_path):
     target = load_target(base, dtype="float32")
     identity, logs = target_identity(target, str(base)), []
