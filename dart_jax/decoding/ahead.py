@@ -113,7 +113,7 @@ def _variants(state) -> list:
 
 
 def _dart_programs(pool, m: int, prompt_length: int, length: int) -> list[Program]:
-    """A `Batcher`'s programs (its `_admit`, `_advance`, `_advance_plain`, `_advance_on_device`)."""
+    """A `Batcher`'s programs (its `_admit`, and its advance modes: `advance.HostStep`, `PlainChunk`, `DeviceLoop`)."""
     engine, depth, k, cache = pool.engine, pool.depth, pool.k, pool.length
     reach = engine.drafter.reach
     out = []
@@ -159,7 +159,7 @@ def _search(pool, trees: int) -> Program:
 
 
 def _loop_programs(pool, m: int, length: int, state) -> list[Program]:
-    """The device loop's programs (`Batcher._advance_on_device`)."""
+    """The device loop's programs (`advance.DeviceLoop`)."""
     engine, depth, k = pool.engine, pool.depth, pool.k
     steps = engine.device_steps
     pending = {f.name: _host(m, *f.shape, dtype=jnp.float32 if f.dtype == "float32" else jnp.int32)

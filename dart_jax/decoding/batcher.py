@@ -41,6 +41,7 @@ from dart_jax.errors import InputError, check_type
 from dart_jax.models.multihost import to_host
 
 from .adaptive import RowAcceptance
+from .advance import DeviceLoop, HostStep, PlainChunk, commit_step, time_dry
 from .autoregressive import attention_window, live_rows
 from .compile_time import CompileTimer
 from .device_tree import TreeEdit
@@ -407,6 +408,9 @@ class Batcher(SlotPool):
         self.acceptance: list[RowAcceptance | None] = [None] * b
         # the sizer's costs leave compilation out (a size's first step, a new attention window)
         self._compiling = CompileTimer()
+        # the advance modes (decoding/advance.py): size 0's, and the other sizes' one, chosen here
+        self._plain_chunk = PlainChunk()
+        self._tree_step = DeviceLoop() if engine.device_steps else HostStep()
 
     def _cache_length(self) -> int:
         return self.engine.cache_length(self.max_length - 1, self.max_length)
@@ -447,6 +451,9 @@ class Batcher(SlotPool):
         super().close()
 
     def _advance(self) -> list[StepEvent]:
+        """Every busy slot one step on, by the one advance mode (decoding/advance.py) this step calls
+        for: the overlapped pipeline while it runs; else, of the tree size the sizer chooses, a
+        plain chunk for size 0, the pool's tree step (host step or device loop) for the others."""
         engine = self.engine
         if self._stale_params:
             self.state, self._stale_params = self.state.replace(params=self._params()), False
@@ -459,87 +466,9 @@ class Batcher(SlotPool):
         rows = [i for i, r in enumerate(self.busy) if r is not None]
         m = self._live()  # rows past m are free and not computed
         committed = int(self.committed[rows].max())
-        window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
-        size = engine.sizer.choose(m, lambda m, sizes: self._time_dry(m, committed, sizes), self._figures(rows))
-        if size == 0:
-            return self._advance_plain(rows, m)
-        if engine.device_steps:
-            return self._advance_on_device(rows, m, committed)
-        with self._compiling:
-            t0 = time.perf_counter()
-            packed_tree = self._search(size, rows, m)
-            t1 = time.perf_counter()
-            packed, self.state = engine.step(packed_tree, self.state, n=size + 1, depth=self.depth, k=self.k,
-                                             window=window)
-            out = self.outputs.unpack(np.asarray(packed))
-            t2 = time.perf_counter()
-        engine.sizer.observe(size, m, float(out["count"][rows].mean()), self._uncompiled(),
-                             self._per_row(rows, out["count"][rows]))
-        events = []
-        for slot in rows:
-            events += self._commit_step(slot, out, slot, size=size, device_s=t2 - t1, tree_s=t1 - t0)
-        return events
-
-    def _advance_on_device(self, rows: list[int], m: int, committed: int) -> list[StepEvent]:
-        """`engine.device_steps` speculative steps in one device call, the trees searched there
-        (`Engine.steps_on_device`): one event per request and step taken, as the host's steps give."""
-        engine, steps = self.engine, self.engine.device_steps
-        remaining, stops = np.zeros(m, np.int32), np.zeros(m, bool)
-        for slot in rows:
-            budget = self.busy[slot].budget
-            remaining[slot] = budget.limit - len(budget.out)
-            stops[slot] = bool(budget.eos_ids)  # submit(..., stop_at_eos=False): no EOS stops it
-        # every slot the last step may read or write: its tree past the previous steps' tokens, its draft
-        reach = committed + (steps - 1) * (self.depth + 1) + engine.drafter.reach(self.depth + 1)
-        window = attention_window(reach, self.length)
-        edit = self.edit.device if self.edit is not None else None
-        edit_inputs = self.edit.device_inputs(self, rows, m, steps) if edit is not None else None
-        t0 = time.perf_counter()
-        pending = {name: jnp.asarray(a[:m]) for name, a in self.proposal.items()}
-        pending.update(preceding=jnp.asarray(self.preceding[:m], jnp.int32),
-                       preceding_len=jnp.asarray(self.preceding_len[:m], jnp.int32))
-        packed, self.state = engine.steps_on_device(
-            pending, self.state, {"remaining": jnp.asarray(remaining), "stops": jnp.asarray(stops)},
-            depth=self.depth, k=self.k, window=window,
-            edit=edit, edit_inputs=edit_inputs)
-        out = self.device_outputs.unpack(np.asarray(packed))
-        elapsed = time.perf_counter() - t0
-        if edit is not None:
-            self.edit.device_answer(self, rows, out)
-        events = []
-        for slot in rows:
-            counts = [int(c) for c in out["counts"][slot] if c > 0]
-            tokens = out["out"][slot, :int(out["n_out"][slot])]
-            ends = np.cumsum(counts)  # each step's tokens: its accepted ones and the bonus (cut at a stop)
-            events += self._commit(slot, out, slot, out["preceding"][slot, :int(out["preceding_len"][slot])],
-                                   [(tokens[end - count:end], count) for end, count in zip(ends, counts)],
-                                   size=engine.tree.keep, device_s=elapsed)
-        return events
-
-    def _advance_plain(self, rows: list[int], m: int) -> list[StepEvent]:
-        """Tree size 0: a chunk of plain decoding for every busy slot (dart_jax.decoding.adaptive)."""
-        engine, chunk = self.engine, self.engine.plain_chunk
-        with self._compiling:
-            t0 = time.perf_counter()
-            remaining = np.zeros(m, np.int32)
-            for slot in rows:
-                budget = self.busy[slot].budget
-                remaining[slot] = budget.limit - len(budget.out)
-            window = attention_window(int(self.committed[rows].max()) + engine.drafter.reach(chunk), self.length)
-            packed, self.state = engine.plain(jnp.asarray(self._roots(m)), self.state, jnp.asarray(remaining),
-                                              chunk=chunk, depth=self.depth, k=self.k, window=window)
-            out = self.plain.unpack(np.asarray(packed))
-            t1 = time.perf_counter()
-        counts = out["count"][rows]
-        if int(counts.max()) == chunk:  # a chunk cut short by a budget or EOS says little about plain decoding
-            engine.sizer.observe(0, m, float(counts.mean()), self._uncompiled(), self._per_row(rows, counts))
-        events = []
-        for slot in rows:
-            fed = out["tokens"][slot, :int(out["count"][slot])]
-            root = self.preceding[slot, self.preceding_len[slot] - 1]
-            events += self._commit(slot, out, slot, np.append(root, fed)[-self.context:], [(fed, fed.size)], size=0,
-                                   device_s=t1 - t0, plain=True)
-        return events
+        size = engine.sizer.choose(m, lambda m, sizes: time_dry(self, m, committed, sizes), self._figures(rows))
+        mode = self._plain_chunk if size == 0 else self._tree_step
+        return mode.advance(self, rows, m, size, committed)
 
     def _search(self, size: int, rows: list[int], m: int, start: int = 0, *, dry: bool = False) -> np.ndarray:
         """The busy rows' draft trees of `size` nodes besides the root, packed for the first m rows
@@ -580,7 +509,7 @@ class Batcher(SlotPool):
         rows, engine = halves[half], self.engine
         busy = [i for i, r in enumerate(self.busy) if r is not None]
         committed = int(self.committed[busy].max())
-        size = engine.sizer.choose(m, lambda m, sizes: self._time_dry(m, committed, sizes), self._figures(busy))
+        size = engine.sizer.choose(m, lambda m, sizes: time_dry(self, m, committed, sizes), self._figures(busy))
         requests = tuple(self.busy[r] for r in rows)
         if size == 0:
             return _Half(half, m, half * h, rows, requests, 0, None, 0.0)
@@ -616,8 +545,8 @@ class Batcher(SlotPool):
             counts.append(int(out["count"][i]))
             counted.append(slot)
             # device_s: from the dispatch until the answer was on the host (the other half's search ran meanwhile)
-            events += self._commit_step(slot, out, i, size=half.size, device_s=t1 - half.dispatched,
-                                        tree_s=half.search_s)
+            events += commit_step(self, slot, out, i, size=half.size, device_s=t1 - half.dispatched,
+                                  tree_s=half.search_s)
         half.counts, half.counted = counts, counted
         return events
 
@@ -636,7 +565,8 @@ class Batcher(SlotPool):
             first = None if self._plain_due else self._prepare(plan, 0)
             self._plain_due = False
             if first is None or first.size == 0:
-                return self._advance_plain([i for i, r in enumerate(self.busy) if r is not None], plan[0])
+                busy = [i for i, r in enumerate(self.busy) if r is not None]
+                return self._plain_chunk.advance(self, busy, plan[0], 0, int(self.committed[busy].max()))
             self.overlap_stats["restarts"] += 1
             self._dispatch(first)
             self._ready = self._prepare(plan, 1)
@@ -678,38 +608,6 @@ class Batcher(SlotPool):
         """The seconds of the last block timed by `_compiling`, less what it spent compiling."""
         return max(self._compiling.last_wall - self._compiling.last_seconds, 0.0)
 
-    def _time_dry(self, m: int, committed: int, sizes) -> list[float]:
-        """The seconds of a call of each of `sizes` in turn, back to back, for the first m rows (a
-        tree size: the tree search on the busy rows' last proposals, the transfers and the device
-        step; 0: a chunk of plain decoding and the drafter's call after it), less what each spent
-        compiling: the sizer's `eager` timing (dart_jax.decoding.adaptive), on this pool's caches.
-        The calls' results are dropped: their writes land at and past each row's committed length,
-        which the next real step overwrites, and the lengths and keys stay."""
-        engine = self.engine
-        chunk = engine.plain_chunk
-        # one token more than the chunk: the rows go on, so the drafter's call is timed too
-        roots, full = jnp.asarray(self._roots(m)), jnp.full((m,), chunk + 1, jnp.int32)
-        plain_window = attention_window(committed + engine.drafter.reach(chunk), self.length)
-        window = attention_window(committed + engine.drafter.reach(self.depth + 1), self.length)
-        rows = [i for i, r in enumerate(self.busy[:m]) if r is not None]
-
-        def call(size: int) -> None:
-            if size == 0:
-                packed, self.state = self._dry(lambda state: engine.plain(
-                    roots, state, full, chunk=chunk, depth=self.depth, k=self.k, window=plain_window))
-            else:
-                tree = self._search(size, rows, m, dry=True)
-                packed, self.state = self._dry(lambda state: engine.step(
-                    tree, state, n=size + 1, depth=self.depth, k=self.k, window=window))
-            np.asarray(packed)
-
-        seconds = []
-        for size in sizes:
-            with self._compiling:
-                call(size)
-            seconds.append(self._uncompiled())
-        return seconds
-
     def _follow_up(self, slot: int, out: dict, row: int, preceding: np.ndarray) -> None:
         """What the next tree search of `slot` reads: the drafter's proposal (row `row` of the device
         call's unpacked answer `out`) and the ids fed to it (`preceding`, the root last)."""
@@ -723,23 +621,6 @@ class Batcher(SlotPool):
         inputs (`_follow_up`), then `SlotPool._record` (committed length, stats, budget, events)."""
         self._follow_up(slot, out, row, preceding)
         return self._record(slot, steps, size=size, device_s=device_s, tree_s=tree_s, plain=plain)
-
-    def _commit_step(self, slot: int, out: dict, row: int, *, size: int, device_s: float,
-                     tree_s: float) -> list[StepEvent]:
-        """`_commit` of one speculative step (a `step_layout` answer, row `row`): the accepted path's
-        tokens after the root and the bonus; the next search reads the root first, then those."""
-        count = int(out["count"][row])
-        fed = np.append(out["path_tokens"][row, 1:count], out["bonus"][row])
-        return self._commit(slot, out, row, np.append(out["path_tokens"][row, :1], fed), [(fed, count)], size=size,
-                            device_s=device_s, tree_s=tree_s)
-
-    def _dry(self, call):
-        """`call(state)` (a device call that donates the state and returns (packed, its next state))
-        as a dry run: its caches are kept — its writes fall at and past the committed lengths — and
-        the lengths and keys it advanced are dropped (the call is given copies, the pool keeps its own)."""
-        kept = self.state
-        packed, after = call(kept.replace(cache_len=jnp.copy(kept.cache_len), keys=jnp.copy(kept.keys)))
-        return packed, after.replace(cache_len=kept.cache_len, keys=kept.keys)
 
     def _set_preceding(self, slot: int, ids: np.ndarray) -> None:
         self.preceding[slot, :ids.size] = ids
