@@ -1,15 +1,17 @@
 """A `Batcher`'s advance modes: how one pool step moves every busy slot, each a small strategy over the
 pool's one core (its `PoolState`, `_search`, `_commit`, `SlotPool._record`).
 
-`Batcher._advance` picks one per step: `PlainChunk` where the sizer chose tree size 0, else the
-pool's tree step, chosen once at its construction: `DeviceLoop` where the engine searches trees on
-the device (`device_steps`), `HostStep` otherwise. `time_dry` is the sizer's dry timing of those
-calls. Each `advance(pool, rows, m, size, committed)` takes the busy slots `rows` among the first m
-live rows, the step's tree size and the longest committed length among them, and returns the step's
-`StepEvent`s.
+`Batcher._advance` picks one per step: `Overlapped` (`overlap=True`) while its pipeline of
+half-steps runs; else `PlainChunk` where the sizer chose tree size 0, else the pool's tree step,
+chosen once at its construction: `DeviceLoop` where the engine searches trees on the device
+(`device_steps`), `HostStep` otherwise. `time_dry` is the sizer's dry timing of those calls. Each
+`advance(pool, rows, m, size, committed)` takes the busy slots `rows` among the first m live rows,
+the step's tree size and the longest committed length among them, and returns the step's
+`StepEvent`s; `Overlapped.advance(pool, plan)` takes its `halves` instead and chooses a size per half.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax.numpy as jnp
@@ -159,3 +161,140 @@ def _dry(pool, call):
     packed, after = call(kept.replace(cache_len=jnp.copy(kept.cache_len), keys=jnp.copy(kept.keys)))
     return packed, after.replace(cache_len=kept.cache_len, keys=kept.keys)
 
+
+@dataclasses.dataclass(eq=False)
+class _Half:
+    """One half of an overlapped pool's busy rows (rows start … start+m/2-1 of the m live ones): its
+    searched trees, then its step on the device."""
+
+    half: int  # 0 or 1
+    m: int  # the pool's live rows when it was searched
+    start: int
+    rows: list[int]  # its busy slots
+    requests: tuple  # their requests, as searched
+    size: int  # tree size; 0: no trees (a plain chunk of the whole pool is due)
+    tree: np.ndarray | None
+    search_s: float
+    packed: object = None  # the step's answer (a device array) once dispatched
+    dispatched: float = 0.0
+    counts: list[int] = dataclasses.field(default_factory=list)
+    counted: list[int] = dataclasses.field(default_factory=list)  # the slots of `counts`
+
+
+class Overlapped:
+    """`Batcher(overlap=True)`'s pipeline of half-steps (batcher's module docstring): the host
+    searches one half's trees while the device verifies the other's (`Engine.step_rows`). Holds the
+    half in flight, the other half's searched trees, and `stats` (the pool's `overlap_stats`)."""
+
+    def __init__(self):
+        self.flight: _Half | None = None  # the half whose step is on the device
+        self.ready: _Half | None = None  # the other half's searched trees, dispatched when it lands
+        self.plain_due = False  # the sizer chose size 0 for a half: a plain chunk of the whole pool next
+        self.stats = {"half_steps": 0, "search_s": 0.0, "wait_s": 0.0, "restarts": 0}
+
+    def halves(self, pool) -> tuple[int, int, tuple[list[int], list[int]]] | None:
+        """(m live rows, m/2, the busy rows of each half) when both halves have a busy row, else None."""
+        m = pool._live()
+        if m < 2:
+            return None
+        h = m // 2
+        rows = [i for i, r in enumerate(pool.busy[:m]) if r is not None]
+        low, high = [i for i in rows if i < h], [i for i in rows if i >= h]
+        return (m, h, (low, high)) if low and high else None
+
+    def drop(self) -> None:
+        """Forget the step in flight (its requests stay unfinished) and the searched trees."""
+        self.flight = self.ready = None
+
+    def advance(self, pool, plan) -> list:
+        """One half-step of the pipeline: (start it: search half 0, dispatch it, search half 1;) land
+        the half in flight, dispatch the other, search the landed half's next trees meanwhile. With
+        no `plan` (`halves`: one half has no busy row), the step in flight lands alone."""
+        if plan is None:
+            return self.land_alone(pool)
+        t_enter = time.perf_counter()
+        started = self.flight is None
+        if started:
+            first = None if self.plain_due else self._prepare(pool, plan, 0)
+            self.plain_due = False
+            if first is None or first.size == 0:
+                busy = [i for i, r in enumerate(pool.busy) if r is not None]
+                return pool._plain_chunk.advance(pool, busy, plan[0], 0, int(pool.committed[busy].max()))
+            self.stats["restarts"] += 1
+            self._dispatch(pool, first)
+            self.ready = self._prepare(pool, plan, 1)
+        landed, self.flight = self.flight, None
+        ready, self.ready = self.ready, None
+        events = self._land(pool, landed)
+        plan = self.halves(pool)
+        if plan is not None and plan[0] == landed.m and ready is not None and ready.size:
+            m, h, halves = plan
+            current = halves[ready.half]
+            if current != ready.rows or any(pool.busy[r] is not q for r, q in zip(ready.rows, ready.requests)):
+                ready = self._prepare(pool, plan, ready.half)  # a request of that half left meanwhile: search again
+            if ready.size:
+                self._dispatch(pool, ready)
+                self.ready = self._prepare(pool, plan, landed.half)
+            else:
+                self.plain_due = True
+        elif ready is not None and ready.size == 0:
+            self.plain_due = True
+        if not started and landed.counts:
+            # a round (both halves) takes about two of these calls; the sizer's costs are per round of m rows
+            pool.engine.sizer.observe(landed.size, landed.m, float(np.mean(landed.counts)),
+                                      2 * (time.perf_counter() - t_enter), pool._per_row(landed.counted, landed.counts))
+        return events
+
+    def land_alone(self, pool) -> list:
+        """The step in flight lands and the pipeline stops (the next step starts it again)."""
+        flight, self.flight, self.ready = self.flight, None, None
+        self.plain_due = False
+        return self._land(pool, flight)
+
+    def _prepare(self, pool, plan, half: int) -> _Half:
+        """Half `half`'s next trees: the tree size chosen for the pool's m rows (0: none, a plain chunk
+        of the whole pool is due), then the search."""
+        m, h, halves = plan
+        rows, engine = halves[half], pool.engine
+        busy = [i for i, r in enumerate(pool.busy) if r is not None]
+        committed = int(pool.committed[busy].max())
+        size = engine.sizer.choose(m, lambda m, sizes: time_dry(pool, m, committed, sizes), pool._figures(busy))
+        requests = tuple(pool.busy[r] for r in rows)
+        if size == 0:
+            return _Half(half, m, half * h, rows, requests, 0, None, 0.0)
+        t0 = time.perf_counter()
+        tree = pool._search(size, rows, h, half * h)
+        elapsed = time.perf_counter() - t0
+        self.stats["search_s"] += elapsed
+        return _Half(half, m, half * h, rows, requests, size, tree, elapsed)
+
+    def _dispatch(self, pool, half: _Half) -> None:
+        """Half `half`'s step onto the device (returns at once: JAX dispatches asynchronously)."""
+        engine = pool.engine
+        busy = [i for i, r in enumerate(pool.busy) if r is not None]
+        window = attention_window(int(pool.committed[busy].max()) + engine.drafter.reach(pool.depth + 1), pool.length)
+        half.dispatched = time.perf_counter()
+        half.packed, pool.state = engine.step_rows(half.tree, half.start, pool.state, n=half.size + 1,
+                                                   depth=pool.depth, k=pool.k, window=window)
+        self.flight = half
+
+    def _land(self, pool, half: _Half) -> list:
+        """Wait for half `half`'s step and hand its rows their tokens (a request cancelled meanwhile
+        is skipped: its slot is free, and the next admission resets it)."""
+        t0 = time.perf_counter()
+        out = pool.outputs.unpack(np.asarray(half.packed))
+        t1 = time.perf_counter()
+        self.stats["wait_s"] += t1 - t0
+        self.stats["half_steps"] += 1
+        events, counts, counted = [], [], []
+        for slot, request in zip(half.rows, half.requests):
+            if pool.busy[slot] is not request:
+                continue
+            i = slot - half.start
+            counts.append(int(out["count"][i]))
+            counted.append(slot)
+            # device_s: from the dispatch until the answer was on the host (the other half's search ran meanwhile)
+            events += commit_step(pool, slot, out, i, size=half.size, device_s=t1 - half.dispatched,
+                                  tree_s=half.search_s)
+        half.counts, half.counted = counts, counted
+        return events

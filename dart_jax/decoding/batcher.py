@@ -25,6 +25,9 @@ where the host search of one half takes at least what the second device call add
 of big trees on an accelerator, never batch 1 (no split), nor a CPU, where XLA already keeps every
 core busy with the device work (benchmarks/RESULTS.md has the measured break-even). `overlap_stats` counts
 the half-steps and the host's search and wait seconds (how much search the device time hid).
+
+How a step advances the busy slots (host step, device loop, plain chunk, overlapped halves) is one
+small strategy each, in decoding/advance.py; `Batcher._advance` picks the one that runs.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from dart_jax.errors import InputError, check_type
 from dart_jax.models.multihost import to_host
 
 from .adaptive import RowAcceptance
-from .advance import DeviceLoop, HostStep, PlainChunk, commit_step, time_dry
+from .advance import DeviceLoop, HostStep, Overlapped, PlainChunk, time_dry
 from .autoregressive import attention_window, live_rows
 from .compile_time import CompileTimer
 from .device_tree import TreeEdit
@@ -327,25 +330,6 @@ class SlotPool:
                                                             self.state.cache_len))
 
 
-@dataclasses.dataclass(eq=False)
-class _Half:
-    """One half of an overlapped pool's busy rows (rows start … start+m/2-1 of the m live ones): its
-    searched trees, then its step on the device."""
-
-    half: int  # 0 or 1
-    m: int  # the pool's live rows when it was searched
-    start: int
-    rows: list[int]  # its busy slots
-    requests: tuple  # their requests, as searched
-    size: int  # tree size; 0: no trees (a plain chunk of the whole pool is due)
-    tree: np.ndarray | None
-    search_s: float
-    packed: object = None  # the step's answer (a device array) once dispatched
-    dispatched: float = 0.0
-    counts: list[int] = dataclasses.field(default_factory=list)
-    counted: list[int] = dataclasses.field(default_factory=list)  # the slots of `counts`
-
-
 class DraftEdit:
     """A change to the draft trees a `Batcher` verifies, given at its construction (`Batcher(...,
     edit=)`, `Engine.batcher(..., edit=)`); DART's own pool has none. `searched` edits the trees the
@@ -380,10 +364,7 @@ class Batcher(SlotPool):
             raise InputError("overlap searches trees on the host while the device verifies; this engine searches "
                              "them on the device (device_steps): use one or the other")
         self.overlap = bool(overlap)
-        self._flight: _Half | None = None  # overlap: the half whose step is on the device
-        self._ready: _Half | None = None  # overlap: the other half's searched trees, dispatched when it lands
-        self._plain_due = False  # overlap: the sizer chose size 0 for a half: a plain chunk of the whole pool next
-        self.overlap_stats = {"half_steps": 0, "search_s": 0.0, "wait_s": 0.0, "restarts": 0}
+        self._overlapped = Overlapped()  # overlap's pipeline, idle without it
         self.depth, self.k = engine.depth, engine.tree.topk
         self.fields = engine.drafter.proposal_fields(self.depth, self.k, engine.n_nodes)
         self.outputs = step_layout(self.depth, self.fields)
@@ -411,6 +392,11 @@ class Batcher(SlotPool):
         # the advance modes (decoding/advance.py): size 0's, and the other sizes' one, chosen here
         self._plain_chunk = PlainChunk()
         self._tree_step = DeviceLoop() if engine.device_steps else HostStep()
+
+    @property
+    def overlap_stats(self) -> dict:
+        """overlap's half-steps, restarts, and the host's search and wait seconds (module docstring)."""
+        return self._overlapped.stats
 
     def _cache_length(self) -> int:
         return self.engine.cache_length(self.max_length - 1, self.max_length)
@@ -442,12 +428,12 @@ class Batcher(SlotPool):
         return events
 
     def step(self) -> list[StepEvent]:
-        if self._flight is not None and self.waiting and any(r is None for r in self.busy):
-            return self._land_alone()  # overlap: the step in flight lands before requests join
+        if self._overlapped.flight is not None and self.waiting and any(r is None for r in self.busy):
+            return self._overlapped.land_alone(self)  # overlap: the step in flight lands before requests join
         return super().step()
 
     def close(self) -> None:
-        self._flight = self._ready = None  # a step in flight is dropped with its requests unfinished
+        self._overlapped.drop()  # a step in flight is dropped with its requests unfinished
         super().close()
 
     def _advance(self) -> list[StepEvent]:
@@ -458,11 +444,9 @@ class Batcher(SlotPool):
         if self._stale_params:
             self.state, self._stale_params = self.state.replace(params=self._params()), False
         if self.overlap:
-            plan = self._halves()
-            if plan is not None:
-                return self._advance_overlapped(plan)
-            if self._flight is not None:
-                return self._land_alone()
+            plan = self._overlapped.halves(self)
+            if plan is not None or self._overlapped.flight is not None:
+                return self._overlapped.advance(self, plan)
         rows = [i for i, r in enumerate(self.busy) if r is not None]
         m = self._live()  # rows past m are free and not computed
         committed = int(self.committed[rows].max())
@@ -490,107 +474,6 @@ class Batcher(SlotPool):
         if self.edit is not None and not dry:
             self.edit.searched(self, trees, rows, start)
         return self.trees[size].pack(trees)
-
-    # ------------------------------------------------------------------ overlap (module docstring)
-    def _halves(self) -> tuple[int, int, tuple[list[int], list[int]]] | None:
-        """(m live rows, m/2, the busy rows of each half) when both halves have a busy row, else None."""
-        m = self._live()
-        if m < 2:
-            return None
-        h = m // 2
-        rows = [i for i, r in enumerate(self.busy[:m]) if r is not None]
-        low, high = [i for i in rows if i < h], [i for i in rows if i >= h]
-        return (m, h, (low, high)) if low and high else None
-
-    def _prepare(self, plan, half: int) -> "_Half":
-        """Half `half`'s next trees: the tree size chosen for the pool's m rows (0: none, a plain chunk
-        of the whole pool is due), then the search."""
-        m, h, halves = plan
-        rows, engine = halves[half], self.engine
-        busy = [i for i, r in enumerate(self.busy) if r is not None]
-        committed = int(self.committed[busy].max())
-        size = engine.sizer.choose(m, lambda m, sizes: time_dry(self, m, committed, sizes), self._figures(busy))
-        requests = tuple(self.busy[r] for r in rows)
-        if size == 0:
-            return _Half(half, m, half * h, rows, requests, 0, None, 0.0)
-        t0 = time.perf_counter()
-        tree = self._search(size, rows, h, half * h)
-        elapsed = time.perf_counter() - t0
-        self.overlap_stats["search_s"] += elapsed
-        return _Half(half, m, half * h, rows, requests, size, tree, elapsed)
-
-    def _dispatch(self, half: "_Half") -> None:
-        """Half `half`'s step onto the device (returns at once: JAX dispatches asynchronously)."""
-        engine = self.engine
-        busy = [i for i, r in enumerate(self.busy) if r is not None]
-        window = attention_window(int(self.committed[busy].max()) + engine.drafter.reach(self.depth + 1), self.length)
-        half.dispatched = time.perf_counter()
-        half.packed, self.state = engine.step_rows(half.tree, half.start, self.state, n=half.size + 1,
-                                                   depth=self.depth, k=self.k, window=window)
-        self._flight = half
-
-    def _land(self, half: "_Half") -> list[StepEvent]:
-        """Wait for half `half`'s step and hand its rows their tokens (a request cancelled meanwhile
-        is skipped: its slot is free, and the next admission resets it)."""
-        t0 = time.perf_counter()
-        out = self.outputs.unpack(np.asarray(half.packed))
-        t1 = time.perf_counter()
-        self.overlap_stats["wait_s"] += t1 - t0
-        self.overlap_stats["half_steps"] += 1
-        events, counts, counted = [], [], []
-        for slot, request in zip(half.rows, half.requests):
-            if self.busy[slot] is not request:
-                continue
-            i = slot - half.start
-            counts.append(int(out["count"][i]))
-            counted.append(slot)
-            # device_s: from the dispatch until the answer was on the host (the other half's search ran meanwhile)
-            events += commit_step(self, slot, out, i, size=half.size, device_s=t1 - half.dispatched,
-                                  tree_s=half.search_s)
-        half.counts, half.counted = counts, counted
-        return events
-
-    def _land_alone(self) -> list[StepEvent]:
-        """The step in flight lands and the pipeline stops (the next step starts it again)."""
-        flight, self._flight, self._ready = self._flight, None, None
-        self._plain_due = False
-        return self._land(flight)
-
-    def _advance_overlapped(self, plan) -> list[StepEvent]:
-        """One half-step of the pipeline: (start it: search half 0, dispatch it, search half 1;) land
-        the half in flight, dispatch the other, search the landed half's next trees meanwhile."""
-        t_enter = time.perf_counter()
-        started = self._flight is None
-        if started:
-            first = None if self._plain_due else self._prepare(plan, 0)
-            self._plain_due = False
-            if first is None or first.size == 0:
-                busy = [i for i, r in enumerate(self.busy) if r is not None]
-                return self._plain_chunk.advance(self, busy, plan[0], 0, int(self.committed[busy].max()))
-            self.overlap_stats["restarts"] += 1
-            self._dispatch(first)
-            self._ready = self._prepare(plan, 1)
-        landed, self._flight = self._flight, None
-        ready, self._ready = self._ready, None
-        events = self._land(landed)
-        plan = self._halves()
-        if plan is not None and plan[0] == landed.m and ready is not None and ready.size:
-            m, h, halves = plan
-            current = halves[ready.half]
-            if current != ready.rows or any(self.busy[r] is not q for r, q in zip(ready.rows, ready.requests)):
-                ready = self._prepare(plan, ready.half)  # a request of that half left meanwhile: search again
-            if ready.size:
-                self._dispatch(ready)
-                self._ready = self._prepare(plan, landed.half)
-            else:
-                self._plain_due = True
-        elif ready is not None and ready.size == 0:
-            self._plain_due = True
-        if not started and landed.counts:
-            # a round (both halves) takes about two of these calls; the sizer's costs are per round of m rows
-            self.engine.sizer.observe(landed.size, landed.m, float(np.mean(landed.counts)),
-                                      2 * (time.perf_counter() - t_enter), self._per_row(landed.counted, landed.counts))
-        return events
 
     def _figures(self, slots) -> list[RowAcceptance]:
         """The acceptance figures of these busy slots, for the sizer's choice."""
