@@ -93,6 +93,7 @@ def test_overlap_gives_the_outputs_of_the_default_pool_and_of_plain_decoding(tin
     assert compiles == []
 
 
+@pytest.mark.extended
 def test_cancelling_a_request_in_flight_leaves_the_others_exact(tiny):
     engine = engine_for(tiny)
     handles, pool = serve(engine, True, cancel_after=5)
@@ -101,6 +102,7 @@ def test_cancelling_a_request_in_flight_leaves_the_others_exact(tiny):
     assert [h.token_ids for h in handles[1:]] == [tiny.alone[(tuple(p), n)] for p, n in JOBS[1:]]
 
 
+@pytest.mark.extended
 def test_sampled_outputs_match_the_default_path(tiny):
     """With a fixed tree size, sampling too: each row keeps its own key, split once per step of it."""
     engine = engine_for(tiny)

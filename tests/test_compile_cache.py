@@ -61,6 +61,7 @@ def runs(tmp_path_factory):
     return tmp, first, first_err, second
 
 
+@pytest.mark.extended
 def test_a_second_process_loads_the_programs_the_first_compiled(runs):
     tmp, first, _, second = runs
     folder = tmp / "dart_jax" / "xla"
@@ -72,6 +73,7 @@ def test_a_second_process_loads_the_programs_the_first_compiled(runs):
     assert second["ids"] == first["ids"]
 
 
+@pytest.mark.extended
 def test_the_model_says_what_it_compiles(runs):
     tmp, _, first_err, _ = runs
     assert f"kept in {tmp / 'dart_jax' / 'xla'} for later runs" in first_err

@@ -599,6 +599,7 @@ def test_prompts_pad_to_whole_chunks():
     assert [ShapeSettings().padded(n) for n in (1, 5, 32, 33, 64, 65)] == [32, 32, 32, 64, 64, 96]
 
 
+@pytest.mark.extended
 def test_generation_across_attention_windows(tiny):
     """Steps attend over a power-of-two window of the cache (>= 256 slots) that grows with the
     sequence: a generation whose window doubles on the way (a 236-token prompt and 40 new tokens:
@@ -652,6 +653,7 @@ def test_batch_with_own_settings_and_stops_equals_each_alone(tiny):
     assert [s.token_ids for s in stats] == alone
 
 
+@pytest.mark.extended
 def test_sampling_keeps_the_target_distribution_beside_other_sequences(tiny):
     """The chi-square check of the single-sequence case, with each sampled sequence decoded in a
     batch beside other sampled sequences (other seeds) and a greedy one (which stays greedy)."""

@@ -206,6 +206,7 @@ def test_fused_attention_matches_transformers(ckpts, name, monkeypatch):
     assert len(calls) == cfg.num_hidden_layers
 
 
+@pytest.mark.extended
 def test_dart_and_its_baseline_attend_with_the_chosen_kernel(tmp_path, monkeypatch):
     """A DartModel over a target set to attention "cudnn" (XLA standing in for cuDNN): DART's steps
     and plain decoding, the baseline, both go through the library function, and greedy DART gives

@@ -147,6 +147,7 @@ def warm_to_the_end(warming) -> None:
     assert not warming.thread.is_alive() and warming.scheduler.progress.error is None
 
 
+@pytest.mark.extended
 def test_health_shows_the_progress_and_a_pool_takes_only_as_many_requests_as_are_warm(warming):
     from dart_jax.decoding.settings import GenerationSettings
 

@@ -72,6 +72,7 @@ def reference_tokenizer(theirs):
     return tok
 
 
+@pytest.mark.extended
 def test_tokenizer_matches_transformers(ours, theirs):
     strings = sample_strings()
     assert len(strings) == 300
@@ -91,6 +92,7 @@ def test_tokenizer_matches_transformers(ours, theirs):
                 "input_ids"]
 
 
+@pytest.mark.extended
 def test_logits_match_transformers(gguf, ours, theirs):
     """Against transformers in float64 (the exact result of the same weights, dequantized dense)
     and against its own float32 forward: within 2e-4 of each (two float32 forwards of 30 layers
