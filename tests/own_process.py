@@ -28,7 +28,8 @@ def in_own_process(request, timeout: float = 1200) -> bool:
         return False
     env = {k: v for k, v in os.environ.items() if k != "DART_JAX_TEST_XLA_CACHE"}  # the child's own, removed after it
     env.update({_CHILD: nodeid, "JAX_ENABLE_COMPILATION_CACHE": "false", "JAX_PLATFORMS": "cpu"})
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", nodeid]
+    # -m "": the node runs whatever its marks (the default run leaves out `slow` and `extended` ones)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "", nodeid]
     done = subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (f"{nodeid} failed in a process of its own (exit {done.returncode}):\n"
                                   f"{done.stdout[-8000:]}\n{done.stderr[-4000:]}")
