@@ -20,6 +20,7 @@ from dart_jax.decoding.autoregressive import attention_window, jitted, put_windo
 from dart_jax.decoding.sampling import sample_tokens, split_rows
 from dart_jax.decoding.settings import GenerationSettings
 from dart_jax.models.qwen3 import KVCache
+from plain_paths import prefill_prompts  # this folder's (sys.path[0] for `python benchmarks/...`)
 
 
 def _decode_chunk_before(graphdef, state, token, cache, cache_len, keys, params, remaining, eos, *, window, chunk):
@@ -61,24 +62,21 @@ def main() -> None:
     length = model.engine.cache_length(ids.size, settings.max_length)
     _, caches = decoder.pool.take(length, 1)
     cache = caches[0]
-    bucket = decoder.shapes.bucket(ids.size)
-    padded = np.zeros((1, bucket), np.int32)
-    padded[0, :ids.size] = ids
-    token, cache, keys = decoder.prefill(decoder.state, jnp.asarray(padded), jnp.asarray([ids.size], jnp.int32),
-                                         jnp.zeros((1,), jnp.int32), cache, keys, params)
+    token, cache, keys = prefill_prompts(decoder, [ids], cache, keys, params, length)
     window = attention_window(ids.size + args.chunk, length)
     # both donate the cache, as the decoder's loop does: each call gets its own copy (made untimed)
-    fns = {"before": jitted(_decode_chunk_before, graphdef, static_argnames=("window", "chunk"),
-                            donate_argnames="cache"),
-           "after": decoder.decode_chunk}
+    # each with the target's state as it takes it: an nnx State before, the decoder's flat arrays after
+    fns = {"before": (jitted(_decode_chunk_before, graphdef, static_argnames=("window", "chunk"),
+                             donate_argnames="cache"), state),
+           "after": (decoder.decode_chunk, decoder.state)}
     cache_len = jnp.asarray([ids.size], jnp.int32)
     remaining, eos = jnp.asarray([args.chunk], jnp.int32), jnp.asarray([-1], jnp.int32)
     outputs, times = {}, {name: [] for name in fns}
     for rep in range(args.reps + 1):
-        for name, fn in fns.items():
+        for name, (fn, fn_state) in fns.items():
             own = jax.block_until_ready(jax.tree.map(jnp.copy, cache))
             t0 = time.perf_counter()
-            out = fn(state, token, own, cache_len, keys, params, remaining, eos, window=window, chunk=args.chunk)
+            out = fn(fn_state, token, own, cache_len, keys, params, remaining, eos, window=window, chunk=args.chunk)
             outputs[name] = np.asarray(out[0])
             if rep:  # the first round compiles
                 times[name].append(time.perf_counter() - t0)

@@ -32,21 +32,34 @@ from dart_jax.decoding.requests import Budget
 from dart_jax.decoding.settings import GenerationSettings
 
 
+def prefill_prompts(decoder, prompts, cache, keys, params, length: int):
+    """`prompts` prefilled into the first rows of `cache` ([length] slots) as the plain pool does, one
+    call of the decoder's prefill per chunk: (each prompt's first token [b], cache, keys)."""
+    chunk, lens = decoder.shapes.chunk, np.array([len(p) for p in prompts], np.int32)
+    padded = np.zeros((len(prompts), decoder.shapes.padded(int(lens.max()))), np.int32)
+    for i, p in enumerate(prompts):
+        padded[i, :len(p)] = p
+    first = np.zeros(len(prompts), np.int32)
+    for offset in range(0, padded.shape[1], chunk):
+        start = np.where(lens > offset, offset, length).astype(np.int32)
+        token, cache, keys = decoder.prefill(decoder.state, jnp.asarray(padded[:, offset:offset + chunk]),
+                                             jnp.asarray(lens), jnp.asarray(start), cache, keys, params,
+                                             window=attention_window(offset + chunk, length))
+        first = np.where((lens - 1) // chunk == offset // chunk, np.asarray(token), first)
+    return jnp.asarray(first), cache, keys
+
+
 def removed_loop(decoder, prompts, settings) -> list[list[int]]:
     """The new ids of `prompts` decoded together by the removed `decode_batch` loop (its stats left out)."""
     prompts = [np.asarray(p, np.int32) for p in prompts]
     b, lens = len(prompts), np.array([p.size for p in prompts], np.int32)
-    padded = np.zeros((b, decoder.shapes.bucket(int(lens.max()))), np.int32)
-    for i, p in enumerate(prompts):
-        padded[i, :p.size] = p
     budgets = [Budget(decoder.eos_ids, s.max_new_tokens, s.max_length - p.size) for s, p in zip(settings, prompts)]
     params, keys = GenerationSettings.sampling_rows(settings)
     # the pool's cache length, so that both paths reuse one cache set
     length, caches = decoder.pool.take(decoder.shapes.cache_length(max(s.max_length for s in settings) + 1), b)
     cache, rest = caches[0], caches[1:]
     try:
-        token, cache, keys = decoder.prefill(decoder.state, jnp.asarray(padded), jnp.asarray(lens),
-                                             jnp.zeros((b,), jnp.int32), cache, keys, params)
+        token, cache, keys = prefill_prompts(decoder, prompts, cache, keys, params, length)
         for budget, t in zip(budgets, np.asarray(token)):
             budget.take([t])
         cache_len, committed = jnp.asarray(lens), int(lens.max())
