@@ -414,7 +414,7 @@ class Batcher(SlotPool):
             answers.append(packed)
         self._joined(joining, prompt_len)
         last = (prompt_len - 1) // engine.shapes.chunk
-        answers = [np.asarray(a) for a in answers]
+        answers = {c: np.asarray(answers[c]) for c in set(last.tolist())}  # to the host: the chunks read
         out = prefill_layout(self.fields).unpack(np.stack([answers[c][row] for row, c in enumerate(last)]))
         elapsed = time.perf_counter() - start_time
         events = []
@@ -550,8 +550,9 @@ class PlainBatcher(SlotPool):
             self.token = self.token.at[:m].set(jnp.where(ends, first, self.token[:m]))
             firsts.append(first)
         self._joined(joining, prompt_len)
-        firsts = [to_host(f) for f in firsts]
-        host = [firsts[c][row] for row, c in enumerate((prompt_len - 1) // chunk)]
+        last = (prompt_len - 1) // chunk
+        firsts = {c: to_host(firsts[c]) for c in set(last.tolist())}  # to the host: the chunks read
+        host = [firsts[c][row] for row, c in enumerate(last)]
         elapsed = time.perf_counter() - start_time
         events = []
         for slot, request in joining:
