@@ -151,6 +151,7 @@ def test_each_row_keeps_its_own_acceptance(tiny):
     each request's own stats (tree size and accepted length per step)."""
     engine = engine_for(tiny, adaptive=True)
     observe, by_figures, rotation = engine.sizer.observe, {}, itertools.cycle([3, 20, 3, 0])
+    held = []  # every figures object seen stays alive, so no later one can take its id
 
     def choose(rows, calibrate, live):
         assert len({id(f) for f in live}) == len(live) == sum(r is not None for r in pool_of[0].busy)
@@ -159,6 +160,7 @@ def test_each_row_keeps_its_own_acceptance(tiny):
     def spy(size, rows, accepted, seconds, per_row=()):
         for figures, count in per_row:
             if size:
+                held.append(figures)
                 by_figures.setdefault(id(figures), []).append((size, int(count)))
         observe(size, rows, accepted, seconds, per_row)
 
