@@ -82,6 +82,7 @@ def decode(engine, prompt, n, ar=False):
     return ids, counts
 
 
+@pytest.mark.extended
 def test_gpu_defaults_decode_greedily_as_plain_decoding(tiny, monkeypatch):
     """from_pretrained on a (faked) GPU without backend options: the device loop of 32 steps a call
     over a fixed 60-node tree with fused projections; its greedy tokens are plain decoding's and

@@ -483,6 +483,7 @@ def test_forced_device_loop_outputs_plain_greedy_at_the_asked_tau(tiny, device):
     assert compiles == []  # the same pool shapes again: nothing compiled (the forced loop takes arrays)
 
 
+@pytest.mark.extended
 def test_forced_device_loop_draws_the_law_over_a_long_run(tiny, device):
     model, _ = tiny
     new = 110

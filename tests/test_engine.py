@@ -153,6 +153,7 @@ def test_greedy_equals_autoregressive_and_transformers(tiny, keep, topk, rows):
         assert stats.steps == len(counts) and stats.new_tokens == len(dart)
 
 
+@pytest.mark.extended
 def test_fused_projections_keep_greedy_decoding_exact(tiny):
     """With the GPU's fused layout (forced here), DART (with a trie that makes long accepted runs,
     so trees of many nodes commit several keys a step) and plain decoding give transformers' tokens."""

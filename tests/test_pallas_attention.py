@@ -136,6 +136,7 @@ def hf_logits(folder, ids):
         return model(torch.as_tensor(np.asarray(ids))).logits.numpy()
 
 
+@pytest.mark.extended
 def test_qwen3_cached_forwards_with_pallas_match_transformers(tmp_path, monkeypatch):
     """attention "pallas": a cached prefill, a decoding step, and a branching tree verified against
     the cache (one sequence 12 tokens in, the other none: a verify without a prefill) give

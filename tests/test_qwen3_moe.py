@@ -284,6 +284,7 @@ SHARDED = textwrap.dedent(r'''
 ''')
 
 
+@pytest.mark.extended
 def test_experts_shard_over_the_model_axis_and_match_one_device(folders, tmp_path):
     bad = tmp_path / "kv4"
     cfg = json.loads((folders["e6k1_every_second"] / "config.json").read_text())

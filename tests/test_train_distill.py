@@ -108,6 +108,7 @@ def test_a_torn_last_line_is_cut_and_the_run_resumes_where_it_stopped(base, orac
     assert read(out) == got
 
 
+@pytest.mark.extended
 def test_a_killed_process_resumes_without_losing_or_repeating_answers(base, tmp_path):
     write_prompts(tmp_path / "p.jsonl", 24, seed=2)
     out = tmp_path / "a.jsonl"

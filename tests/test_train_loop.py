@@ -167,6 +167,7 @@ def test_resume_after_interruption_matches_uninterrupted_run(base, tmp_path):
         main([*args[:-2], "--save-every", "2", "--out", str(b), "--lr", "1e-3"])
 
 
+@pytest.mark.extended
 def test_two_devices_match_one_device_starting_from_a_head(base, tmp_path):
     data = write_data(tmp_path / "d.jsonl", 4, seed=2)
     init = make_tiny_head(tmp_path / "init", base, draft_length=3, draft_vocab_size=64, head_dim=8)
@@ -199,6 +200,7 @@ def test_help_lists_the_options(capsys):
         assert option in text
 
 
+@pytest.mark.extended
 def test_a_damaged_latest_checkpoint_and_data_cache_fall_back(base, tmp_path, capsys):
     """An emptied latest checkpoint: the run resumes from the one before; a truncated data.npz and
     vocab.npz are derived again; the head is the uninterrupted run's."""

@@ -137,6 +137,7 @@ def recorded(manifest: Path) -> list:
         return []
 
 
+@pytest.mark.extended
 def test_a_cache_pass_killed_with_sigkill_resumes_from_its_finished_shards(base, tmp_path, capsys):
     data = write_data(tmp_path / "d.jsonl", 8, seed=4)
     args = run_args(base, data, tmp_path / "run", "--taps", "cache", "--taps-shard-mb", "0.01")
