@@ -222,9 +222,8 @@ class NextWindow:
     sequence longer than any before compiles nothing on the request's own thread when the
     sequence crosses into the next window (it waits there only for what the thread has not finished).
 
-    `after(pool)` (the pool driver's, after each step) starts it once a busy row is past half of
-    its window (windows double: as soon as it is in that window at all, or past half of the
-    first) and its request may run past it (its prompt and token limit); the
+    `after(pool)` (the pool driver's, after each step) starts it once a busy row is in the last
+    quarter of its window and its request may run past it (its prompt and token limit); the
     programs are those of the advance modes the pool's busy requests have taken (their recorded
     tree sizes: each size's tree step or the device loop, size 0's plain chunk; a `PlainBatcher`'s
     chunk) for its live rows and sampling branch. `before(pool)` (before each step) waits for those
@@ -257,7 +256,7 @@ class NextWindow:
             return
         extra, longest = _reach(pool), int(pool.committed[rows].max())
         window = attention_window(longest + extra, pool.length)
-        if window >= pool.length or longest + extra <= window // 2 \
+        if window >= pool.length or longest + extra < window - window // 4 \
                 or not any(pool.busy[i].prompt_ids.size + pool.busy[i].budget.limit + extra > window for i in rows):
             return
         nxt, kinds = attention_window(window + 1, pool.length), _kinds(pool, rows)
