@@ -43,7 +43,7 @@ class ScriptedPool:
 def test_driver_times_each_step_and_shares_it_with_the_requests_in_the_pool():
     script = [(True, {0: [1], 1: [1]}), (False, {0: [3]}), (False, {0: [2, 4], 1: [1]}), (True, {1: [2]})]
     pool = ScriptedPool(script)
-    steps = list(Driver(pool, next_window=None).run())  # a scripted pool has no attention windows
+    steps = list(Driver(pool).run())
     assert len(steps) == 4 and steps[0].compile_s > 0 and steps[3].compile_s > 0
     assert steps[1].compile_s == steps[2].compile_s == 0
     # the rule restated: a call that compiled counts as waiting for every request in the pool; one

@@ -352,42 +352,6 @@ def test_prompts_of_new_lengths_compile_nothing_in_a_warm_process(tiny):
     assert compiles == []
 
 
-def test_a_sequence_growing_into_its_next_window_compiles_nothing_on_its_own_thread(tiny):
-    """In a warm process a sequence longer than any before (a cache size of its own here, so that
-    no other test has compiled its windows) reaches its next attention window: that window's
-    programs compile in the driver's thread beside it (`ahead.NextWindow`), none on the thread
-    that decodes, for DART and plain decoding alike; each answer is transformers' greedy one."""
-    import threading
-
-    engine, length = engine_for(tiny), 777
-    run(dart_steps(engine), PROMPTS[0], max_new_tokens=12, max_length=length)
-    run(ar_steps(engine), PROMPTS[0], max_new_tokens=12, max_length=length)
-    prompt = [int(t) for t in np.random.default_rng(7).integers(3, VOCAB, 180)]
-    want = hf_generate(tiny, prompt, 110, eos=None)
-    where: list[str] = []
-
-    def listener(event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            where.append(threading.current_thread().name)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        for plain in (False, True):
-            pool = pool_for(engine, 1, length, plain=plain)
-            try:
-                request = pool.submit(prompt, GenerationSettings(max_new_tokens=110, max_length=length),
-                                      stop_at_eos=False)
-                steps = list(Driver(pool).run())
-            finally:
-                pool.close()
-            assert request.token_ids == want
-            assert pool.length > 256 and len(prompt) + len(want) > 256  # it crossed into the next window
-            assert steps and where and all(name.startswith("dart_jax-next-window") for name in where), where
-            where.clear()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-
-
 # ------------------------------------------------------------------------------------------------
 # sampling
 

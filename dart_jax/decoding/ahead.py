@@ -21,19 +21,13 @@ first steps.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import threading
-import time
-import weakref
-from pathlib import Path
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import compile_time
 from .autoregressive import attention_window
 from .engine import DeviceLoop
 from .layout import tree_layout
@@ -199,111 +193,3 @@ def _plain_programs(pool, m: int, prompt_length: int, length: int) -> list[Progr
                          window=window, chunk=d.chunk, live=m)
                 for window in windows(d.chunk, length, pool.length)]
     return out
-
-
-MAP_RESERVE = 0.25  # the share of vm.max_map_count that compiling ahead leaves to programs compiled on first use
-
-
-def maps_in_use() -> tuple[int, int] | None:
-    """(memory maps of this process, the kernel's vm.max_map_count), or None where there is no such
-    limit to read (not Linux). Each compiled XLA:CPU program maps its kernels, hundreds to thousands
-    of maps, and Linux ends a process whose maps reach the limit."""
-    try:
-        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
-        with open("/proc/self/maps", "rb") as maps:
-            return sum(1 for _ in maps), limit
-    except (OSError, ValueError):
-        return None
-
-
-class NextWindow:
-    """A pool's programs of the attention window after the one its longest row is in, compiled in
-    a thread of its own while the pool still steps in that window: a warm process answering a
-    sequence longer than any before compiles nothing on the request's own thread when the
-    sequence crosses into the next window (it waits there only for what the thread has not finished).
-
-    `after(pool)` (the pool driver's, after each step) starts it once a busy row is in the last
-    quarter of its window and its request may run past it (its prompt and token limit); the
-    programs are those of the advance modes the pool's busy requests have taken (their recorded
-    tree sizes: each size's tree step or the device loop, size 0's plain chunk; a `PlainBatcher`'s
-    chunk) for its live rows and sampling branch. `before(pool)` (before each step) waits for those
-    of the window the step may reach. What was started is kept per engine, so a program is
-    compiled once whichever pool asks. Programs of a mesh's engine are not listed (`programs`)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._started: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine → {(cache length, Program): Future}
-        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def before(self, pool) -> None:
-        if not self._started:
-            return
-        rows = [i for i, r in enumerate(pool.busy) if r is not None]
-        if not rows:
-            return
-        window = attention_window(int(pool.committed[rows].max()) + _reach(pool), pool.length)
-        with self._lock:
-            futures = [f for (length, p), f in self._started.get(pool.engine, {}).items()
-                       if length == pool.length and p.shape <= window and not f.done()]
-        if futures:
-            start = time.perf_counter()
-            concurrent.futures.wait(futures)
-            compile_time.waited(time.perf_counter() - start)
-
-    def after(self, pool) -> None:
-        rows = [i for i, r in enumerate(pool.busy) if r is not None]
-        if not rows or pool.engine.mesh is not None:
-            return
-        extra, longest = _reach(pool), int(pool.committed[rows].max())
-        window = attention_window(longest + extra, pool.length)
-        if window >= pool.length or longest + extra < window - window // 4 \
-                or not any(pool.busy[i].prompt_ids.size + pool.busy[i].budget.limit + extra > window for i in rows):
-            return
-        nxt, kinds = attention_window(window + 1, pool.length), _kinds(pool, rows)
-        greedy = pool.state.params.all_greedy
-        with self._lock:
-            started = self._started.setdefault(pool.engine, {})
-            todo = [p for p in programs(pool, pool._live(), 1, nxt) if p.shape == nxt and (p.kind, p.size) in kinds
-                    and p.greedy == greedy and (pool.length, p) not in started]
-            maps = maps_in_use() if todo else None
-            if maps is not None and maps[0] >= (1 - MAP_RESERVE) * maps[1]:
-                return  # the maps left are for what the pool compiles when it needs it
-            if todo and self._worker is None:
-                self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dart_jax-next-window")
-                # at the interpreter's exit only the program compiling then is finished (the
-                # executor's own exit hook, registered before this one, runs after it)
-                threading._register_atexit(lambda: self._worker.shutdown(wait=False, cancel_futures=True))
-            for program in todo:
-                started[pool.length, program] = self._worker.submit(_quietly, program)
-
-
-def _quietly(program: Program) -> None:
-    """Compile `program` in this thread without the command lines' compilation notice (it is not
-    what the user waits for)."""
-    compile_time.quiet()
-    program.compile()
-
-
-def _reach(pool) -> int:
-    """The most slots past a row's committed length that any step of `pool` reads or writes."""
-    engine = pool.engine
-    if hasattr(pool, "decoder"):
-        return pool.decoder.chunk
-    depth, reach = pool.depth, engine.drafter.reach
-    if engine.device_steps:
-        return (engine.device_steps - 1) * (depth + 1) + reach(depth + 1)
-    return max(reach(depth + 1), reach(engine.plain_chunk))
-
-
-def _kinds(pool, rows) -> set[tuple[str, int | None]]:
-    """(Program kind, tree size) of the advance modes the busy requests of `pool` have taken."""
-    if hasattr(pool, "decoder"):
-        return {("ar chunk", None)}
-    engine = pool.engine
-    sizes = {s for i in rows for s in pool.busy[i].stats.tree_sizes[-64:]}
-    if engine.device_steps:
-        return {("loop", engine.tree.keep)} | ({("plain", 0)} if 0 in sizes else set())
-    return {("plain", 0) if s == 0 else ("step", s) for s in sizes if s is not None}
-
-
-NEXT_WINDOW = NextWindow()  # the process's one: JAX keeps what it compiles for every pool of the engine alike

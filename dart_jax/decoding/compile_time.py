@@ -24,21 +24,8 @@ busy: dict[int, tuple[float, str]] = {}  # thread id → (start, function) of th
 
 def _state():
     if not hasattr(_local, "depth"):
-        _local.depth, _local.start, _local.timers, _local.quiet = 0, 0.0, [], False
+        _local.depth, _local.start, _local.timers = 0, 0.0, []
     return _local
-
-
-def quiet() -> None:
-    """This thread's compilations stay out of `busy` (a thread compiling ahead, beside what the
-    user waits for: no "compiling…" notice for it)."""
-    _state().quiet = True
-
-
-def waited(seconds: float) -> None:
-    """This thread waited `seconds` for a compilation that another thread ran for it: they count
-    as compiling in the timers that are timing it now."""
-    for timer in _state().timers:
-        timer.seconds += seconds
 
 
 def _on_start(event: str, value, **kwargs) -> None:
@@ -48,8 +35,7 @@ def _on_start(event: str, value, **kwargs) -> None:
     state.depth += 1
     if state.depth == 1:
         state.start = time.perf_counter()
-        if not state.quiet:
-            busy[threading.get_ident()] = (time.monotonic(), str(kwargs.get("fun_name", "")))
+        busy[threading.get_ident()] = (time.monotonic(), str(kwargs.get("fun_name", "")))
 
 
 def _on_duration(event: str, duration: float, **kwargs) -> None:

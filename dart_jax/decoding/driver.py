@@ -1,10 +1,7 @@
 """The one loop that steps a pool. `Driver.step()` runs one `SlotPool.step()`, times it (its wall
 seconds and the seconds it spent compiling: `TimedStep`) and gives each request its share in the
 request's `WarmTime` clock (`Request.clock`: a call that compiled counts as waiting for every
-request in the pool; one that moved a request without compiling counts toward its speed). Before
-a sequence grows into its next attention window, that window's programs compile in a thread of
-their own (`ahead.NextWindow`); a step that reaches them before they are ready waits for them,
-and the wait counts as compiling. Every
+request in the pool; one that moved a request without compiling counts toward its speed). Every
 consumer steps its pools through it: `DartModel.generate` (one sequence in a pool of one slot,
 `single`), `generate_many`, the server's scheduler and the benchmarks."""
 from __future__ import annotations
@@ -12,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator, Sequence
 
-from .ahead import NEXT_WINDOW, NextWindow
 from .autoregressive import AutoregressiveDecoder, live_rows
 from .batcher import PlainBatcher, Request, SlotPool, StepEvent
 from .compile_time import CompileTimer
@@ -32,24 +28,17 @@ class TimedStep:
 
 class Driver:
     """Steps `pool` and times every step (see the module's docstring); `timer` (a new one by
-    default) adds up every step's wall and compile seconds; `next_window` compiles the next
-    attention window's programs ahead (None: each compiles in the step that first needs it)."""
+    default) adds up every step's wall and compile seconds."""
 
-    def __init__(self, pool: SlotPool, timer: CompileTimer | None = None,
-                 next_window: NextWindow | None = NEXT_WINDOW):
+    def __init__(self, pool: SlotPool, timer: CompileTimer | None = None):
         self.pool = pool
         self.timer = timer if timer is not None else CompileTimer()
-        self.next_window = next_window
 
     def step(self) -> TimedStep:
         pool = self.pool
         inside = [r for r in (*pool.busy, *pool.waiting) if r is not None]
         with self.timer:
-            if self.next_window is not None:
-                self.next_window.before(pool)
             events = pool.step()
-        if self.next_window is not None:
-            self.next_window.after(pool)
         wall, compiled = self.timer.last_wall, self.timer.last_seconds
         if compiled:  # the compilation counts for every request that waited on it
             for request in dict.fromkeys([*inside, *(e.request for e in events)]):

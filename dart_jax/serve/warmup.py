@@ -37,7 +37,9 @@ import queue
 import threading
 import time
 
-from dart_jax.decoding.ahead import MAP_RESERVE, Program, maps_in_use
+from pathlib import Path
+
+from dart_jax.decoding.ahead import Program
 from dart_jax.errors import ResourceError
 
 from .options import WARM_LENGTH  # noqa: F401 (the default --warmup-length, importable from here)
@@ -132,6 +134,20 @@ class Progress:
 # tracing and lowering run in Python (one thread at a time holds the GIL anyway); XLA's
 # compilation, which leaves the GIL, runs side by side
 _LOWERING = threading.Lock()
+
+MAP_RESERVE = 0.25  # the share of vm.max_map_count the warm-up leaves to programs compiled on first use
+
+
+def maps_in_use() -> tuple[int, int] | None:
+    """(memory maps of this process, the kernel's vm.max_map_count), or None where there is no such
+    limit to read (not Linux)."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps), limit
+    except (OSError, ValueError):
+        return None
+
 
 class OutOfMaps(ResourceError):
     """The warm-up stopped: another program would leave less than `MAP_RESERVE` of vm.max_map_count."""
