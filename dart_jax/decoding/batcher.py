@@ -198,11 +198,6 @@ class SlotPool:
             return self._advance()
         return []
 
-    def run(self) -> None:
-        """Step until every submitted request is done."""
-        while self.active:
-            self.step()
-
     def close(self) -> None:
         """Give the caches back to the engine for the next pool (unfinished requests stay unfinished);
         once: a second close gives nothing back twice."""
