@@ -19,6 +19,7 @@ from dart_jax.api.model import DartModel
 from dart_jax.decoding.autoregressive import attention_window, jitted, put_window, window_view
 from dart_jax.decoding.sampling import sample_tokens, split_rows
 from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.decoding.state import PoolState
 from dart_jax.models.qwen3 import KVCache
 from plain_paths import prefill_prompts  # this folder's (sys.path[0] for `python benchmarks/...`)
 
@@ -55,29 +56,30 @@ def main() -> None:
     args = ap.parse_args()
     model = DartModel.demo()
     decoder = model.engine.baseline
-    graphdef, state = nnx.split(model.target)
+    graphdef, state_before = nnx.split(model.target)
     ids = np.asarray(model.encode("What is speculative decoding?"), np.int32)
     settings = GenerationSettings(max_new_tokens=args.chunk + 8)
     params, keys = GenerationSettings.sampling_rows([settings])
     length = model.engine.cache_length(ids.size, settings.max_length)
     _, caches = decoder.pool.take(length, 1)
-    cache = caches[0]
-    token, cache, keys = prefill_prompts(decoder, [ids], cache, keys, params, length)
+    state = PoolState(*caches, cache_len=jnp.asarray([ids.size], jnp.int32), keys=keys, params=params)
+    token, state = prefill_prompts(decoder, [ids], state, length)
     window = attention_window(ids.size + args.chunk, length)
-    # both donate the cache, as the decoder's loop does: each call gets its own copy (made untimed)
-    # each with the target's state as it takes it: an nnx State before, the decoder's flat arrays after
-    fns = {"before": (jitted(_decode_chunk_before, graphdef, static_argnames=("window", "chunk"),
-                             donate_argnames="cache"), state),
-           "after": (decoder.decode_chunk, decoder.state)}
-    cache_len = jnp.asarray([ids.size], jnp.int32)
     remaining, eos = jnp.asarray([args.chunk], jnp.int32), jnp.asarray([-1], jnp.int32)
+    before = jitted(_decode_chunk_before, graphdef, static_argnames=("window", "chunk"), donate_argnames="cache")
+    # both donate the cache, as the decoder's loop does: each call gets its own copy of the state (made
+    # untimed); each takes the target's state as it does: an nnx State and loose arrays before, the
+    # decoder's flat arrays and the pool's state after
+    fns = {"before": lambda own: before(state_before, token, own.cache, own.cache_len, own.keys, own.params, remaining,
+                                        eos, window=window, chunk=args.chunk)[0],
+           "after": lambda own: decoder.decode_chunk(decoder.state, token, own, remaining, eos, window=window,
+                                                     chunk=args.chunk)[0]}
     outputs, times = {}, {name: [] for name in fns}
     for rep in range(args.reps + 1):
-        for name, (fn, fn_state) in fns.items():
-            own = jax.block_until_ready(jax.tree.map(jnp.copy, cache))
+        for name, fn in fns.items():
+            own = jax.block_until_ready(jax.tree.map(jnp.copy, state))
             t0 = time.perf_counter()
-            out = fn(fn_state, token, own, cache_len, keys, params, remaining, eos, window=window, chunk=args.chunk)
-            outputs[name] = np.asarray(out[0])
+            outputs[name] = np.asarray(fn(own))
             if rep:  # the first round compiles
                 times[name].append(time.perf_counter() - t0)
     assert np.array_equal(outputs["before"], outputs["after"]), "the two loops decoded different tokens"

@@ -1,7 +1,7 @@
 """Plain decoding two ways, side by side in one process on a demo model: the loop that
 `AutoregressiveDecoder.decode_batch` ran until issue 51 (restated below as `removed_loop`: the
-decoder's prefill, then its chunk program until every budget is done, with loose cache, lengths,
-keys and parameters) and a `PlainBatcher` pool stepped by the pool driver (`driver.decode` for one
+decoder's prefill, then its chunk program until every budget is done, over the pool's state without
+a pool) and a `PlainBatcher` pool stepped by the pool driver (`driver.decode` for one
 prompt, `driver.decode_together` for a batch: what every plain-decoding consumer runs now). The
 same prompts, programs and cache set (the pool's cache length for both). Each prompt alone, then
 the batch, runs both paths back to back, in an order that alternates, so that a busy machine's
@@ -30,23 +30,23 @@ from dart_jax.decoding.driver import decode, decode_together
 from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Budget
 from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.decoding.state import PoolState
 
 
-def prefill_prompts(decoder, prompts, cache, keys, params, length: int):
-    """`prompts` prefilled into the first rows of `cache` ([length] slots) as the plain pool does, one
-    call of the decoder's prefill per chunk: (each prompt's first token [b], cache, keys)."""
+def prefill_prompts(decoder, prompts, state: PoolState, length: int):
+    """`prompts` prefilled into the first rows of the pool's `state` (caches of `length` slots) as the
+    plain pool does, one call of the decoder's prefill per chunk: (each prompt's first token [b], the
+    next state)."""
     chunk, lens = decoder.shapes.chunk, np.array([len(p) for p in prompts], np.int32)
     padded = np.zeros((len(prompts), decoder.shapes.padded(int(lens.max()))), np.int32)
     for i, p in enumerate(prompts):
         padded[i, :len(p)] = p
-    first = np.zeros(len(prompts), np.int32)
+    token = jnp.zeros(len(prompts), jnp.int32)
     for offset in range(0, padded.shape[1], chunk):
         start = np.where(lens > offset, offset, length).astype(np.int32)
-        token, cache, keys = decoder.prefill(decoder.state, jnp.asarray(padded[:, offset:offset + chunk]),
-                                             jnp.asarray(lens), jnp.asarray(start), cache, keys, params,
-                                             window=attention_window(offset + chunk, length))
-        first = np.where((lens - 1) // chunk == offset // chunk, np.asarray(token), first)
-    return jnp.asarray(first), cache, keys
+        token, state = decoder.prefill(decoder.state, jnp.asarray(padded[:, offset:offset + chunk]), jnp.asarray(lens),
+                                       jnp.asarray(start), token, state, window=attention_window(offset + chunk, length))
+    return token, state
 
 
 def removed_loop(decoder, prompts, settings) -> list[list[int]]:
@@ -57,23 +57,23 @@ def removed_loop(decoder, prompts, settings) -> list[list[int]]:
     params, keys = GenerationSettings.sampling_rows(settings)
     # the pool's cache length, so that both paths reuse one cache set
     length, caches = decoder.pool.take(decoder.shapes.cache_length(max(s.max_length for s in settings) + 1), b)
-    cache, rest = caches[0], caches[1:]
+    state = PoolState(*caches, cache_len=jnp.asarray(lens), keys=keys, params=params)
     try:
-        token, cache, keys = prefill_prompts(decoder, prompts, cache, keys, params, length)
+        token, state = prefill_prompts(decoder, prompts, state, length)
         for budget, t in zip(budgets, np.asarray(token)):
             budget.take([t])
-        cache_len, committed = jnp.asarray(lens), int(lens.max())
+        committed = int(lens.max())
         remaining = jnp.asarray([0 if budget.done else budget.limit - len(budget.out) for budget in budgets], jnp.int32)
         while not all(budget.done for budget in budgets):
-            out, token, cache, cache_len, keys, remaining = decoder.decode_chunk(
-                decoder.state, token, cache, cache_len, keys, params, remaining, decoder.eos_row,
+            out, token, remaining, state = decoder.decode_chunk(
+                decoder.state, token, state, remaining, decoder.eos_row,
                 window=attention_window(committed + decoder.chunk, length), chunk=decoder.chunk)
             committed += decoder.chunk
             for budget, row in zip(budgets, np.asarray(out)):
                 if not budget.done:
                     budget.take(row[row >= 0])
     finally:
-        decoder.pool.keep(length, (cache, *rest), b)
+        decoder.pool.keep(length, state.caches(), b)
     return [budget.out for budget in budgets]
 
 

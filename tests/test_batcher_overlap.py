@@ -13,7 +13,7 @@ from dart_jax.api.model import DartModel
 from dart_jax.bench.tiny import make_tiny_setup
 from dart_jax.decoding.batcher import Batcher
 from dart_jax.decoding.drafter import DartDrafter
-from dart_jax.decoding.driver import decode
+from dart_jax.decoding.driver import Driver, decode
 from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.settings import GenerationSettings, ShapeSettings
 from dart_jax.ngram import TreeSettings, Trie
@@ -113,7 +113,8 @@ def test_sampled_outputs_match_the_default_path(tiny):
             handles = [pool.submit(p, GenerationSettings(max_new_tokens=n, temperature=0.8 if i % 2 else 0.0,
                                                          top_k=10, seed=i, max_length=256))
                        for i, (p, n) in enumerate(JOBS[:4])]
-            pool.run()
+            for _ in Driver(pool).run():
+                pass
         finally:
             pool.close()
         return [h.token_ids for h in handles], pool

@@ -201,7 +201,8 @@ def test_forced_run_outputs_plain_greedy_at_the_asked_tau(tiny, monkeypatch):
     normal = record_steps(engine, monkeypatch)
     pool = Batcher(engine, 2, 128)
     handles = [pool.submit(p, settings) for p in prompts]
-    pool.run()
+    for _ in Driver(pool).run():
+        pass
     pool.close()
     assert [list(h.token_ids) for h in handles] == [r[:new] for r in references]
     normal_steps = list(normal)

@@ -17,7 +17,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from dart_jax.bench.tiny import make_tiny_qwen3, make_tiny_tokenizer
-from dart_jax.decoding.driver import decode
+from dart_jax.decoding.driver import Driver, decode
 from dart_jax.decoding.eagle3 import Eagle3Drafter, draft
 from dart_jax.decoding.engine import Engine
 from dart_jax.decoding.requests import Stats
@@ -463,7 +463,8 @@ def test_batched_eagle3_decodes_each_sequence_as_alone(engine, hf):
     pool = Batcher(engine, 4, 2048)
     try:
         handles = [pool.submit(p, GenerationSettings(max_new_tokens=n)) for p, n in zip(PROMPTS * 2, (9, 20, 14, 5, 11, 3))]
-        pool.run()
+        for _ in Driver(pool).run():
+            pass
     finally:
         pool.close()
     for h, p in zip(handles, PROMPTS * 2):

@@ -888,7 +888,8 @@ def test_a_pool_on_a_longer_cache_set_keeps_a_running_rows_samples_when_another_
         pool.step()  # its prefill
         pool.step()  # a chunk
         pool.submit(PROMPTS[1], GenerationSettings(max_new_tokens=4, max_length=96))
-        pool.run()
+        for _ in Driver(pool).run():
+            pass
     finally:
         pool.close()
     assert pool.length >= 2048 and len(alone) == 40 and first.token_ids == alone

@@ -121,6 +121,13 @@ SCRIPT = textwrap.dedent(r'''
     assert len({t for row in want for t in row}) > 2, want  # a test of something: not one repeated token
     done("generate")
 
+    # plain decoding's pool on the same mesh: the same greedy tokens; warm, it compiles nothing
+    plain = [r.token_ids for r in model.generate(prompts, method="ar", **gen)]
+    compiles.clear()
+    again = [r.token_ids for r in model.generate(prompts, method="ar", **gen)]
+    assert plain == want and again == want and compiles == [], (plain, again, want, compiles)
+    done("plain")
+
     # the head's params and both caches are sharded, each device holding a fraction
     kernel = model.head.midlayer.self_attn.q_proj.kernel.get_value()
     assert spec_of(kernel) == (None, "model") and shard_bytes(kernel) * 2 == kernel.nbytes, kernel.sharding
@@ -148,7 +155,7 @@ def sharded_run(tmp_path_factory):
     return proc, json.loads(lines[-1].removeprefix("RESULTS ")) if lines else {}
 
 
-@pytest.mark.parametrize("check", ["errors", "forward", "generate", "placement"])
+@pytest.mark.parametrize("check", ["errors", "forward", "generate", "plain", "placement"])
 def test_sharded_matches_single_device(sharded_run, check):
     proc, results = sharded_run
     assert check in results, f"check {check!r} did not pass:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -23,6 +23,7 @@ from dart_jax.decoding.autoregressive import AutoregressiveDecoder, attention_wi
 from dart_jax.decoding.engine import verify_tree
 from dart_jax.decoding.sampling import vocab_argmax
 from dart_jax.decoding.settings import GenerationSettings
+from dart_jax.decoding.state import PoolState
 from dart_jax.models.qwen3 import (Qwen3, check_attention, check_verify_gemms, init_cache, use_backend_layout,
                                    verify_compiler_options)
 from dart_jax.models.sharding import check_fits, make_mesh, model_sizes, shard_module, sharded_caches
@@ -165,18 +166,24 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         return vocab_argmax(logits), taps, tree_kv
 
     rng = np.random.default_rng(seed)
-    cache_len = jnp.full((batch,), context, jnp.int32)
+    lengths = np.full((batch,), context, np.int32)
+    cache_len = jnp.asarray(lengths)
     if mesh is None:
-        holder = {"cache": init_cache(config, batch, max_len, jdtype)}
+        cache = init_cache(config, batch, max_len, jdtype)
     else:
-        holder = {"cache": sharded_caches(lambda: (init_cache(config, batch, max_len, jdtype),), mesh)[0]}
+        cache = sharded_caches(lambda: (init_cache(config, batch, max_len, jdtype),), mesh)[0]
     params, keys = GenerationSettings.sampling_rows([GenerationSettings(seed=seed)] * batch)
+    # the pool's state as the decoder's programs take it (donated: each call's next one is kept here)
+    holder = {"state": PoolState(cache, None, jnp.asarray(lengths), keys, params)}
     window = attention_window(context + 1, max_len)
+
+    def at_context():
+        # every call decodes at `context`: the lengths the last call advanced are set back (from the host)
+        return holder["state"].replace(cache_len=jnp.asarray(lengths))
 
     def decode_call():
         token = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch,)), jnp.int32)
-        out, holder["cache"], _, _ = decoder.decode(decoder.state, token, holder["cache"], cache_len, keys, params,
-                                                    window=window)
+        out, holder["state"] = decoder.decode(decoder.state, token, at_context(), window=window)
         return out
 
     chunk = AutoregressiveDecoder.chunk
@@ -187,9 +194,8 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     def plain_call():
         # plain decoding as the honest baseline runs it: `chunk` tokens in one device loop
         token = jnp.asarray(rng.integers(0, fields["vocab_size"], size=(batch,)), jnp.int32)
-        out, _, holder["cache"], _, _, _ = decoder.decode_chunk(decoder.state, token, holder["cache"], cache_len, keys,
-                                                                params, remaining, no_eos, window=loop_window,
-                                                                chunk=chunk)
+        out, _, _, holder["state"] = decoder.decode_chunk(decoder.state, token, at_context(), remaining, no_eos,
+                                                          window=loop_window, chunk=chunk)
         return out
 
     def verify_call(tokens, options):
@@ -198,7 +204,7 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
         tree = {"tokens": ids, "positions": jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens)),
                 "mask": jnp.broadcast_to(jnp.tril(jnp.ones((tokens, tokens), bool)), (batch, tokens, tokens))}
         run = jax.jit(verify, compiler_options=options)  # as the engine compiles a step of these rows
-        return lambda: run(state, tree, holder["cache"], cache_len)
+        return lambda: run(state, tree, holder["state"].cache, cache_len)
 
     def timed(call):
         return summary_ms(time_calls(call, reps=reps, warmup=warmup, tick=bar.update))
@@ -208,7 +214,7 @@ def run_shapes(*, model: str | None = None, config_path: str | None = None, tiny
     small = jnp.zeros((batch,), jnp.int32)
     empty = jax.jit(lambda x: x + 1)
     weights = jax.jit(lambda state, cache: state[0].ravel()[0], keep_unused=True)
-    calls = {"empty": timed(lambda: empty(small)), "weights": timed(lambda: weights(state, holder["cache"]))}
+    calls = {"empty": timed(lambda: empty(small)), "weights": timed(lambda: weights(state, holder["state"].cache))}
     base = timed(decode_call)
     loop = {key: v / chunk for key, v in timed(plain_call).items()}  # per token
     rows = [{"kind": "decode", "name": "", "budget": 0, "tokens": 1, **base, "ratio_to_decode": 1.0,

@@ -183,13 +183,10 @@ def _plain_programs(pool, m: int, prompt_length: int, length: int) -> list[Progr
         chunk = engine.shapes.chunk
         for window in prefill_windows(chunk, chunk, prompt_length, pool.length):
             ids, lengths, start = _host(m, chunk), _host(m), _host(m)
-            ends = _host(m, dtype=jnp.bool_)  # which rows' prompts end in the chunk: where their first token goes
             out.append(_program("ar prefill", m, window, None, state, d.prefill, d.state, ids, lengths, start,
-                                state.cache, state.keys, state.params, moved=(ids, lengths, start, ends),
-                                window=window))
+                                pool.token, state, moved=(ids, lengths, start), window=window))
         remaining = _host(m)
-        out += [_program("ar chunk", m, window, None, state, d.decode_chunk, d.state, pool.token, state.cache,
-                         state.cache_len, state.keys, state.params, remaining, engine.eos_row, moved=(remaining,),
-                         window=window, chunk=d.chunk, live=m)
+        out += [_program("ar chunk", m, window, None, state, d.decode_chunk, d.state, pool.token, state, remaining,
+                         engine.eos_row, moved=(remaining,), window=window, chunk=d.chunk, live=m)
                 for window in windows(d.chunk, length, pool.length)]
     return out

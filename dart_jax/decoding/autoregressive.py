@@ -1,12 +1,16 @@
 """Plain autoregressive decoding of a Qwen3 target: the baseline of the speculative engine, the
 regeneration of training data, and the decode step the benchmarks time.
 
-Jitted pure functions over the target's state (`split_flat`: the arrays as one tuple): a prefill
-of one fixed-size chunk of prompts (called once per chunk: one program for every prompt length),
-a one-token step and a chunk of one-token steps in one device loop (`decode_tokens`). They attend over a power-of-two window of the cache that follows the
-sequence (`attention_window`), so their cost follows the sequence length, not the cache size.
-`AutoregressiveDecoder` holds them; the loop over them is a pool's (`batcher.PlainBatcher`,
-stepped by `driver.Driver`), as for speculative decoding.
+Jitted pure functions over the target's state (`split_flat`: the arrays as one tuple) and a
+pool's `PoolState` (the state every program of the engine takes too: its caches, lengths, keys
+and sampling parameters; donated, and returned next beside the answer): a prefill of one
+fixed-size chunk of prompts (called once per chunk: one program for every prompt length), a
+one-token step and a chunk of one-token steps in one device loop (`decode_tokens`). They attend
+over a power-of-two window of the cache that follows the sequence (`attention_window`), so their
+cost follows the sequence length, not the cache size. The engine's prefill and plain chunk run
+their target's part (`prefill_target`, `decode_pool`). `AutoregressiveDecoder` holds them; the
+loop over them is a pool's (`batcher.PlainBatcher`, stepped by `driver.Driver`), as for
+speculative decoding.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from dart_jax.models.sharding import constrain_cache, constrain_replicated, inpu
 from .sampling import SamplingParams, sample_tokens, split_rows
 from .requests import check_request
 from .settings import GenerationSettings, ShapeSettings
+from .state import PoolState
 
 _MIN_WINDOW = 256  # smallest attention window: few compiled variants, little waste
 _JITTED: dict = {}
@@ -140,37 +145,49 @@ def chunk_rows(prompt_len, start, chunk: int, length: int) -> tuple[jax.Array, j
     return jnp.clip(rest, 1, chunk), (start < length) & (rest <= chunk)
 
 
-def _prefill_rows(model: ModelDef, state, ids, prompt_len, start, cache: KVCache, keys, params: SamplingParams, *,
-                  window: int):
-    """A chunk of C = ids.shape[1] prompt tokens into the first m = ids.shape[0] rows of the pool,
-    at slots `start` [m] …, attending over the first `window` cache slots (which hold them): a
-    prompt of prompt_len [m] tokens is prefilled by one call per chunk, so that every prompt length
-    runs this one program. → first tokens [m], sampled (and their keys split) for the rows whose
-    prompt ends in this chunk; junk the host ignores for the others. A row whose `start` is the
-    cache length is left alone: its writes fall past the cache and are dropped, its key is kept (a
-    pool admitting requests beside running ones, or a prompt that ended in an earlier chunk)."""
-    target = model.merge(state)
+def prefill_target(target: Qwen3, ids, prompt_len, start, pool: PoolState, *, window: int, taps: bool = False):
+    """The target's part of a prefill: a chunk of C = ids.shape[1] prompt tokens into the first m =
+    ids.shape[0] rows of the pool, at slots `start` [m] …, attending over the first `window` cache
+    slots (which hold them); a prompt of prompt_len [m] tokens is prefilled by one call per chunk,
+    so that every prompt length runs one program. → (first tokens [m], sampled (and their keys
+    split) for the rows whose prompt ends in this chunk, junk the host ignores for the others;
+    n_real [m] and last [m] (`chunk_rows`); with `taps` the chunk's taps [m,C,3H], else None; the
+    pool's state with the chunk in its cache). A row whose `start` is the cache length is left
+    alone: its writes fall past the cache and are dropped, its key is kept (a pool admitting
+    requests beside running ones, or a prompt that ended in an earlier chunk)."""
+    cache, keys = pool.cache, pool.keys
     m, c = ids.shape
     n_real, last = chunk_rows(prompt_len, start, c, cache.k.shape[2])
     view = window_view(cache, window, m)
-    hidden, _, view = target.extend(ids, view, start)
+    hidden, chunk_taps, view = target.extend(ids, view, start, return_taps=taps)
     cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
     after, now = split_rows(keys[:m])
     keys = keys.at[:m].set(jnp.where(last, after, keys[:m]))
-    return sample_tokens(now, last_logits(target, hidden, n_real), param_rows(params, m)), cache, keys
+    first = sample_tokens(now, last_logits(target, hidden, n_real), param_rows(pool.params, m))
+    return first, n_real, last, chunk_taps, pool.replace(cache=cache, keys=keys)
 
 
-def _decode(model: ModelDef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, *, window: int,
-            live: int | None = None):
+def _prefill_rows(model: ModelDef, state, ids, prompt_len, start, token, pool: PoolState, *, window: int):
+    """A chunk of prompts into the first m = ids.shape[0] rows of the pool (`prefill_target`) →
+    (each row's pending token [B]: the first token where the row's prompt ends in this chunk, else
+    the one it had; the pool's next state)."""
+    m = ids.shape[0]
+    first, _, last, _, pool = prefill_target(model.merge(state), ids, prompt_len, start, pool, window=window)
+    return token.at[:m].set(jnp.where(last, first, token[:m])), pool
+
+
+def _decode(model: ModelDef, state, token, pool: PoolState, *, window: int, live: int | None = None):
     """One token for each of the first `live` sequences (all: None); attention reads (and the new
-    key/value goes to) the first `window` slots. Returns the full-size token, cache, lengths, keys."""
+    key/value goes to) the first `window` slots. → (the full-size token, the pool's next state)."""
     target = model.merge(state)
+    cache, cache_len, keys = pool.cache, pool.cache_len, pool.keys
     m = token.shape[0] if live is None else live
     hidden, _, cache_w = target.extend(token[:m, None], window_view(cache, window, m), cache_len[:m])
     cache = KVCache(k=put_window(cache.k, cache_w.k), v=put_window(cache.v, cache_w.v))
     after, now = split_rows(keys[:m])
-    new = sample_tokens(now, target.lm_logits(hidden[:, 0]), param_rows(params, m))
-    return token.at[:m].set(new), cache, cache_len.at[:m].add(1), keys.at[:m].set(after)
+    new = sample_tokens(now, target.lm_logits(hidden[:, 0]), param_rows(pool.params, m))
+    return token.at[:m].set(new), pool.replace(cache=cache, cache_len=cache_len.at[:m].add(1),
+                                               keys=keys.at[:m].set(after))
 
 
 _DECODE_CARRY = ("i", "token", "view", "keys", "remaining", "count", "out", "taps")
@@ -210,27 +227,35 @@ def decode_tokens(target, token, view: KVCache, length, keys, params: SamplingPa
     return c["token"], c["view"], c["keys"], c["remaining"], c["count"], c["out"], c["taps"]
 
 
-def _decode_chunk(model: ModelDef, state, token, cache: KVCache, cache_len, keys, params: SamplingParams, remaining, eos,
-                  *, window: int, chunk: int, live: int | None = None):
+def decode_pool(target, token, pool: PoolState, remaining, eos, *, window: int, chunk: int, taps: bool = False):
+    """`decode_tokens` over the first m = token.shape[0] rows of the pool, on the attended window
+    alone, written back once after the loop (not a copy per token): `token` [m] each row's pending
+    token, `remaining` [m] its budget. → (last token [m], remaining [m], tokens decoded per row [m],
+    tokens int32[m,chunk], taps or None, the pool's next state: the tokens in its cache, the
+    lengths advanced by them, the keys split)."""
+    cache, cache_len, keys = pool.cache, pool.cache_len, pool.keys
+    m = token.shape[0]
+    token, view, row_keys, remaining, count, out, chunk_taps = decode_tokens(
+        target, token, window_view(cache, window, m), cache_len[:m], keys[:m], param_rows(pool.params, m), remaining,
+        eos, chunk=chunk, taps=taps)
+    pool = pool.replace(cache=KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v)),
+                        cache_len=cache_len.at[:m].add(count), keys=keys.at[:m].set(row_keys))
+    return token, remaining, count, out, chunk_taps, pool
+
+
+def _decode_chunk(model: ModelDef, state, token, pool: PoolState, remaining, eos, *, window: int, chunk: int,
+                  live: int | None = None):
     """Up to `chunk` tokens for each of the first `live` sequences (all: None) in one call, without
-    the host: a device loop of one-token steps (the same keys, so the same samples, as `_decode`
-    step by step). A sequence stops on an id of `eos` [E] or after `remaining` [B] more tokens (0:
-    it is done already, or a free slot of a pool); its later entries are -1 and its length stops
-    moving. The loop ends as soon as every sequence is done. → (tokens int32[live,chunk], last
-    token [B], cache, lengths [B], keys [B], remaining [live]); rows past `live` are not computed."""
-    target = model.merge(state)
-    full = (token, cache_len, keys)
-    if live is not None:  # a pool's first `live` rows
-        token, cache_len, keys, remaining = token[:live], cache_len[:live], keys[:live], remaining[:live]
-        params = param_rows(params, live)
-    # the loop works on the attended window alone, written back once after it (not a copy per token)
-    token, view, keys, remaining, count, out, _ = decode_tokens(
-        target, token, window_view(cache, window, live), cache_len, keys, params, remaining, eos, chunk=chunk)
-    cache_len = cache_len + count.astype(cache_len.dtype)
-    cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
-    if live is not None:
-        token, cache_len, keys = (whole.at[:live].set(part) for whole, part in zip(full, (token, cache_len, keys)))
-    return out, token, cache, cache_len, keys, remaining
+    the host: a device loop of one-token steps (`decode_pool`; the same keys, so the same samples,
+    as `_decode` step by step). A sequence stops on an id of `eos` [E] or after `remaining` [B]
+    more tokens (0: it is done already, or a free slot of a pool); its later entries are -1 and its
+    length stops moving. The loop ends as soon as every sequence is done. → (tokens
+    int32[live,chunk], last token [B], remaining [live], the pool's next state); rows past `live`
+    are not computed."""
+    m = token.shape[0] if live is None else live
+    last, remaining, _, out, _, pool = decode_pool(model.merge(state), token[:m], pool, remaining[:m], eos,
+                                                   window=window, chunk=chunk)
+    return out, token.at[:m].set(last), remaining, pool
 
 
 class CachePool:
@@ -260,16 +285,24 @@ class CachePool:
 
 
 @functools.lru_cache(maxsize=None)
-def _pinned_outputs(fn, mesh):
-    """`fn` with each output that is a target cache pinned to its sharding on `mesh` and the rest
-    replicated; `fn` itself without a mesh."""
+def pinned(fn, mesh):
+    """`fn` (a program of a pool: → a tuple holding the pool's next `PoolState`) with the state's two
+    caches pinned to their shardings on `mesh`, so that a donated cache comes back as it went in (no
+    gather, no second compilation), and everything else replicated: the answers, which every host
+    of a multi-host mesh reads whole, and the lengths, keys and sampling parameters (as
+    `inputs_on_mesh` feeds them back); `fn` itself without a mesh."""
     if mesh is None:
         return fn
 
+    def pin(out):
+        if isinstance(out, PoolState):
+            return PoolState(constrain_cache(out.cache, mesh), constrain_cache(out.draft_cache, mesh),
+                             *constrain_replicated((out.cache_len, out.keys, out.params), mesh))
+        return constrain_replicated(out, mesh)
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        return tuple(constrain_cache(out, mesh) if isinstance(out, KVCache) else constrain_replicated(out, mesh)
-                     for out in fn(*args, **kwargs))
+        return tuple(pin(out) for out in fn(*args, **kwargs))
 
     return run
 
@@ -294,12 +327,13 @@ class AutoregressiveDecoder:
         # comes back whole on every device, so that every host of a multi-host mesh reads it
         mesh = self.mesh = next((leaf.sharding.mesh for leaf in jax.tree.leaves(self.state)
                                  if isinstance(getattr(leaf, "sharding", None), NamedSharding)), None)
-        self.prefill = inputs_on_mesh(jitted(_pinned_outputs(_prefill_rows, mesh), model, static_argnames="window",
-                                             donate_argnames="cache"), mesh)
-        self.decode = inputs_on_mesh(jitted(_pinned_outputs(_decode, mesh), model, static_argnames=("window", "live"),
-                                            donate_argnames="cache"), mesh)
-        self.decode_chunk = inputs_on_mesh(jitted(_pinned_outputs(_decode_chunk, mesh), model,
-                                                  static_argnames=("window", "chunk", "live"), donate_argnames="cache"),
+        # the pool's state is donated, as to the engine's programs: the caches are updated in place
+        self.prefill = inputs_on_mesh(jitted(pinned(_prefill_rows, mesh), model, static_argnames="window",
+                                             donate_argnames="pool"), mesh)
+        self.decode = inputs_on_mesh(jitted(pinned(_decode, mesh), model, static_argnames=("window", "live"),
+                                            donate_argnames="pool"), mesh)
+        self.decode_chunk = inputs_on_mesh(jitted(pinned(_decode_chunk, mesh), model,
+                                                  static_argnames=("window", "chunk", "live"), donate_argnames="pool"),
                                            mesh)
 
     chunk = 32  # tokens per device loop: one host round trip per chunk, not per token

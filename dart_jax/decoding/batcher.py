@@ -198,11 +198,6 @@ class SlotPool:
             return self._advance()
         return []
 
-    def run(self) -> None:
-        """Step until every submitted request is done."""
-        while self.active:
-            self.step()
-
     def close(self) -> None:
         """Give the caches back to the engine for the next pool (unfinished requests stay unfinished);
         once: a second close gives nothing back twice."""
@@ -539,26 +534,18 @@ class PlainBatcher(SlotPool):
         d = self.decoder
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
-        m, chunk = ids.shape[0], self.engine.shapes.chunk
-        firsts = []  # per chunk; a row's first token is its last chunk's
         for part, rows_start, offset in self._chunks(ids, prompt_len, start):
-            first, cache, keys = d.prefill(d.state, jnp.asarray(part), jnp.asarray(prompt_len), jnp.asarray(rows_start),
-                                           self.state.cache, self.state.keys, self.state.params,
-                                           window=attention_window(offset + chunk, self.length))
-            self.state = self.state.replace(cache=cache, keys=keys)
-            ends = jnp.asarray((start == 0) & ((prompt_len - 1) // chunk == offset // chunk))
-            self.token = self.token.at[:m].set(jnp.where(ends, first, self.token[:m]))
-            firsts.append(first)
+            self.token, self.state = d.prefill(d.state, jnp.asarray(part), jnp.asarray(prompt_len),
+                                               jnp.asarray(rows_start), self.token, self.state,
+                                               window=attention_window(offset + self.engine.shapes.chunk, self.length))
         self._joined(joining, prompt_len)
-        last = (prompt_len - 1) // chunk
-        firsts = {c: to_host(firsts[c]) for c in set(last.tolist())}  # to the host: the chunks read
-        host = [firsts[c][row] for row, c in enumerate(last)]
+        first = to_host(self.token)  # a joining row's pending token is its first
         elapsed = time.perf_counter() - start_time
         events = []
         for slot, request in joining:
             self.committed[slot] = request.prompt_ids.size
             request.stats.prefill_s = elapsed
-            events.append(self._take(request, [int(host[slot])], 0))
+            events.append(self._take(request, [int(first[slot])], 0))
         return events
 
     def _advance(self) -> list[StepEvent]:
@@ -577,11 +564,8 @@ class PlainBatcher(SlotPool):
         eos = self.engine.eos_row
         if not any(self.busy[slot].budget.eos_ids for slot in rows):
             eos = jnp.full_like(eos, -1)
-        st = self.state
-        out, self.token, cache, cache_len, keys, _ = d.decode_chunk(
-            d.state, self.token, st.cache, st.cache_len, st.keys, st.params, jnp.asarray(remaining),
-            eos, window=window, chunk=chunk, live=m)
-        self.state = st.replace(cache=cache, cache_len=cache_len, keys=keys)
+        out, self.token, _, self.state = d.decode_chunk(d.state, self.token, self.state, jnp.asarray(remaining), eos,
+                                                        window=window, chunk=chunk, live=m)
         host = to_host(out)
         elapsed = time.perf_counter() - t0
         events = []

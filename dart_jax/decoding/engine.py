@@ -30,7 +30,6 @@ whatever it appends, e.g. DART's m mask slots) from `cache_len`, and advancing b
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Sequence
 
 import jax
@@ -42,19 +41,18 @@ from dart_jax.errors import InputError
 from dart_jax.models.backend import MAX_DEVICE_STEPS
 from dart_jax.models.qwen3 import (KVCache, Qwen3, check_verify_gemms, init_cache, verify_compiler_options,
                                    write_cache)
-from dart_jax.models.sharding import (constrain_cache, constrain_replicated, inputs_on_mesh, make_mesh,
-                                      shard_module, sharded_caches)
+from dart_jax.models.sharding import inputs_on_mesh, make_mesh, shard_module, sharded_caches
 from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
-from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, chunk_rows, decode_tokens, jitted,
-                             last_logits, param_rows, put_window, split_flat, window_view)
+from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, decode_pool, jitted, pinned, prefill_target,
+                             split_flat)
 from .batcher import Batcher, DraftEdit, PlainBatcher
 from .drafter import DartDrafter, Drafter
 from .device_tree import DeviceSearch, DeviceTrie, LoopStep, TreeEdit, search_trees
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import check_request
-from .sampling import accept_trees, sample_tokens, split_rows
+from .sampling import accept_trees, split_rows
 from .settings import GenerationSettings, ShapeSettings
 from .state import PoolState
 
@@ -88,26 +86,20 @@ def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, pool: 
     all. Target and drafter attend over (and write) the first `window` cache slots, which must hold
     the drafter's reach over C positions from `start`."""
     pair = model.merge(state)
-    cache, draft_cache, keys = pool.cache, pool.draft_cache, pool.keys
     m, c = ids.shape[0], ids.shape[1] - 1
-    n_real, last = chunk_rows(prompt_len, start, c, cache.k.shape[2])
     with jax.named_scope("prefill_target"):
-        view = window_view(cache, window, m)
-        hidden, taps, view = pair.target.extend(ids[:, :c], view, start, return_taps=True)
-        cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
-        after, now = split_rows(keys[:m])
-        keys = keys.at[:m].set(jnp.where(last, after, keys[:m]))
-        first = sample_tokens(now, last_logits(pair.target, hidden, n_real), param_rows(pool.params, m))  # [m]
+        first, n_real, last, taps, pool = prefill_target(pair.target, ids[:, :c], prompt_len, start, pool,
+                                                         window=window, taps=True)
     with jax.named_scope("prefill_draft"):
         # position i carries the token that follows it: the chunk's next ids, the sampled token after the prompt
         shifted = jnp.where((jnp.arange(c)[None, :] == (n_real - 1)[:, None]) & last[:, None], first[:, None],
                             ids[:, 1:])
-        draft_view = drafter_cls.cache_window(draft_cache, window, m)
+        draft_view = drafter_cls.cache_window(pool.draft_cache, window, m)
         proposal, draft_view = drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, n_real,
                                                    rows=rows, k=k, nodes=nodes)
-        draft_cache = drafter_cls.cache_put(draft_cache, draft_view)
+        draft_cache = drafter_cls.cache_put(pool.draft_cache, draft_view)
     packed = prefill_layout(drafter_cls.proposal_fields(rows, k, nodes)).pack({"first": first, **proposal})
-    return packed, pool.replace(cache=cache, draft_cache=draft_cache, keys=keys)
+    return packed, pool.replace(draft_cache=draft_cache)
 
 
 def _step(model: ModelDef, drafter_cls, state, tree, pool: PoolState, *, n: int, depth: int, k: int, window: int):
@@ -281,19 +273,14 @@ def _plain(model: ModelDef, drafter_cls, state, token, pool: PoolState, remainin
     adaptive budget runs: no tree, as fast as the baseline, and the drafter stays ready for the
     next speculative step). `token` [m] is each row's pending token (the last one, not yet in the
     cache: a tree's root); a row stops on an id of `eos` or after `remaining` [m] tokens. → packed
-    `plain_layout` [m], the pool's next state). The same keys as the baseline's loop, so the same
-    samples."""
+    `plain_layout` [m], the pool's next state). Its target's part is the baseline's own loop
+    (`autoregressive.decode_pool`): the same keys, so the same samples."""
     pair = model.merge(state)
-    cache, draft_cache, cache_len, keys, params = (pool.cache, pool.draft_cache, pool.cache_len, pool.keys,
-                                                   pool.params)
     m = token.shape[0]
-    length = cache_len[:m]
+    length = pool.cache_len[:m]
     with jax.named_scope("plain_target"):
-        _, view, step_keys, remaining, count, out, taps = decode_tokens(
-            pair.target, token, window_view(cache, window, m), length, keys[:m], param_rows(params, m), remaining, eos,
-            chunk=chunk, taps=True)
-        cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
-        keys = keys.at[:m].set(step_keys)
+        _, remaining, count, out, taps, pool = decode_pool(pair.target, token, pool, remaining, eos, window=window,
+                                                           chunk=chunk, taps=True)
     with jax.named_scope("draft"):
         # fed at position i: the token decoded there, followed by out[:, i]; a row's count >= 1
         def draft(draft_w):
@@ -303,12 +290,12 @@ def _plain(model: ModelDef, drafter_cls, state, token, pool: PoolState, remainin
             shapes = jax.eval_shape(draft, draft_w)[0]
             return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes), draft_w
 
-        draft_w = drafter_cls.cache_window(draft_cache, window, m)
+        draft_w = drafter_cls.cache_window(pool.draft_cache, window, m)
         proposal, draft_w = jax.lax.cond(jnp.any(remaining > 0), draft, skip, draft_w)
-        draft_cache = drafter_cls.cache_put(draft_cache, draft_w)
+        draft_cache = drafter_cls.cache_put(pool.draft_cache, draft_w)
     packed = plain_layout(chunk, drafter_cls.proposal_fields(depth, k)).pack({"count": count, "tokens": out,
                                                                                **proposal})
-    return packed, PoolState(cache, draft_cache, cache_len.at[:m].add(count), keys, params)
+    return packed, pool.replace(draft_cache=draft_cache)
 
 
 _DONATE = ("pool",)
@@ -336,26 +323,6 @@ def _by_tree_rows(make, gemms: str, lowerable: bool, sequences=lambda first: fir
 
     if lowerable:
         run.lower = lower
-    return run
-
-
-@functools.lru_cache(maxsize=None)
-def _pinned(fn, mesh):
-    """`fn` (`_prefill`, `_step`, `_plain`: → (packed answer, PoolState)) with the state's two caches
-    pinned to their shardings on `mesh`, so that a donated cache comes back as it went in (no
-    gather, no second compilation), and the rest replicated: the packed answer, which every host of
-    a multi-host mesh reads whole, and the lengths, keys and sampling parameters (as
-    `inputs_on_mesh` feeds them back); `fn` itself without a mesh."""
-    if mesh is None:
-        return fn
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        packed, pool = fn(*args, **kwargs)
-        return constrain_replicated(packed, mesh), PoolState(
-            constrain_cache(pool.cache, mesh), constrain_cache(pool.draft_cache, mesh),
-            *constrain_replicated((pool.cache_len, pool.keys, pool.params), mesh))
-
     return run
 
 
@@ -403,19 +370,19 @@ class Engine:
         model, self._state = split_flat(_Pair(target, drafter.module))
         cls = type(drafter)
         # with a mesh: host-made inputs go onto it, and the caches come back with their shardings
-        self._prefill = inputs_on_mesh(jitted(_pinned(_prefill, self.mesh), model, cls,
+        self._prefill = inputs_on_mesh(jitted(pinned(_prefill, self.mesh), model, cls,
                                               static_argnames=("rows", "k", "nodes", "window"), donate_argnames=_DONATE),
                                        self.mesh)
         # each step compiled with the XLA options of its verification's size: verify_gemms says which
         # GEMMs a GPU takes (qwen3.verify_compiler_options)
         gemms = self.verify_gemms = check_verify_gemms(verify_gemms)
         self._step = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
-            _pinned(_step, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
+            pinned(_step, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
             donate_argnames=_DONATE, compiler_options=options), self.mesh), gemms, self.mesh is None)
         self._step_rows = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
-            _pinned(_step_rows, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
+            pinned(_step_rows, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
             donate_argnames=_DONATE, compiler_options=options), self.mesh), gemms, self.mesh is None)
-        self._plain = inputs_on_mesh(jitted(_pinned(_plain, self.mesh), model, cls,
+        self._plain = inputs_on_mesh(jitted(pinned(_plain, self.mesh), model, cls,
                                             static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
                                      self.mesh)
         self.pool = CachePool(self._make_caches)
