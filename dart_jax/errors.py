@@ -16,6 +16,7 @@ import errno
 import json
 import numbers
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -101,17 +102,22 @@ def not_utf8(path, e: UnicodeDecodeError, where: str = "") -> "FileFormatError":
 MAX_JSON_DEPTH = 64
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]  # a loop, not recursion: the value may be as deep as the parser allows
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, (dict, list)):
-                if depth >= limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
+
+
+def _depth_exceeds(text: str, limit: int) -> bool:
+    """Whether valid JSON `text` nests its arrays and objects more than `limit` deep, read off the
+    text: its brackets outside strings, each pass taking away the innermost pairs, so that a value
+    `limit` deep is gone after `limit` passes. A walk over the parsed value visits every item in
+    Python (a tokenizer.json's whole vocabulary and merges); these passes run in the regex engine."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = _INNERMOST.sub("", brackets)
+    return bool(brackets)
 
 
 def parse_json(text: str | bytes, where, expected: str) -> Any:
@@ -126,7 +132,7 @@ def parse_json(text: str | bytes, where, expected: str) -> Any:
             raise not_utf8(where, e) from None
     try:
         value = json.loads(text)
-        deep = _depth_exceeds(value, MAX_JSON_DEPTH)
+        deep = _depth_exceeds(text, MAX_JSON_DEPTH)
     except RecursionError:
         deep = True
     except ValueError as e:  # JSONDecodeError, an integer of too many digits
