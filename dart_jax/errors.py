@@ -16,6 +16,7 @@ import errno
 import json
 import numbers
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -101,17 +102,22 @@ def not_utf8(path, e: UnicodeDecodeError, where: str = "") -> "FileFormatError":
 MAX_JSON_DEPTH = 64
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]  # a loop, not recursion: the value may be as deep as the parser allows
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, (dict, list)):
-                if depth >= limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
+
+
+def _depth_exceeds(text: str, limit: int) -> bool:
+    """Whether valid JSON `text` nests its arrays and objects more than `limit` deep, read off the
+    text: its brackets outside strings, each pass taking away the innermost pairs, so that a value
+    `limit` deep is gone after `limit` passes. A walk over the parsed value visits every item in
+    Python (a tokenizer.json's whole vocabulary and merges); these passes run in the regex engine."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = _INNERMOST.sub("", brackets)
+    return bool(brackets)
 
 
 def parse_json(text: str | bytes, where, expected: str) -> Any:
@@ -126,7 +132,7 @@ def parse_json(text: str | bytes, where, expected: str) -> Any:
             raise not_utf8(where, e) from None
     try:
         value = json.loads(text)
-        deep = _depth_exceeds(value, MAX_JSON_DEPTH)
+        deep = _depth_exceeds(text, MAX_JSON_DEPTH)
     except RecursionError:
         deep = True
     except ValueError as e:  # JSONDecodeError, an integer of too many digits
@@ -149,19 +155,45 @@ def read_json(path, expected: str) -> Any:
 TOKENIZER_JSON = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
+# (tokenizer_config.json's tokenizer_class, config.json's model_type) → the class transformers 5's
+# AutoTokenizer builds for a local folder without remote code (its choice read off
+# models/auto/tokenization_auto.py: the hub's class where the family registers no other or is not
+# marked as declaring a wrong one, and TokenizersBackend for PreTrainedTokenizerFast)
+_TOKENIZER_CLASSES = {**{(name, family): "TokenizersBackend" for name in ("TokenizersBackend", "PreTrainedTokenizerFast")
+                         for family in ("qwen3", "qwen3_moe", "llama")},
+                      **{(name, family): "Qwen2Tokenizer" for name in ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+                         for family in ("qwen3", "qwen3_moe")}}
+
+
+def _tokenizer_class(folder: Path, tokenizer_config: Any) -> type | None:
+    """The class AutoTokenizer would build for `folder` when `_TOKENIZER_CLASSES` knows it, imported
+    alone: AutoTokenizer's own machinery imports every family's config module (and torch where it is
+    installed), seconds before a tokenizer it then builds with a plain `from_pretrained` of that
+    class. None otherwise (another transformers major, remote code, another class or family):
+    AutoTokenizer decides."""
+    import transformers
+
+    if not transformers.__version__.startswith("5.") or not isinstance(tokenizer_config, dict) \
+            or "auto_map" in tokenizer_config or not (folder / "config.json").is_file():
+        return None
+    config = read_json(folder / "config.json", "the model's config.json; restore it from the model's repository.")
+    name = _TOKENIZER_CLASSES.get((tokenizer_config.get("tokenizer_class"),
+                                   config.get("model_type") if isinstance(config, dict) else None))
+    return None if name is None else getattr(transformers, name)
+
+
 def load_tokenizer_folder(folder) -> Any:
     """transformers' AutoTokenizer of a tokenizer folder, the one loader of every command (never
-    remote code). Its JSON files go through `read_json` first (transformers' own parser recurses:
-    deep nesting would be a RecursionError there); a tokenizer.json that is not a tokenizer (the
-    tokenizers library raises a bare Exception, transformers a KeyError or TypeError) is a
-    FileFormatError naming the file; a folder without usable tokenizer files is a MissingFileError."""
-    from transformers import AutoTokenizer
-
+    remote code); the tokenizer classes of the supported families come by their own import
+    (`_tokenizer_class`). Its JSON files go through `read_json` first (transformers' own parser
+    recurses: deep nesting would be a RecursionError there); a tokenizer.json that is not a
+    tokenizer (the tokenizers library raises a bare Exception, transformers a KeyError or
+    TypeError) is a FileFormatError naming the file; a folder without usable tokenizer files is a
+    MissingFileError."""
     folder = Path(folder)
     restore = "restore it from the model's repository."
-    for name in TOKENIZER_JSON:
-        if (folder / name).is_file():
-            read_json(folder / name, f"a tokenizer's JSON file; {restore}")
+    configs = {name: read_json(folder / name, f"a tokenizer's JSON file; {restore}")
+               for name in TOKENIZER_JSON if (folder / name).is_file()}
     tokenizer_json = folder / "tokenizer.json"
     if tokenizer_json.is_file():
         content = read_json(tokenizer_json, f"a tokenizers JSON file; {restore}")
@@ -170,6 +202,11 @@ def load_tokenizer_folder(folder) -> Any:
             raise FileFormatError(tokenizer_json, f"not a tokenizer (an object with a 'model' object and an "
                                                   f"'added_tokens' list); the file is damaged: {restore}")
     try:
+        known = _tokenizer_class(folder, configs.get("tokenizer_config.json"))
+        if known is not None:
+            return known.from_pretrained(str(folder))
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except InputError:
         raise

@@ -45,6 +45,41 @@ def test_the_reader_bounds_the_depth_and_names_the_input():
         parse_json(b"\xff", "in.json", "a list")
 
 
+def _depth(value) -> int:
+    """The oracle: how deep arrays and objects nest in a parsed value (a scalar: 0)."""
+    children = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else None
+    return 0 if children is None else 1 + max((_depth(c) for c in children), default=0)
+
+
+def test_the_depth_bound_ignores_brackets_inside_strings():
+    """Values nested 64 and 65 deep in random shapes, whose strings (keys too) hold brackets, braces,
+    quotes and backslashes, compact and indented: accepted exactly when the parsed value nests at
+    most MAX_JSON_DEPTH deep."""
+    rng = np.random.default_rng(0)
+    noise = ['[', ']]', '{', '}', '\\"', '\\', '"[{', 'ü}', ' ', 'x']
+
+    def text() -> str:
+        return "".join(rng.choice(noise, size=rng.integers(0, 6)))
+
+    def value(depth: int):
+        if depth == 0:
+            return [text(), 1, None, 2.5][rng.integers(0, 4)]
+        inner = [value(depth - 1)] + [value(int(rng.integers(0, min(depth, 3)))) for _ in range(rng.integers(0, 3))]
+        rng.shuffle(inner)
+        return {text() + str(i): v for i, v in enumerate(inner)} if rng.integers(0, 2) else inner
+
+    for depth in (1, 2, MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, MAX_JSON_DEPTH + 2):
+        for trial in range(4):
+            v = value(depth)
+            assert _depth(v) == depth
+            encoded = json.dumps(v, indent=1 if trial % 2 else None, ensure_ascii=bool(trial // 2))
+            if depth <= MAX_JSON_DEPTH:
+                assert parse_json(encoded, "x", "a value") == v
+            else:
+                with pytest.raises(FileFormatError, match="nested more than"):
+                    parse_json(encoded, "x", "a value")
+
+
 def test_generate_prompts_and_messages_files(tmp_path, no_loading, capsys):
     prompts = tmp_path / "in.jsonl"
     prompts.write_text('{"prompt": "hi"}\n' + DEEP + "\n")

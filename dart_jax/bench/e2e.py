@@ -208,7 +208,7 @@ def random_target(config, seed: int, dtype) -> Qwen3:
     """A target of `config` (a Qwen3Config) in `dtype`, its weights drawn on the device by the random
     sets' law (`random_model`'s target, peaked LM head included), in the checkpoint's layout (not
     `use_backend_layout`'s, which the loaders apply only when no mesh is given)."""
-    target = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    target = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=None))  # every value drawn below
     _fill_random(target, qwen3_tensor_table(config), jax.random.fold_in(jax.random.key(seed), 0),
                  random_std(config.hidden_size), dtype)
     _peak_lm_head(target, hot_token_ids(config.vocab_size, seed))

@@ -319,7 +319,7 @@ class AutoregressiveDecoder:
                  eos_ids: Iterable[int] = ()):
         self.target, self.shapes = target, shapes
         self.eos_ids = frozenset(int(e) for e in eos_ids)
-        self.eos_row = jnp.asarray(sorted(self.eos_ids) or [-1], jnp.int32)
+        self.eos_row = jax.device_put(np.asarray(sorted(self.eos_ids) or [-1], np.int32))  # no program compiled
         model, self.state = split_flat(target)
         self.pool = pool or CachePool(lambda batch, length: (init_cache(target.config, batch, length, target.dtype),
                                                              None))

@@ -136,7 +136,7 @@ class SlotPool:
             self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
             fix="use fewer slots (batch size) or a smaller max_length.")
         # the keys are placeholders: a request brings its own
-        self.state = PoolState(*caches, cache_len=jnp.zeros((b,), jnp.int32),
+        self.state = PoolState(*caches, cache_len=jax.device_put(np.zeros((b,), np.int32)),
                                keys=jax.random.split(jax.random.key(0), b), params=self._params())
         self._stale_params = False
         self.committed = np.zeros(b, np.int64)  # tokens in each slot's cache (the host's copy of cache_len)

@@ -366,7 +366,7 @@ class Engine:
         self.tree_sizes = (0,) + auto_sizes(tree.keep) if self.adaptive else (tree.keep,)
         self.sizer = TreeSizer(self.tree_sizes, plain_tokens=self.plain_chunk, depth=self.depth)
         self._tree_settings = {size: dataclasses.replace(self.tree, keep=size) for size in self.tree_sizes if size}
-        self.eos_row = jnp.asarray(sorted(self.eos_ids) or [-1], jnp.int32)
+        self.eos_row = jax.device_put(np.asarray(sorted(self.eos_ids) or [-1], np.int32))  # no program compiled
         model, self._state = split_flat(_Pair(target, drafter.module))
         cls = type(drafter)
         # with a mesh: host-made inputs go onto it, and the caches come back with their shardings

@@ -50,9 +50,12 @@ def _check_rope(inv_freq: np.ndarray, scale: float, config_file: Path) -> None:
 
 
 def _put(var: nnx.Variable, array: np.ndarray, mesh, rules) -> jax.Array:
-    """A host array as the value of `var`: on the default device, or straight onto its shards."""
+    """A host array as the value of `var`: on the default device, or straight onto its shards.
+    Host arrays go over by `jax.device_put` throughout the loaders: `jnp.asarray` of a NumPy array
+    compiles (or loads from the cache) a small XLA program per shape and dtype (`lax.stage`),
+    each before the first token; `device_put` is a plain transfer."""
     if mesh is None:
-        return jnp.asarray(array)
+        return jax.device_put(array)
     axes = var.get_metadata().get("logical_axes") or (None,) * array.ndim
     return jax.device_put(array, named_sharding(axes, array.shape, mesh, rules))
 
@@ -98,7 +101,9 @@ def _load_target(folder: Path, config, dtype, mesh, rules, fused_projections, un
     index = qwen3_format.check_checkpoint(folder, config)
     table = qwen3_format.tensor_table(config)
     dtype = jnp.dtype(dtype or default_dtype())
-    model = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    # rngs=None: every value is replaced from the checkpoint, and tracing a random initializer per
+    # parameter (its key split and counter update) costs more than the abstract build itself
+    model = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, param_dtype=dtype, rngs=None))
 
     by_file: dict[Path, list[str]] = {}
     stacked: dict[tuple, list[str]] = {}  # a stacked parameter's path → its rows' names, row by row
@@ -116,7 +121,7 @@ def _load_target(folder: Path, config, dtype, mesh, rules, fused_projections, un
                     var = _variable(model, path)
                     if mesh is None:
                         arr = cast_weight(read_tensor(fh, f, name), dtype, name, f)
-                        var.set_value(jnp.asarray(np.ascontiguousarray(arr.T) if transpose else arr))
+                        var.set_value(jax.device_put(np.ascontiguousarray(arr.T) if transpose else arr))
                     else:
                         var.set_value(_place_tensor(fh, f, name, transpose, var, dtype, mesh, rules))
                     bar.update()
@@ -147,7 +152,7 @@ def _stacked_tensor(handles, index, names: list[str], transpose: bool, var: nnx.
 
     shape = var.get_value().shape
     if mesh is None:
-        return jnp.asarray(read(tuple(slice(None) for _ in shape)))
+        return jax.device_put(read(tuple(slice(None) for _ in shape)))
     return place(shape, var.get_metadata()["logical_axes"], mesh, read, rules)
 
 
@@ -238,8 +243,8 @@ def load_eagle3_head(path_or_id: str | os.PathLike, target, dtype=None, mesh: ja
                                              param_dtype=dtype, rngs=None))
     if not own:
         head.embed_tokens = target.embed_tokens
-    head.d2t.set_value(jnp.zeros((config.draft_vocab_size,), jnp.int32))
-    head.t2d.set_value(jnp.ones((config.vocab_size,), jnp.bool_))
+    head.d2t.set_value(jax.device_put(np.zeros((config.draft_vocab_size,), np.int32)))
+    head.t2d.set_value(jax.device_put(np.ones((config.vocab_size,), np.bool_)))
     return _fill_head(head, eagle3_format.tensor_table(config, own_embedding=own), tensors, tensor_index(folder),
                       dtype, mesh, rules)
 

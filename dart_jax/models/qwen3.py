@@ -211,7 +211,7 @@ class Qwen3(nnx.Module):
     """Qwen3 causal LM (also Qwen3-MoE and Llama, by `config`): `forward_hidden`, `extend` or
     `verify`, then `lm_logits` (see the module doc)."""
 
-    def __init__(self, config: Qwen3Config, *, dtype=None, param_dtype=None, rngs: nnx.Rngs):
+    def __init__(self, config: Qwen3Config, *, dtype=None, param_dtype=None, rngs: nnx.Rngs | None):
         dtype = jnp.dtype(dtype or default_dtype())
         param_dtype = jnp.dtype(param_dtype or dtype)
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
