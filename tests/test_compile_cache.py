@@ -1,6 +1,7 @@
 """The persistent compilation cache is on for the Python API by default: a second process's
-`DartModel.demo(...).generate(...)` loads the decoding programs the first one compiled, JAX's own
-switch turns it off, and the model says when it compiles. Each run is a new Python process (JAX
+`DartModel.demo(...).generate(...)` loads the decoding programs the first one compiled (and reads
+their traces from the store of exported programs beside it), JAX's own switch turns it off, and
+the model says when it compiles. Each run is a new Python process (JAX
 decides once per process whether it uses the cache); JAX's compiler log says, per program, whether
 it was a hit or a miss of the persistent cache: the oracle is JAX's, not ours."""
 from __future__ import annotations
@@ -32,13 +33,26 @@ class Seen(logging.Handler):
 log = logging.getLogger("jax._src.compiler")
 log.setLevel(logging.DEBUG)
 log.addHandler(Seen())
+import functools
 import jax
 from dart_jax.api import compiling
 from dart_jax.api.model import DartModel
+from dart_jax.decoding import engine
 compiling.API_NOTICE_AFTER = 0.0  # say every compilation, however short (the tiny model's are)
+traced = []  # the engine's functions whose Python body ran: traced, not read from the store
+
+def counted(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        traced.append(fn.__name__)
+        return fn(*args, **kwargs)
+    return run
+
+engine._prefill, engine._step = counted(engine._prefill), counted(engine._step)
 model = DartModel.demo("tiny", keep=4)
 ids = model.generate("What is speculative decoding?", max_new_tokens=6).token_ids
-print(json.dumps({"hits": hits, "misses": misses, "ids": ids, "dir": jax.config.jax_compilation_cache_dir}))
+print(json.dumps({"hits": hits, "misses": misses, "ids": ids, "dir": jax.config.jax_compilation_cache_dir,
+                  "traced": traced}))
 """
 
 # the engine's programs that the first answer runs (jit names the module after the function)
@@ -71,6 +85,14 @@ def test_a_second_process_loads_the_programs_the_first_compiled(runs):
         assert any(name.startswith(program) for name in second["hits"]), (program, second["hits"])
         assert not any(name.startswith(program) for name in second["misses"]), (program, second["misses"])
     assert second["ids"] == first["ids"]
+
+
+@pytest.mark.extended
+def test_a_second_process_reads_the_programs_the_first_exported(runs):
+    tmp, first, _, second = runs
+    assert sorted(set(first["traced"])) == ["_prefill", "_step"]
+    assert any((tmp / "dart_jax" / "xla" / "exported").iterdir())
+    assert second["traced"] == [] and second["ids"] == first["ids"]
 
 
 @pytest.mark.extended
