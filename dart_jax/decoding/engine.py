@@ -366,7 +366,6 @@ class Engine:
         self.tree_sizes = (0,) + auto_sizes(tree.keep) if self.adaptive else (tree.keep,)
         self.sizer = TreeSizer(self.tree_sizes, plain_tokens=self.plain_chunk, depth=self.depth)
         self._tree_settings = {size: dataclasses.replace(self.tree, keep=size) for size in self.tree_sizes if size}
-        self.eos_row = jax.device_put(np.asarray(sorted(self.eos_ids) or [-1], np.int32))  # no program compiled
         model, self._state = split_flat(_Pair(target, drafter.module))
         cls = type(drafter)
         # with a mesh: host-made inputs go onto it, and the caches come back with their shardings
@@ -387,6 +386,7 @@ class Engine:
                                      self.mesh)
         self.pool = CachePool(self._make_caches)
         self.baseline = AutoregressiveDecoder(target, shapes, self.pool, eos_ids=self.eos_ids)
+        self.eos_row = self.baseline.eos_row  # the same EOS ids: one row on the device for both
         if device_steps and (self.mesh is not None or self.adaptive):
             raise InputError("device_steps (--device-steps) runs one fixed tree size on one device: pass keep=N / "
                              "--keep N (not \"auto\") and no mesh, or device_steps=0")
