@@ -23,7 +23,7 @@ from dart_jax.decoding.batcher import Batcher
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.driver import Driver, decode, decode_together, pool_for
 from dart_jax.decoding.engine import Engine
-from dart_jax.decoding import engine as engine_module
+from dart_jax.decoding import autoregressive as programs_module
 from dart_jax.decoding import sampling as sampling_module
 from dart_jax.decoding.sampling import SamplingParams, process_logits, sample_accept
 from dart_jax.decoding.requests import Stats
@@ -180,7 +180,7 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
     decoding stays transformers' either way. A bad verify_gemms stops the engine at once."""
     off = {"xla_gpu_enable_triton_gemm": False}
     asked, made = [], []
-    real_jitted = engine_module.jitted
+    real_jitted = programs_module.jitted  # the one factory every ProgramSpec builds with
 
     def rule(rows, choice):
         asked.append((rows, choice))
@@ -190,8 +190,8 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
         made.append(kwargs.get("compiler_options"))
         return real_jitted(fn, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "verify_compiler_options", rule)
-    monkeypatch.setattr(engine_module, "jitted", spy)
+    monkeypatch.setattr(programs_module, "verify_compiler_options", rule)
+    monkeypatch.setattr(programs_module, "jitted", spy)
     for keep, options, gemms in ((60, off, "auto"), (8, None, "xla")):
         engine = Engine(tiny.model.target, DartDrafter(tiny.model.head), cheating_trie(tiny), eos_ids=(EOS,),
                         tree_eos_id=EOS, tree=TreeSettings(keep=keep), shapes=ShapeSettings(min_bucket=64),

@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from dart_jax.errors import ResourceError
-from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache
+from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, verify_compiler_options
 from dart_jax.models.sharding import constrain_cache, constrain_replicated, inputs_on_mesh
 
 from .sampling import SamplingParams, sample_tokens, split_rows
@@ -71,6 +71,62 @@ def jitted(fn, model: ModelDef, *static, **jit_kwargs):
     if key not in _JITTED:
         _JITTED[key] = jax.jit(functools.partial(fn, model, *static), **jit_kwargs)
     return _JITTED[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramSpec:
+    """One jitted program of a decoder, as a row of its table (`Engine.PROGRAMS`,
+    `AutoregressiveDecoder.PROGRAMS`): the decoder's attribute `name` is `fn` (a pure function of
+    (ModelDef, *bound, state, ..., pool, ...)) jitted by `build`, with the keyword arguments `static`
+    as Python values (one compiled variant each) and the pool's state donated. `verify`: the function
+    verifies trees, and gets the XLA options of its verification's size (`verify_compiler_options`,
+    rows = `verify(first argument after the state)` × its `n` nodes), one compiled variant per size.
+    `on_mesh`: over a Mesh, its inputs are placed there and its outputs pinned (`inputs_on_mesh`,
+    `pinned`); a program that runs on one device only leaves them as they are."""
+
+    name: str
+    fn: Callable
+    static: tuple[str, ...]
+    verify: Callable | None = None
+    on_mesh: bool = True
+
+    def build(self, model: ModelDef, *bound, mesh=None, gemms: str = "auto"):
+        """The callable for a decoder over `model` (with `bound`, e.g. the drafter's class, after it)
+        on `mesh` (None: one device): jitted functions from the one factory (`jitted`); with `verify`
+        one per size, picked at each call, with their `lower` on one device."""
+        mesh = mesh if self.on_mesh else None
+
+        def make(options=None):
+            fn = jitted(pinned(self.fn, mesh), model, *bound, static_argnames=self.static, donate_argnames="pool",
+                        **({"compiler_options": options} if options else {}))
+            return inputs_on_mesh(fn, mesh)
+
+        if self.verify is None:
+            return make()
+        return _by_verify_rows(make, gemms, mesh is None, self.verify)
+
+
+def _by_verify_rows(make, gemms: str, lowerable: bool, sequences: Callable):
+    """A program (state, tree, ..., n=...) that runs `make(compiler_options)`'s function for the XLA
+    options of its verification, rows = sequences(tree) × `n` nodes (`verify_compiler_options` under
+    `gemms`). With `lowerable` (no mesh: `make` returns jitted functions) it has their `lower` too."""
+    by_rows: dict[int, object] = {}
+
+    def pick(tree, n: int):
+        rows = sequences(tree) * n
+        if rows not in by_rows:  # `jitted` hands out one function per set of options
+            by_rows[rows] = make(verify_compiler_options(rows, choice=gemms))
+        return by_rows[rows]
+
+    def run(state, tree, *args, n: int, **kwargs):
+        return pick(tree, n)(state, tree, *args, n=n, **kwargs)
+
+    def lower(state, tree, *args, n: int, **kwargs):
+        return pick(tree, n).lower(state, tree, *args, n=n, **kwargs)
+
+    if lowerable:
+        run.lower = lower
+    return run
 
 
 def attention_window(needed: int, length: int) -> int:
@@ -315,6 +371,11 @@ class AutoregressiveDecoder:
     own cache set (`Engine.baseline`); training decodes with one over a target alone, through a
     `PlainBatcher` stepped by the pool driver (`driver.pool_for` takes either)."""
 
+    # its programs (`ProgramSpec`), each an attribute of the decoder: `decoder.decode_chunk(state, ...)`
+    PROGRAMS = (ProgramSpec("prefill", _prefill_rows, ("window",)),
+                ProgramSpec("decode", _decode, ("window", "live")),
+                ProgramSpec("decode_chunk", _decode_chunk, ("window", "chunk", "live")))
+
     def __init__(self, target: Qwen3, shapes: ShapeSettings = ShapeSettings(), pool: CachePool | None = None, *,
                  eos_ids: Iterable[int] = ()):
         self.target, self.shapes = target, shapes
@@ -328,13 +389,8 @@ class AutoregressiveDecoder:
         mesh = self.mesh = next((leaf.sharding.mesh for leaf in jax.tree.leaves(self.state)
                                  if isinstance(getattr(leaf, "sharding", None), NamedSharding)), None)
         # the pool's state is donated, as to the engine's programs: the caches are updated in place
-        self.prefill = inputs_on_mesh(jitted(pinned(_prefill_rows, mesh), model, static_argnames="window",
-                                             donate_argnames="pool"), mesh)
-        self.decode = inputs_on_mesh(jitted(pinned(_decode, mesh), model, static_argnames=("window", "live"),
-                                            donate_argnames="pool"), mesh)
-        self.decode_chunk = inputs_on_mesh(jitted(pinned(_decode_chunk, mesh), model,
-                                                  static_argnames=("window", "chunk", "live"), donate_argnames="pool"),
-                                           mesh)
+        for program in self.PROGRAMS:
+            setattr(self, program.name, program.build(model, mesh=mesh))
 
     chunk = 32  # tokens per device loop: one host round trip per chunk, not per token
 

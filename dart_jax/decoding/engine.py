@@ -39,13 +39,12 @@ from flax import nnx
 
 from dart_jax.errors import InputError
 from dart_jax.models.backend import MAX_DEVICE_STEPS
-from dart_jax.models.qwen3 import (KVCache, Qwen3, check_verify_gemms, init_cache, verify_compiler_options,
-                                   write_cache)
-from dart_jax.models.sharding import inputs_on_mesh, make_mesh, shard_module, sharded_caches
+from dart_jax.models.qwen3 import KVCache, Qwen3, check_verify_gemms, init_cache, write_cache
+from dart_jax.models.sharding import make_mesh, shard_module, sharded_caches
 from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
-from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, decode_pool, jitted, pinned, prefill_target,
+from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, ProgramSpec, decode_pool, prefill_target,
                              split_flat)
 from .batcher import Batcher, DraftEdit, PlainBatcher
 from .drafter import DartDrafter, Drafter
@@ -298,40 +297,21 @@ def _plain(model: ModelDef, drafter_cls, state, token, pool: PoolState, remainin
     return packed, pool.replace(draft_cache=draft_cache)
 
 
-_DONATE = ("pool",)
-
-
-def _by_tree_rows(make, gemms: str, lowerable: bool, sequences=lambda first: first.shape[0]):
-    """A step function (state, tree, ..., n=...) that runs `make(compiler_options)`'s function for
-    the XLA options of its verification, rows = sequences × `n` tree nodes (`sequences` of the first
-    argument after the state: its rows by default; `verify_compiler_options` under the engine's
-    verify_gemms `gemms`). With `lowerable` (`make` returns jitted functions: no mesh) it has their
-    `lower` too."""
-    by_rows: dict[int, object] = {}
-
-    def pick(tree, n: int):
-        rows = sequences(tree) * n
-        if rows not in by_rows:  # `jitted` hands out one function per set of options
-            by_rows[rows] = make(verify_compiler_options(rows, choice=gemms))
-        return by_rows[rows]
-
-    def run(state, tree, *args, n: int, **kwargs):
-        return pick(tree, n)(state, tree, *args, n=n, **kwargs)
-
-    def lower(state, tree, *args, n: int, **kwargs):
-        return pick(tree, n).lower(state, tree, *args, n=n, **kwargs)
-
-    if lowerable:
-        run.lower = lower
-    return run
-
-
 class Engine:
     """Speculative decoding of `target` with `drafter`; the drafter's trees are searched with `trie`
     (None: the drafter's scores alone) under `tree` settings. Its `baseline` (an
     `AutoregressiveDecoder`) decodes plainly over the same cache set: a `PlainBatcher`'s engine."""
 
     plain_chunk = 32  # tokens per call of the adaptive budget's size 0 (plain decoding)
+    # its device programs (`ProgramSpec`: the function, its static arguments, how it is compiled), each
+    # the attribute of its name; the methods below call them with the engine's state
+    PROGRAMS = (ProgramSpec("_prefill", _prefill, ("rows", "k", "nodes", "window")),
+                ProgramSpec("_step", _step, ("n", "depth", "k", "window"), verify=lambda tree: tree.shape[0]),
+                ProgramSpec("_step_rows", _step_rows, ("n", "depth", "k", "window"), verify=lambda tree: tree.shape[0]),
+                ProgramSpec("_plain", _plain, ("chunk", "depth", "k", "window")),
+                # one device only (`device_steps` refuses a mesh); its first argument is the proposal
+                ProgramSpec("_device_loop", _device_steps, ("n", "depth", "k", "window", "loop"),
+                        verify=lambda pending: pending["preceding"].shape[0], on_mesh=False))
 
     def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
@@ -367,23 +347,11 @@ class Engine:
         self.sizer = TreeSizer(self.tree_sizes, plain_tokens=self.plain_chunk, depth=self.depth)
         self._tree_settings = {size: dataclasses.replace(self.tree, keep=size) for size in self.tree_sizes if size}
         model, self._state = split_flat(_Pair(target, drafter.module))
-        cls = type(drafter)
-        # with a mesh: host-made inputs go onto it, and the caches come back with their shardings
-        self._prefill = inputs_on_mesh(jitted(pinned(_prefill, self.mesh), model, cls,
-                                              static_argnames=("rows", "k", "nodes", "window"), donate_argnames=_DONATE),
-                                       self.mesh)
-        # each step compiled with the XLA options of its verification's size: verify_gemms says which
-        # GEMMs a GPU takes (qwen3.verify_compiler_options)
-        gemms = self.verify_gemms = check_verify_gemms(verify_gemms)
-        self._step = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
-            pinned(_step, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
-            donate_argnames=_DONATE, compiler_options=options), self.mesh), gemms, self.mesh is None)
-        self._step_rows = _by_tree_rows(lambda options: inputs_on_mesh(jitted(
-            pinned(_step_rows, self.mesh), model, cls, static_argnames=("n", "depth", "k", "window"),
-            donate_argnames=_DONATE, compiler_options=options), self.mesh), gemms, self.mesh is None)
-        self._plain = inputs_on_mesh(jitted(pinned(_plain, self.mesh), model, cls,
-                                            static_argnames=("chunk", "depth", "k", "window"), donate_argnames=_DONATE),
-                                     self.mesh)
+        # each program of PROGRAMS an attribute; the tree steps compiled with the XLA options of their
+        # verification's size: verify_gemms says which GEMMs a GPU takes (qwen3.verify_compiler_options)
+        self.verify_gemms = check_verify_gemms(verify_gemms)
+        for program in self.PROGRAMS:
+            setattr(self, program.name, program.build(model, type(drafter), mesh=self.mesh, gemms=self.verify_gemms))
         self.pool = CachePool(self._make_caches)
         self.baseline = AutoregressiveDecoder(target, shapes, self.pool, eos_ids=self.eos_ids)
         self.eos_row = self.baseline.eos_row  # the same EOS ids: one row on the device for both
@@ -394,10 +362,6 @@ class Engine:
         self._device_trie: list = []  # [DeviceTrie] once made; an engine from with_tree shares the list
         self._device_search = DeviceSearch(keep=self.tree.keep, beam_width=self.tree.beam_width,
                                            ngram_weight=self.tree.ngram_weight, eos_id=tree_eos_id)
-        self._device_loop = _by_tree_rows(lambda options: jitted(
-            _device_steps, model, cls, static_argnames=("n", "depth", "k", "window", "loop"),
-            donate_argnames=_DONATE, compiler_options=options), gemms, True,
-            lambda pending: pending["preceding"].shape[0])
 
     # ------------------------------------------------------------------ device calls (a pool's caches)
     def prefill(self, ids, prompt_len, start, pool: PoolState, *, rows: int, k: int, nodes: int, window: int):
