@@ -160,7 +160,7 @@ def test_reference_names_and_dart_generate(ckpt, model):
 
 def test_tree_size_is_bounded_by_what_the_search_can_fill(ckpt, model, capsys, monkeypatch):
     base, head, trie = ckpt
-    rows = model.engine.drafter.rows
+    rows = model.engine.drafter.max_depth
     most = max_tree_nodes(TreeSettings(), rows)
     assert most == 25 + 20 * 25 * (rows - 1)  # row 0: 25 candidates; each later row: a beam of 20 times 25
     with pytest.raises(InputError, match=f"keep <= {most}"):

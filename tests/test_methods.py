@@ -205,7 +205,7 @@ def test_plain_chunks_of_keep_auto_are_reported_as_plain(model):
 def test_the_server_and_the_python_api_check_a_tree_size_alike(paths):
     base, head, trie = paths
     small = DartModel.from_pretrained(base, head, trie, keep=4, topk=2, beam_width=2, draft_rows=2)
-    most = methods.max_tree_nodes(small.engine.tree, small.engine.drafter.rows)
+    most = methods.max_tree_nodes(small.engine.tree, small.engine.drafter.max_depth)
     assert most == 6  # row 0: 2 candidates, row 1: a beam of 2 times 2
     with pytest.raises(InputError) as api_error:
         small.dart_generate([small.encode("hi")], remain_total=8, max_new_token_num=2)

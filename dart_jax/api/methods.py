@@ -75,7 +75,7 @@ class Method:
             return None
         engine = self.engine_of(model)
         if self.tree_per_request and requested is not None:
-            check_tree_size(requested, engine.tree, engine.drafter.rows, option="tree_size")
+            check_tree_size(requested, engine.tree, engine.drafter.max_depth, option="tree_size")
             return int(requested)
         return engine.tree.keep
 

@@ -31,8 +31,9 @@ class Drafter(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def rows(self) -> int:
-        """Draft rows per call: the deepest tree it can propose has `rows` levels below the root."""
+    def max_depth(self) -> int:
+        """Draft rows per call: the deepest tree it can propose has `max_depth` levels below the root
+        (a tree's `depth`, `Engine.depth`, is at most this)."""
 
     @property
     @abc.abstractmethod
@@ -45,7 +46,7 @@ class Drafter(abc.ABC):
 
     def check_tree(self, tree: TreeSettings) -> TreeSettings:
         """`tree` checked against this drafter (a ValueError naming what does not fit)."""
-        return tree.check_fits(self.rows, self.vocab_size)
+        return tree.check_fits(self.max_depth, self.vocab_size)
 
     @abc.abstractmethod
     def init_cache(self, batch: int, length: int, dtype):
@@ -115,7 +116,7 @@ class DartDrafter(Drafter):
         self.module = head
 
     @property
-    def rows(self) -> int:
+    def max_depth(self) -> int:
         return self.module.num_rows
 
     @property

@@ -183,7 +183,7 @@ class Eagle3Drafter(Drafter):
         self.depth = depth
 
     @property
-    def rows(self) -> int:
+    def max_depth(self) -> int:  # its first proposal row, then `depth` draft steps
         return self.depth + 1
 
     @property
@@ -206,8 +206,8 @@ class Eagle3Drafter(Drafter):
                              "total_token or raise top_k / depth.")
 
     def check_tree(self, tree: TreeSettings) -> TreeSettings:
-        self.check_sizes(tree, tree.rows_used(self.rows) - 1, self.vocab_size)
-        return tree.check_fits(self.rows, self.vocab_size)
+        self.check_sizes(tree, tree.rows_used(self.max_depth) - 1, self.vocab_size)
+        return tree.check_fits(self.max_depth, self.vocab_size)
 
     def init_cache(self, batch: int, length: int, dtype) -> HeadCache:
         cfg = self.module.config

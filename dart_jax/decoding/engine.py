@@ -338,7 +338,7 @@ class Engine:
         self.shapes = shapes
         self.eos_ids = frozenset(int(e) for e in eos_ids)
         self.tree_eos_id = tree_eos_id
-        self.depth = tree.rows_used(drafter.rows)  # the draft rows a tree spans
+        self.depth = tree.rows_used(drafter.max_depth)  # the draft rows a tree spans
         self.n_nodes = tree.keep + 1  # the biggest tree
         # keep="auto": each step picks among a few tree sizes up to tree.keep (dart_jax.decoding.adaptive)
         self.adaptive = bool(adaptive) and drafter.adaptive_tree

@@ -152,7 +152,7 @@ class Scheduler:
             max_length = min(2048, model.target.config.max_position_embeddings)
         self.model, self.slots, self.max_length = model, int(slots), int(max_length)
         self.default_tree_size = model.engine.tree.keep
-        most = max_tree_nodes(model.engine.tree, model.engine.drafter.rows)
+        most = max_tree_nodes(model.engine.tree, model.engine.drafter.max_depth)
         self.tree_sizes = sorted({self.default_tree_size} | {s for s in TREE_SIZES if s <= most})
         # name → label of every method the model has loaded (e.g. "eagle3" with --eagle3: its own pool)
         self.methods = {m.name: m.label for m in decoding_methods.loaded(model)}
