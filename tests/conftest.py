@@ -53,6 +53,22 @@ def _training_programs_stay_out_of_the_cache(request):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", _MIN_CACHED_SECS)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _exported_programs_kept_apart(request, tmp_path_factory):
+    # The store of exported programs (dart_jax.decoding.exported) is off in the suite: a test that
+    # patches a function inside a program would read back the program stored before the patch. A
+    # module that sets EXPORTED_PROGRAMS = True gets a store of its own, and its programs jitted
+    # anew, so that they go through it.
+    from dart_jax.decoding import autoregressive, exported
+
+    where = tmp_path_factory.mktemp("exported") if getattr(request.module, "EXPORTED_PROGRAMS", False) else None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(exported, "folder", lambda: where)
+        if where is not None:
+            autoregressive._JITTED.clear()
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _compile_cache_switch_restored():
     # a command run in-process with --no-compile-cache turns JAX's cache switch off, as it does for a

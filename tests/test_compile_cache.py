@@ -1,6 +1,7 @@
 """The persistent compilation cache is on for the Python API by default: a second process's
-`DartModel.demo(...).generate(...)` loads the decoding programs the first one compiled, JAX's own
-switch turns it off, and the model says when it compiles. Each run is a new Python process (JAX
+`DartModel.demo(...).generate(...)` loads the decoding programs the first one compiled (and reads
+them back from the store of exported programs beside it instead of tracing them, also plain
+decoding's), JAX's own switch turns it off, and the model says when it compiles. Each run is a new Python process (JAX
 decides once per process whether it uses the cache); JAX's compiler log says, per program, whether
 it was a hit or a miss of the persistent cache: the oracle is JAX's, not ours."""
 from __future__ import annotations
@@ -32,13 +33,31 @@ class Seen(logging.Handler):
 log = logging.getLogger("jax._src.compiler")
 log.setLevel(logging.DEBUG)
 log.addHandler(Seen())
+import functools
 import jax
 from dart_jax.api import compiling
 from dart_jax.api.model import DartModel
+from dart_jax.decoding import autoregressive, engine
 compiling.API_NOTICE_AFTER = 0.0  # say every compilation, however short (the tiny model's are)
+traced = []  # the programs whose Python body ran: traced, not read from the store
+
+def counted(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        traced.append(fn.__name__)
+        return fn(*args, **kwargs)
+    return run
+
+for module, names in ((engine, ("_prefill", "_step", "_step_rows", "_plain")),
+                      (autoregressive, ("_prefill_rows", "_decode", "_decode_chunk"))):
+    for name in names:
+        setattr(module, name, counted(getattr(module, name)))
 model = DartModel.demo("tiny", keep=4)
-ids = model.generate("What is speculative decoding?", max_new_tokens=6).token_ids
-print(json.dumps({"hits": hits, "misses": misses, "ids": ids, "dir": jax.config.jax_compilation_cache_dir}))
+prompt = "What is speculative decoding?"
+ids = model.generate(prompt, max_new_tokens=6).token_ids
+plain = model.generate(prompt, max_new_tokens=6, method="ar").token_ids
+print(json.dumps({"hits": hits, "misses": misses, "ids": ids, "plain": plain, "traced": traced,
+                  "dir": jax.config.jax_compilation_cache_dir}))
 """
 
 # the engine's programs that the first answer runs (jit names the module after the function)
@@ -71,6 +90,15 @@ def test_a_second_process_loads_the_programs_the_first_compiled(runs):
         assert any(name.startswith(program) for name in second["hits"]), (program, second["hits"])
         assert not any(name.startswith(program) for name in second["misses"]), (program, second["misses"])
     assert second["ids"] == first["ids"]
+
+
+@pytest.mark.extended
+def test_a_second_process_reads_the_programs_the_first_exported_instead_of_tracing_them(runs):
+    tmp, first, _, second = runs
+    assert sorted(set(first["traced"])) == ["_decode_chunk", "_prefill", "_prefill_rows", "_step"], first["traced"]
+    assert any((tmp / "dart_jax" / "xla" / "exported").glob("*.jaxexp"))
+    assert second["traced"] == []
+    assert second["ids"] == first["ids"] == first["plain"] == second["plain"]  # greedy DART is plain decoding
 
 
 @pytest.mark.extended

@@ -1,7 +1,8 @@
 """A server that is ready when it says so: its warm-up compiles, ahead of time, every program the
 first requests of each method run (`dart_jax.decoding.ahead`), single requests first; JAX's own
 compiler log (its "Compiling ..." record per program lowered, not our counters) then sees no
-compilation while those requests are served."""
+compilation while those requests are served, also where the programs are read back from the store
+of exported programs (on in this module) rather than traced."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +20,9 @@ from dart_jax.decoding.batcher import SlotPool
 
 # one worker runs the tests of the `warming` fixture (a server warming up)
 pytestmark = pytest.mark.xdist_group("serve_ready")
+# the warm-up's programs go through a store of exported programs of this module's own (conftest):
+# a program called as read back must compile no second time when fed its own outputs
+EXPORTED_PROGRAMS = True
 
 
 @pytest.mark.parametrize("busy, slots, rows", [
@@ -213,10 +217,12 @@ def stream(client, path: str, body: dict) -> tuple[str, dict]:
 
 
 def test_first_requests_of_every_method_compile_nothing_once_warm(warming):
+    from dart_jax.decoding import exported
     from dart_jax.decoding.settings import GenerationSettings
     from dart_jax.serve.scheduler import thread_sink
 
     warm_to_the_end(warming)
+    assert any(exported.folder().glob("*.jaxexp"))  # the warm-up's programs were exported and read back
     scheduler, client = warming.scheduler, warming.client
     auth = {"Authorization": f"Bearer {KEY}"}
     with compilations() as seen:

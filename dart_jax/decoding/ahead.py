@@ -9,7 +9,8 @@ whose `compile()` lowers and compiles it (`jit(...).lower(...).compile()`) with 
 pool passes: its own state (the arrays' shapes, dtypes and placement; lowering reads no data, so
 a state donated meanwhile does no harm) and stand-ins of the shapes of its host-made inputs,
 which it also moves to the device once as the pool does (`jnp.asarray` of a NumPy array is a
-small program per shape too). JAX keeps what was compiled this way for the pool's calls: the
+small program per shape too; a program in the store of exported programs is read back, not traced:
+`exported`). JAX keeps what was compiled this way for the pool's calls: the
 pool's first step of that shape compiles nothing. A DART pool's host search (Numba) is compiled by
 one search of one tree and one of two (its single-tree and its batch kernel).
 

@@ -30,6 +30,7 @@ from dart_jax.errors import ResourceError
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, verify_compiler_options
 from dart_jax.models.sharding import constrain_cache, constrain_replicated, inputs_on_mesh
 
+from . import exported
 from .sampling import SamplingParams, sample_tokens, split_rows
 from .requests import check_request
 from .settings import GenerationSettings, ShapeSettings
@@ -65,11 +66,12 @@ def jitted(fn, model: ModelDef, *static, **jit_kwargs):
     """`fn` jitted with its ModelDef (and further static arguments) bound. Binding them here keeps
     the GraphDef out of the per-call arguments: as a static argument it would be hashed on every
     step, which costs milliseconds of host time. Callers over equal ModelDefs (and equal XLA
-    `compiler_options`, if any) share the jitted function, hence its compiled executables."""
+    `compiler_options`, if any) share the jitted function, hence its compiled executables. A new
+    process reads its traces from the store of exported programs (`exported.jit`)."""
     options = jit_kwargs.get("compiler_options")
     key = (fn, model, static, tuple(sorted(options.items())) if options else None)
     if key not in _JITTED:
-        _JITTED[key] = jax.jit(functools.partial(fn, model, *static), **jit_kwargs)
+        _JITTED[key] = exported.jit(fn, model, static, **jit_kwargs)
     return _JITTED[key]
 
 
