@@ -93,7 +93,7 @@ def main() -> None:
             for length, by_method in result.items():
                 for method, seconds in by_method.items():
                     times.setdefault((tree, bucket, int(length), method), []).extend(seconds)
-            print(f"run {run + 1}, {tree}, min_bucket {bucket or 'default'}: done", flush=True)
+            print(f"run {run + 1}, {tree}, min_bucket {bucket or 'default'}: {json.dumps(result)}", flush=True)
     print(f"{'tree':<40} {'chunk':>5} {'tokens':>6} {'method':>6} {'prefill ms':>11} {'vs first':>9} "
           f"{'compiling s':>12}")
     for length in lengths:
