@@ -4,13 +4,14 @@ host), by DART and by plain decoding, each prompt length compiled by an untimed 
 call is also timed for what it compiles in a process that answered a first prompt already (12
 tokens, both methods): the compilation a prompt of a new length costs in a warm process.
 
-    python benchmarks/prefill_chunks.py [--demo smollm2] [--lengths 219,500] [--repeats 5] [--min-bucket N]
+    python benchmarks/prefill_chunks.py [--demo smollm2] [--lengths 219,500] [--repeats 5] [--min-bucket N[,M...]]
                                         [--tree DIR ...]
 
-Several `--tree` folders (checkouts of dart_jax, e.g. the code before and after a change) are run
-in turn, alternating, each run a new Python process (this file with --child) over the same
-prompts, so that a busy machine's load falls on each alike; the report gives the median per tree,
-length and method, and the ratio to the first tree.
+Several `--tree` folders (checkouts of dart_jax, e.g. the code before and after a change), and
+several chunk sizes (`--min-bucket 32,64`), are run in turn, every tree at every chunk size,
+alternating, each run a new Python process (this file with --child) over the same prompts, so that
+a busy machine's load falls on each alike; the report gives the median per tree, chunk size, length
+and method, and the ratio to the first tree at the first chunk size.
 """
 from __future__ import annotations
 
@@ -67,40 +68,42 @@ def main() -> None:
     p.add_argument("--demo", default="smollm2", help="the demo model (DartModel.demo's name)")
     p.add_argument("--lengths", default="219,500", help="prompt lengths in tokens, comma-separated")
     p.add_argument("--repeats", type=int, default=5, help="timed prefills per length and method in a run")
-    p.add_argument("--min-bucket", type=int, help="the demo's min_bucket (default: the demo's own)")
+    p.add_argument("--min-bucket", help="the demo's min_bucket, or several comma-separated, each run in turn "
+                                        "(default: the demo's own)")
     p.add_argument("--runs", type=int, default=2, help="runs (processes) per tree")
     p.add_argument("--tree", action="append", type=Path, help="a dart_jax checkout to run (repeatable; default this one)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = p.parse_args()
     lengths = [int(n) for n in opts.lengths.split(",")]
+    buckets = [None] if opts.min_bucket is None else [int(n) for n in opts.min_bucket.split(",")]
     if opts.child:
-        child(opts.demo, lengths, opts.repeats, opts.min_bucket)
+        child(opts.demo, lengths, opts.repeats, buckets[0])
         return
     trees = [t.resolve() for t in (opts.tree or [ROOT])]
+    setups = [(str(tree), bucket) for tree in trees for bucket in buckets]
     argv = ["--demo", opts.demo, "--lengths", opts.lengths, "--repeats", str(opts.repeats)]
-    if opts.min_bucket is not None:
-        argv += ["--min-bucket", str(opts.min_bucket)]
-    times: dict[tuple[str, int, str], list[float]] = {}
-    compiles: dict[tuple[str, int, str], list[float]] = {}
+    times: dict[tuple, list[float]] = {}
+    compiles: dict[tuple, list[float]] = {}
     for run in range(opts.runs):
-        for tree in trees:
-            result = run_once(tree, argv)
+        for tree, bucket in setups:
+            result = run_once(Path(tree), argv + ([] if bucket is None else ["--min-bucket", str(bucket)]))
             for length, by_method in result.pop("compile s").items():
                 for method, seconds in by_method.items():
-                    compiles.setdefault((str(tree), int(length), method), []).append(seconds)
+                    compiles.setdefault((tree, bucket, int(length), method), []).append(seconds)
             for length, by_method in result.items():
                 for method, seconds in by_method.items():
-                    times.setdefault((str(tree), int(length), method), []).extend(seconds)
-            print(f"run {run + 1}, {tree}: done", flush=True)
-    print(f"{'tree':<40} {'tokens':>6} {'method':>6} {'prefill ms':>11} {'vs first':>9} {'compiling s':>12}")
+                    times.setdefault((tree, bucket, int(length), method), []).extend(seconds)
+            print(f"run {run + 1}, {tree}, min_bucket {bucket or 'default'}: {json.dumps(result)}", flush=True)
+    print(f"{'tree':<40} {'chunk':>5} {'tokens':>6} {'method':>6} {'prefill ms':>11} {'vs first':>9} "
+          f"{'compiling s':>12}")
     for length in lengths:
         for method in METHODS:
-            first = statistics.median(times[(str(trees[0]), length, method)])
-            for tree in trees:
-                ms = statistics.median(times[(str(tree), length, method)])
-                compiled = statistics.median(compiles[(str(tree), length, method)])
-                print(f"{str(tree)[-40:]:<40} {length:>6} {method:>6} {ms * 1e3:>11.1f} {ms / first:>8.2f}× "
-                      f"{compiled:>12.2f}")
+            first = statistics.median(times[(*setups[0], length, method)])
+            for tree, bucket in setups:
+                ms = statistics.median(times[(tree, bucket, length, method)])
+                compiled = statistics.median(compiles[(tree, bucket, length, method)])
+                print(f"{tree[-40:]:<40} {bucket or '-':>5} {length:>6} {method:>6} {ms * 1e3:>11.1f} "
+                      f"{ms / first:>8.2f}× {compiled:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from dart_jax.errors import FileFormatError
 from dart_jax.models.checkpoints import load_eagle3_head, load_qwen3
 from dart_jax.models.head import HeadCache
 from dart_jax.ngram import TreeSettings
+from test_engine import prefill_lm_heads
 
 # one xdist worker for the file: the engine tests share the compiled prefill and step
 pytestmark = pytest.mark.xdist_group("eagle3")
@@ -323,15 +324,29 @@ def hf_greedy(hf, prompt, max_new_tokens):
     return out[0, len(prompt):].tolist()
 
 
-# compiles the engine's prefill and step with the EAGLE-3 draft (the exactness check the default run keeps)
+# compiles the engine's prefill and step with the EAGLE-3 draft (the exactness check the default run keeps);
+# the last prompt spans three prefill chunks, the first two of which draft nothing
 def test_greedy_eagle3_equals_greedy_target(engine, hf):
     accepted = 0
-    for prompt in PROMPTS:
+    long_prompt = [int(t) for t in np.random.default_rng(3).integers(3, VOCAB, 150)]
+    for prompt in PROMPTS + [long_prompt]:
         eagle, counts, stats = run(dart_steps(engine), prompt, max_new_tokens=24)
         assert eagle == hf_greedy(hf, prompt, 24)
         assert all(1 <= c <= 9 for c in counts) and stats.steps == len(counts)
         accepted += sum(c - 1 for c in counts)
     assert accepted > 0, "no draft token was ever accepted: the test would not exercise the tree"
+
+
+def test_a_prefill_chunk_that_no_prompt_ends_in_drafts_nothing(tmp_path):
+    """EAGLE-3's draft tree (its LM head over the draft vocabulary at the root and in the loop) and
+    the target's LM head run only in a prompt's last chunk (vocabularies of 97 and 53 ids, widths
+    no other matmul has): a chunk where no row's prompt ends takes a branch without any."""
+    base = make_tiny_qwen3(tmp_path / "base", vocab_size=97, hidden_size=HIDDEN, num_hidden_layers=3)
+    target = load_qwen3(base, dtype=jnp.float32)
+    head = load_eagle3_head(write_eagle3(tmp_path / "eagle3", vocab=97, draft_vocab=53), target)
+    engine = Engine(target, Eagle3Drafter(head, depth=2), None, eos_ids=(EOS,), tree_eos_id=EOS,
+                    tree=TreeSettings(keep=7, topk=4), shapes=ShapeSettings(min_bucket=32))
+    assert prefill_lm_heads(engine, {97, 53}) == {"engine": (0, 3), "baseline": (0, 1)}
 
 
 def exact_first_tokens(hf, prompt, length, temperature, top_p, top_k):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import struct
 from types import SimpleNamespace
 
 import jax
+import jax.extend
 import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
@@ -350,6 +352,48 @@ def test_prompts_of_new_lengths_compile_nothing_in_a_warm_process(tiny):
                     out[i].extend(kept)
             assert out == expected[3:]
     assert compiles == []
+
+
+def vocab_matmuls(jaxpr, widths: set[int], pick) -> int:
+    """The matmuls whose output spans a vocabulary (an LM head: an axis of one of the `widths`) that
+    a run of `jaxpr` computes when each conditional takes the branch that `pick` (min or max) picks
+    by that count; a loop's body counts once."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            count += bool(widths & set(eqn.outvars[0].aval.shape))
+        elif eqn.primitive.name == "cond":
+            count += pick(vocab_matmuls(branch.jaxpr, widths, pick) for branch in eqn.params["branches"])
+        else:
+            count += sum(vocab_matmuls(sub, widths, pick) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
+    return count
+
+
+def prefill_lm_heads(engine, widths: set[int]) -> dict[str, tuple[int, int]]:
+    """(fewest, most) LM-head matmuls that a call of the engine's prefill and of its baseline's
+    (plain decoding's) can compute, over two rows of a 3-chunk prompt, by the branches their
+    conditionals take."""
+    pool = engine.batcher(2, 256)
+    c = engine.shapes.chunk
+    ids, lengths, start = jnp.zeros((2, c + 1), jnp.int32), jnp.full((2,), 3 * c, jnp.int32), jnp.zeros(2, jnp.int32)
+    dart = jax.make_jaxpr(functools.partial(engine._prefill, rows=pool.depth, k=pool.k, nodes=engine.n_nodes,
+                                            window=256))(engine._state, ids, lengths, start, pool.state)
+    d = engine.baseline
+    plain = jax.make_jaxpr(functools.partial(d.prefill, window=256))(d.state, ids[:, :c], lengths, start,
+                                                                    jnp.zeros(2, jnp.int32), pool.state)
+    pool.close()
+    return {name: (vocab_matmuls(j.jaxpr, widths, min), vocab_matmuls(j.jaxpr, widths, max))
+            for name, j in (("engine", dart), ("baseline", plain))}
+
+
+def test_a_prefill_chunk_that_no_prompt_ends_in_computes_no_lm_head(tmp_path):
+    """What only a prompt's last chunk needs (the target's LM head and sampling, the draft head's
+    proposal) runs under a conditional: a chunk where no row's prompt ends takes a branch without
+    any LM head, the last chunk one with the target's and the draft head's (vocabularies of 97 and
+    53 ids, widths no other matmul has)."""
+    base, head, trie = make_tiny_setup(tmp_path, vocab_size=97, draft_vocab_size=53, num_hidden_layers=3)
+    model = DartModel.from_pretrained(base, head, trie, min_bucket=32, keep=8)
+    assert prefill_lm_heads(model.engine, {97, 53}) == {"engine": (0, 2), "baseline": (0, 1)}
 
 
 # ------------------------------------------------------------------------------------------------

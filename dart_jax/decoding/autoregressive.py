@@ -31,7 +31,7 @@ from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, verify_compiler_op
 from dart_jax.models.sharding import constrain_cache, constrain_replicated, inputs_on_mesh
 
 from . import exported
-from .sampling import SamplingParams, sample_tokens, split_rows
+from .sampling import SamplingParams, host_branch, sample_tokens, split_rows
 from .requests import check_request
 from .settings import GenerationSettings, ShapeSettings
 from .state import PoolState
@@ -203,12 +203,25 @@ def chunk_rows(prompt_len, start, chunk: int, length: int) -> tuple[jax.Array, j
     return jnp.clip(rest, 1, chunk), (start < length) & (rest <= chunk)
 
 
+def when_final(last: jax.Array, final, other):
+    """`final()` in a prefill chunk where a row's prompt ends (`last` [m], `chunk_rows`), else
+    `other()`, which returns the same structure: what only a prompt's last chunk needs (the LM head,
+    sampling, the drafter's proposal) is skipped in the chunks before it. Decided on the device by
+    `lax.cond` where that is free (a CPU: `host_branch()` is False); on an accelerator, where a
+    conditional costs a host round trip in the middle of the call, `final()` always, so that one
+    program serves every chunk either way."""
+    if host_branch():
+        return final()
+    return jax.lax.cond(jnp.any(last), final, other)
+
+
 def prefill_target(target: Qwen3, ids, prompt_len, start, pool: PoolState, *, window: int, taps: bool = False):
     """The target's part of a prefill: a chunk of C = ids.shape[1] prompt tokens into the first m =
     ids.shape[0] rows of the pool, at slots `start` [m] …, attending over the first `window` cache
     slots (which hold them); a prompt of prompt_len [m] tokens is prefilled by one call per chunk,
     so that every prompt length runs one program. → (first tokens [m], sampled (and their keys
-    split) for the rows whose prompt ends in this chunk, junk the host ignores for the others;
+    split) for the rows whose prompt ends in this chunk, junk the host ignores for the others (0s
+    where no row's ends: no LM head runs, `when_final`);
     n_real [m] and last [m] (`chunk_rows`); with `taps` the chunk's taps [m,C,3H], else None; the
     pool's state with the chunk in its cache). A row whose `start` is the cache length is left
     alone: its writes fall past the cache and are dropped, its key is kept (a pool admitting
@@ -221,7 +234,9 @@ def prefill_target(target: Qwen3, ids, prompt_len, start, pool: PoolState, *, wi
     cache = KVCache(k=put_window(cache.k, view.k), v=put_window(cache.v, view.v))
     after, now = split_rows(keys[:m])
     keys = keys.at[:m].set(jnp.where(last, after, keys[:m]))
-    first = sample_tokens(now, last_logits(target, hidden, n_real), param_rows(pool.params, m))
+    params = param_rows(pool.params, m)
+    first = when_final(last, lambda: sample_tokens(now, last_logits(target, hidden, n_real), params),
+                       lambda: jnp.zeros((m,), jnp.int32))
     return first, n_real, last, chunk_taps, pool.replace(cache=cache, keys=keys)
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dart_jax.models.head import DartHead, HeadCache, init_head_cache
+from dart_jax.models.head import DartHead, HeadCache, init_head_cache, write_rows
 from dart_jax.ngram import DraftTree, TreeSettings
 
 from .autoregressive import put_window
@@ -95,6 +95,16 @@ class Drafter(abc.ABC):
         (the token that follows each position), n_real [B] real positions, written from `start`
         [B] (0, or the cache length for a row that is not being prefilled: such writes must be
         dropped) → (proposal, cache)."""
+
+    @staticmethod
+    def fill(module, taps, next_ids, cache, start):
+        """A prefill chunk that no prompt ends in: the keys and values of its rows (taps [B,T,3H],
+        next_ids [B,T]) into the cache from `start` [B] (writes past it dropped), for the later
+        chunks to attend to, and nothing drafted → cache. This default asks the module for
+        `key_values(taps, ids, positions)` and takes the cache as a `HeadCache` (both heads'); a
+        drafter with another overrides it."""
+        slots = start[:, None] + jnp.arange(next_ids.shape[1], dtype=jnp.int32)[None, :]
+        return write_rows(cache, slots, *module.key_values(taps, next_ids, slots))
 
     @staticmethod
     @abc.abstractmethod

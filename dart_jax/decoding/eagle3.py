@@ -19,7 +19,7 @@ import numpy as np
 
 from dart_jax.errors import InputError
 from dart_jax.models.eagle3 import Eagle3Head, two_block_attention
-from dart_jax.models.head import HeadCache
+from dart_jax.models.head import HeadCache, write_rows
 from dart_jax.models.layers import attention
 from dart_jax.ngram import DraftTree, TreeSettings
 
@@ -41,18 +41,15 @@ def commit_rows(module: Eagle3Head, taps, next_ids, cache: HeadCache, start, n_r
     """The target rows through the head: taps [B,N,3Ht], next_ids [B,N] of which n_real [B] are
     real, written from slot `start` [B] (writes past the cache dropped) → (the layer's output at
     the last real row [B,H], cache)."""
-    b, n = next_ids.shape
-    batch = jnp.arange(b)[:, None]
+    n = next_ids.shape[1]
     slots = start[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]  # [B,N]
     last = (n_real - 1).astype(jnp.int32)
     held = {}
 
     def attend(q, k, v):
-        ck = cache.k.at[batch, slots].set(k.astype(cache.k.dtype), mode="drop")
-        cv = cache.v.at[batch, slots].set(v.astype(cache.v.dtype), mode="drop")
-        held["cache"] = HeadCache(k=ck, v=cv)
-        visible = jnp.arange(ck.shape[1])[None, None, :] <= (start + last)[:, None, None]  # [B,1,S]
-        return attention(q, ck.astype(q.dtype), cv.astype(q.dtype), visible, module.scale)
+        held["cache"] = c = write_rows(cache, slots, k, v)
+        visible = jnp.arange(c.k.shape[1])[None, None, :] <= (start + last)[:, None, None]  # [B,1,S]
+        return attention(q, c.k.astype(q.dtype), c.v.astype(q.dtype), visible, module.scale)
 
     h = module.layer(module.embed(next_ids), module.project(taps), slots, attend, rows=last[:, None])
     return h[:, 0], held["cache"]

@@ -3,8 +3,8 @@
 Device work is two jitted pure functions over the state of (target, drafter module), passed as
 the flat tuple of its arrays (`split_flat`):
 - `prefill`: a chunk of the prompt (of `ShapeSettings.chunk` tokens, the last one padded; one
-  call per chunk) through the target and the drafter, and after the prompt's last chunk the
-  first token and the drafter's first proposal;
+  call per chunk) through the target and the drafter, and in the prompt's last chunk the first
+  token and the drafter's first proposal (the chunks before it skip both: `when_final`);
 - `step`: tree verification → acceptance → KV commit of the accepted path → the drafter's next
   proposal, in one call.
 Both return what the host needs as ONE int32 array laid out by `layout` (one device→host copy
@@ -45,7 +45,7 @@ from dart_jax.ngram import TreeSettings
 
 from .adaptive import TreeSizer, auto_sizes
 from .autoregressive import (AutoregressiveDecoder, CachePool, ModelDef, ProgramSpec, decode_pool, prefill_target,
-                             split_flat)
+                             split_flat, when_final)
 from .batcher import Batcher, DraftEdit, PlainBatcher
 from .drafter import DartDrafter, Drafter
 from .device_tree import DeviceSearch, DeviceTrie, LoopStep, TreeEdit, search_trees
@@ -80,10 +80,12 @@ def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, pool: 
     prefilled by one call per chunk, so that every prompt length runs this one program. → (packed
     `prefill_layout` [m], the pool's state with the chunk in its caches). A row whose prompt ends in
     this chunk gets its first token (its key split) and the drafter's first proposal; the others'
-    outputs are junk the host ignores. A row whose `start` is the cache length is left alone: its
-    writes fall past the cache and are dropped, its key is kept. Rows past m are not computed at
-    all. Target and drafter attend over (and write) the first `window` cache slots, which must hold
-    the drafter's reach over C positions from `start`."""
+    outputs are junk the host ignores. Where no row's prompt ends (`when_final`), neither is
+    computed: the drafter only writes the chunk's keys and values (`Drafter.fill`). A row whose
+    `start` is the cache length is left alone: its writes fall past the cache and are dropped, its
+    key is kept. Rows past m are not computed at all. Target and drafter attend over (and write)
+    the first `window` cache slots, which must hold the drafter's reach over C positions from
+    `start`."""
     pair = model.merge(state)
     m, c = ids.shape[0], ids.shape[1] - 1
     with jax.named_scope("prefill_target"):
@@ -94,10 +96,14 @@ def _prefill(model: ModelDef, drafter_cls, state, ids, prompt_len, start, pool: 
         shifted = jnp.where((jnp.arange(c)[None, :] == (n_real - 1)[:, None]) & last[:, None], first[:, None],
                             ids[:, 1:])
         draft_view = drafter_cls.cache_window(pool.draft_cache, window, m)
-        proposal, draft_view = drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, n_real,
-                                                   rows=rows, k=k, nodes=nodes)
+        fields = drafter_cls.proposal_fields(rows, k, nodes)
+        proposal, draft_view = when_final(
+            last, lambda: drafter_cls.prefill(pair.drafter, taps, shifted, draft_view, start, n_real, rows=rows, k=k,
+                                              nodes=nodes),
+            lambda: ({f.name: jnp.zeros((m, *f.shape), f.dtype) for f in fields},
+                     drafter_cls.fill(pair.drafter, taps, shifted, draft_view, start)))
         draft_cache = drafter_cls.cache_put(pool.draft_cache, draft_view)
-    packed = prefill_layout(drafter_cls.proposal_fields(rows, k, nodes)).pack({"first": first, **proposal})
+    packed = prefill_layout(fields).pack({"first": first, **proposal})
     return packed, pool.replace(draft_cache=draft_cache)
 
 

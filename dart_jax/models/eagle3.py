@@ -79,11 +79,22 @@ class Eagle3Head(nnx.Module):
         `rows` [B,Q] (all: None) also a query, and `attend` says what each sees. → [B,Q,H]."""
         mid = self.midlayer
         with jax.named_scope("eagle3_attention"):
-            x = jnp.concatenate([mid.input_layernorm(emb), mid.hidden_norm(hidden)], axis=-1)  # [B,T,2H]
-            cos, sin = rope_cos_sin(positions, *eagle3_rope(self.config))                       # [B,T,D]
-            h = mid.self_attn(x, hidden, cos, sin, rows, attend)                                 # [B,Q,H]
+            h = mid.self_attn(*self._rows(emb, hidden, positions), rows, attend)  # [B,Q,H]
         with jax.named_scope("eagle3_mlp"):
             return h + mid.mlp(mid.post_attention_layernorm(h))
+
+    def key_values(self, taps: jax.Array, ids: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The keys and values [B,T,KVH,D] of T target rows (taps [B,T,3Ht], the following ids [B,T])
+        at RoPE `positions` [B,T], without a query: what later rows attend to."""
+        x, _, cos, sin = self._rows(self.embed(ids), self.project(taps), positions)
+        return self.midlayer.self_attn.key_values(x, cos, sin)
+
+    def _rows(self, emb: jax.Array, hidden: jax.Array, positions: jax.Array):
+        """The attention's inputs of T rows: x [B,T,2H] (the normed embedding beside the normed
+        hidden state), the residual `hidden`, RoPE cos and sin [B,T,D]."""
+        mid = self.midlayer
+        x = jnp.concatenate([mid.input_layernorm(emb), mid.hidden_norm(hidden)], axis=-1)
+        return (x, hidden, *rope_cos_sin(positions, *eagle3_rope(self.config)))
 
     def logits(self, h: jax.Array) -> jax.Array:
         """The layer's output [..., H] → float32 logits over the draft vocabulary [..., Vd]."""

@@ -57,6 +57,15 @@ class HeadCache:
     axes = ("batch", "seq", "kv_heads", "head_dim")
 
 
+def write_rows(cache: HeadCache, slots: jax.Array, k: jax.Array, v: jax.Array) -> HeadCache:
+    """`cache` with the keys/values k, v [B,N,KVH,D] at `slots` [B,N]. Slots past the cache are
+    dropped, not clamped: a write aimed beyond it (a slot that is not being prefilled, see
+    decoding.batcher) leaves the cache as it is."""
+    batch = jnp.arange(slots.shape[0])[:, None]
+    return HeadCache(k=cache.k.at[batch, slots].set(k.astype(cache.k.dtype), mode="drop"),
+                     v=cache.v.at[batch, slots].set(v.astype(cache.v.dtype), mode="drop"))
+
+
 def init_head_cache(config: DartHeadConfig, batch: int, max_len: int, dtype=jnp.float32) -> HeadCache:
     """A zero cache. A cached call of N rows writes N + draft_length slots from `cache_len`, so
     `max_len` must be at least the longest committed length + N + draft_length."""
@@ -115,6 +124,12 @@ class DartHead(nnx.Module):
         """(x, g) of a mask slot: `mask_rep` [2H] and its first half [H]."""
         mask_rep = self.midlayer.mask_rep[...].astype(self.dtype)
         return mask_rep, mask_rep[: self.config.hidden_size]
+
+    def key_values(self, taps: jax.Array, ids: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The keys and values [B,n,KVH,D] of n real rows (taps [B,n,3Ht], the ids that follow them
+        [B,n]) at RoPE `positions` [B,n], without a query: what later rows attend to."""
+        x, _ = self.inputs(taps, ids)
+        return self.midlayer.self_attn.key_values(x, *rope_cos_sin(positions, *head_rope(self.config)))
 
     def draft_rows(self, x: jax.Array, g: jax.Array, positions: jax.Array, rows: jax.Array, visible: jax.Array,
                    store=None) -> jax.Array:
@@ -177,14 +192,9 @@ class DartHead(nnx.Module):
             visible = slot[:, None, :] <= rows[..., None]                              # [B,d,T]
             return self.draft_rows(x, g, positions, rows, visible)
         held = {}
-        batch = jnp.arange(b)[:, None]
-        # slots past the cache are dropped, not clamped: a write aimed beyond it (a slot that is not
-        # being prefilled, see decoding.batcher) leaves the cache as it is
-        slots = start[:, None] + slot                                                  # [B,T]
 
         def store(k, v):
-            held["cache"] = HeadCache(k=cache.k.at[batch, slots].set(k.astype(cache.k.dtype), mode="drop"),
-                                      v=cache.v.at[batch, slots].set(v.astype(cache.v.dtype), mode="drop"))
+            held["cache"] = write_rows(cache, positions, k, v)
             return held["cache"].k.astype(self.dtype), held["cache"].v.astype(self.dtype)
 
         visible = jnp.arange(cache.k.shape[1])[None, None, :] <= (start[:, None] + rows)[..., None]  # [B,d,S]

@@ -213,15 +213,20 @@ class HeadAttention(nnx.Module):
         self.o_proj = Linear(config.num_attention_heads * d, config.hidden_size, ("heads", "embed"), **kw)
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
 
+    def key_values(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Every input row's key (RoPE applied) and value [B,N,KVH,D], of x [B,N,2H] and its RoPE cos/sin [B,N,D]."""
+        b, n, _ = x.shape
+        keys = apply_rope(self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim), cos, sin)
+        return keys, self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim)
+
     def __call__(self, x: jax.Array, residual: jax.Array, cos: jax.Array, sin: jax.Array, rows: jax.Array | None,
                  attend: Attend, store: Callable | None = None) -> jax.Array:
         """x [B,N,2H] and residual [B,N,H] are the N input rows, cos/sin [B,N,D] their RoPE. Every
         row gives a key and a value (`store(k, v)` [B,N,KVH,D] may put them into a cache and return
         the keys/values to attend over); the rows at indices `rows` [B,Q] (None: all) also a query,
         and `attend` says what each sees. → residual + attention output, [B,Q,H]."""
-        b, n, _ = x.shape
-        keys = apply_rope(self.k_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim), cos, sin)  # [B,N,KVH,D]
-        values = self.v_proj(x).reshape(b, n, self.num_kv_heads, self.head_dim)
+        b = x.shape[0]
+        keys, values = self.key_values(x, cos, sin)
         if store is not None:
             keys, values = store(keys, values)
         if rows is not None:
