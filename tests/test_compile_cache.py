@@ -48,10 +48,9 @@ def counted(fn):
         return fn(*args, **kwargs)
     return run
 
-for module, names in ((engine, ("_prefill", "_step", "_step_rows", "_plain")),
-                      (autoregressive, ("_prefill_rows", "_decode", "_decode_chunk"))):
-    for name in names:
-        setattr(module, name, counted(getattr(module, name)))
+import dataclasses
+for owner in (engine.Engine, autoregressive.AutoregressiveDecoder):  # every program is a row of its table
+    owner.PROGRAMS = tuple(dataclasses.replace(spec, fn=counted(spec.fn)) for spec in owner.PROGRAMS)
 model = DartModel.demo("tiny", keep=4)
 prompt = "What is speculative decoding?"
 ids = model.generate(prompt, max_new_tokens=6).token_ids
