@@ -570,8 +570,8 @@ class DartModel:
         settings = _reference_settings(temperature, top_p, top_k, max_new_token_num, max_length)
         engine = self.engine
         if remain_total is not None:
-            remain_total = check_tree_size(check_int(remain_total, "remain_total"), engine.tree, engine.drafter.max_depth,
-                                           option="remain_total")
+            remain_total = check_tree_size(check_int(remain_total, "remain_total"), engine.tree,
+                                           engine.drafter.max_depth, option="remain_total")
         if remain_total is not None and remain_total != engine.tree.keep:
             if remain_total not in self._engines:
                 tree = dataclasses.replace(engine.tree, keep=remain_total)

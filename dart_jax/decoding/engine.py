@@ -303,6 +303,11 @@ def _plain(model: ModelDef, drafter_cls, state, token, pool: PoolState, remainin
     return packed, pool.replace(draft_cache=draft_cache)
 
 
+def _tree_rows(tree) -> int:
+    """The sequences a step verifies: the packed trees' rows."""
+    return tree.shape[0]
+
+
 class Engine:
     """Speculative decoding of `target` with `drafter`; the drafter's trees are searched with `trie`
     (None: the drafter's scores alone) under `tree` settings. Its `baseline` (an
@@ -312,12 +317,12 @@ class Engine:
     # its device programs (`ProgramSpec`: the function, its static arguments, how it is compiled), each
     # the attribute of its name; the methods below call them with the engine's state
     PROGRAMS = (ProgramSpec("_prefill", _prefill, ("rows", "k", "nodes", "window")),
-                ProgramSpec("_step", _step, ("n", "depth", "k", "window"), verify=lambda tree: tree.shape[0]),
-                ProgramSpec("_step_rows", _step_rows, ("n", "depth", "k", "window"), verify=lambda tree: tree.shape[0]),
+                ProgramSpec("_step", _step, ("n", "depth", "k", "window"), verify=_tree_rows),
+                ProgramSpec("_step_rows", _step_rows, ("n", "depth", "k", "window"), verify=_tree_rows),
                 ProgramSpec("_plain", _plain, ("chunk", "depth", "k", "window")),
                 # one device only (`device_steps` refuses a mesh); its first argument is the proposal
                 ProgramSpec("_device_loop", _device_steps, ("n", "depth", "k", "window", "loop"),
-                        verify=lambda pending: pending["preceding"].shape[0], on_mesh=False))
+                            verify=lambda pending: pending["preceding"].shape[0], on_mesh=False))
 
     def __init__(self, target: Qwen3, drafter: Drafter, trie=None, *, eos_ids: Sequence[int],
                  tree_eos_id: int | None, tree: TreeSettings = TreeSettings(), shapes: ShapeSettings = ShapeSettings(),
