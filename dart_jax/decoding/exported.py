@@ -274,7 +274,9 @@ def jit(fn: Callable, model, static: tuple = (), **jit_kwargs):
         return found.out_tree.unflatten(_call_p.bind(*leaves, exported=found))
 
     functools.update_wrapper(program, fn)
-    program.__wrapped__ = bound  # the signature JAX reads argument names (static, donated) from
+    # the signature JAX reads argument names (static, donated) from; `__wrapped__` stays `fn`, whose
+    # code JAX names the program's source by (through the partial it would print the whole model)
+    program.__signature__ = signature
     return jax.jit(program, **jit_kwargs)
 
 
