@@ -8,9 +8,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from flax import nnx
 from transformers import AutoTokenizer
 
 from dart_jax.api import generate
-from dart_jax.api.compiling import CompileNotice, CompileTimer, default_cache_dir
+from dart_jax.api.compiling import CompileNotice, CompileTimer, default_cache_dir, holding_notices
 from dart_jax.api.model import DartModel, max_tree_nodes
 from dart_jax.api.text import StopText, split_thinking
 from dart_jax.bench.tiny import make_tiny_setup
@@ -194,6 +197,44 @@ def test_compile_timer_and_notice_follow_jax_compilations():
     assert seen > 0 and timer.compilations >= 1 and timer.seconds == seen
     # the notice only reports compilations it saw running for `after` seconds; a fast one may slip by
     assert stream.getvalue() == "" or "compil" in stream.getvalue()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _compiling(name: str, seconds: float) -> None:
+    """A compilation of `name` running `seconds` in this thread, as the notices see one (`busy`)."""
+    from dart_jax.decoding import compile_time
+    compile_time.busy[threading.get_ident()] = (time.monotonic(), name)
+    try:
+        time.sleep(seconds)
+    finally:
+        compile_time.busy.pop(threading.get_ident(), None)
+
+
+def test_notices_keep_quiet_while_an_answer_prints_and_say_afterwards_what_compiled():
+    """Outside an answer a compilation shows its notice (updated in place on a terminal); inside
+    `holding_notices()` nothing but the answer reaches the terminal, and one line after it says what
+    compiled meanwhile. Oracle: the terminal's text, piece by piece."""
+    terminal = _Terminal()
+    with CompileNotice(terminal, after=0.0, idle=0.0):
+        _compiling("jit(_prefill)", 0.8)
+        time.sleep(0.6)
+        before = terminal.getvalue()
+        with holding_notices():
+            terminal.write("The answer")
+            _compiling("jit(_step)", 0.8)
+            time.sleep(0.6)
+            terminal.write(" goes on.\n")
+            during = terminal.getvalue()[len(before):]
+        after = terminal.getvalue()[len(before) + len(during):]
+    assert "compiling the DART prefill" in before and before.endswith(" s\n")
+    assert "compiled the DART prefill in" in before.splitlines()[-1]
+    assert during == "The answer goes on.\n"
+    assert re.fullmatch(r"compiled the DART decode step in \d+\.\d s while answering \(the answer's figures leave it "
+                        r"out\)\n", after), after
 
 
 def test_default_cache_dir_honours_xdg(monkeypatch, tmp_path):

@@ -66,6 +66,57 @@ def test_cli_compare_ar_streams_the_answer_before_plain_decoding_runs(ckpt, monk
     assert report["greedy_match"] is True and report["ar"]["stats"]["compile_s"] < 0.05
 
 
+def test_cli_answer_starts_before_the_decode_step_is_traced(ckpt, monkeypatch):
+    """The answer's first token waits for the prefill alone: no warm-up answer runs before it, so the
+    first piece is written before JAX first traces the DART decode step (`_step`, which a warm-up
+    would trace first), and the CLI calls no other generation before its stream. Oracle: the order
+    of JAX's own trace events and of the written pieces; the answer is plain decoding's."""
+    import jax
+    from dart_jax.api.model import DartModel
+
+    base, head, trie = ckpt
+    events = []
+
+    def on_duration(event, seconds, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            events.append(("trace", str(kwargs.get("fun_name", ""))))
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    calls = []
+    for name in ("generate", "generate_ar", "generate_many"):
+        original = getattr(DartModel, name)
+
+        def spy(self, *a, _original=original, _name=name, **kw):
+            calls.append(_name)
+            return _original(self, *a, **kw)
+        monkeypatch.setattr(DartModel, name, spy)
+
+    class Out:
+        text = ""
+
+        def write(self, piece):
+            if not piece.startswith("[prompt] ") and piece:
+                events.append(("out", piece))
+                self.text += piece
+
+        def flush(self):
+            pass
+
+    out = Out()
+    try:
+        report = generate.run(generate.parse_args(["--ckpt", str(head), "--base", str(base), "--ngram", str(trie),
+                                                   "--prompt", "hello", "--max-new-tokens", "12",
+                                                   "--keep", "6"]), out=out)  # a tree size no other test here compiles
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_duration)
+    first_out = next(i for i, (kind, _) in enumerate(events) if kind == "out")
+    step_traces = [i for i, event in enumerate(events) if event == ("trace", "_step")]
+    assert step_traces and first_out < step_traces[0], events
+    assert calls == []  # nothing but the stream answered
+    plain = DartModel.from_pretrained(base, head, trie).generate_ar("hello", max_new_tokens=12)
+    assert report["token_ids"] == plain.token_ids
+
+
 def test_cli_streams_text_and_summary(ckpt, capsys):
     base, head, trie = ckpt
     code = generate.main(["--ckpt", str(head), "--base", str(base), "--ngram", "none", "--prompt", "hello",

@@ -59,6 +59,7 @@ class CompileNotice:
         self._last_busy = 0.0
         self._thread = threading.Thread(target=self._watch, name="dart_jax-compile-notice", daemon=True)
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._held: list[str] | None = None  # while an answer prints (`holding`): the lines it will say after
 
     def __enter__(self) -> "CompileNotice":
         _notices.append(self)
@@ -78,6 +79,27 @@ class CompileNotice:
             if not busy:
                 self._close(self._last_busy)
 
+    def hold(self) -> None:
+        """From now on say nothing while compiling (an answer is printing on the same terminal, which a
+        notice's line would break): what compiles meanwhile is said, one line, at `release()`."""
+        with self._lock:
+            if self._shown_since is not None and busy:  # still running: its line ends here, unfinished
+                self._write(("\r\x1b[K" if self._tty else "") + f"compiling {_listed(self._seen)}; "
+                            "the answer begins meanwhile\n")
+                self._shown_since, self._seen = None, {}
+            self._close(self._last_busy)
+            self._held = []
+
+    def release(self) -> None:
+        """Say what compiled since `hold()` (how long, and that the answer's figures leave it out), and
+        show notices again."""
+        with self._lock:
+            if not busy:
+                self._close(self._last_busy)
+            held, self._held = self._held or [], None
+            for line in held:
+                self._write(line)
+
     def _write(self, text: str) -> None:
         try:
             self.stream.write(text)
@@ -87,8 +109,11 @@ class CompileNotice:
 
     def _close(self, end: float) -> None:
         if self._shown_since is not None:
-            self._write(("\r\x1b[K" if self._tty else "") + f"compiled {_listed(self._seen)} in "
-                        f"{end - self._shown_since:.1f} s\n")
+            said = f"compiled {_listed(self._seen)} in {end - self._shown_since:.1f} s"
+            if self._held is not None:
+                self._held.append(said + " while answering (the answer's figures leave it out)\n")
+            else:
+                self._write(("\r\x1b[K" if self._tty else "") + said + "\n")
             self._shown_since = None
             self._seen = {}
 
@@ -108,9 +133,10 @@ class CompileNotice:
                         self._shown_since = start
                         where = (f"kept in {self.cache} for later runs" if self.cache
                                  else "not kept: the compilation cache is off")
-                        self._write(f"compiling {what} (once per tree size, attention window and cache size; "
-                                    f"{where})…" + ("" if self._tty else "\n"))
-                    if self._shown_since is not None and self._tty:
+                        if self._held is None:
+                            self._write(f"compiling {what} (once per tree size, attention window and cache size; "
+                                        f"{where})…" + ("" if self._tty else "\n"))
+                    if self._shown_since is not None and self._tty and self._held is None:
                         self._write(f"\rcompiling {what} for this shape… {now - self._shown_since:.0f} s\x1b[K")
                 elif now - self._last_busy >= self.idle:
                     self._close(self._last_busy)
@@ -158,3 +184,17 @@ def settle() -> None:
     """End the line of every running `CompileNotice` whose compilations are over."""
     for notice in list(_notices):
         notice.settle()
+
+
+@contextlib.contextmanager
+def holding_notices():
+    """Around an answer that prints as it comes: every running `CompileNotice` keeps quiet inside
+    (a notice's line would land in the answer's text) and says afterwards what compiled meanwhile."""
+    notices = list(_notices)
+    for notice in notices:
+        notice.hold()
+    try:
+        yield
+    finally:
+        for notice in notices:
+            notice.release()

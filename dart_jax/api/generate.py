@@ -21,7 +21,7 @@ from dart_jax.files import atomic_path
 from dart_jax.models.backend import defaults_for
 from dart_jax.models.multihost import is_writer
 
-from .compiling import CompileNotice, CompileTimer, no_compile_cache, settle, use_compile_cache
+from .compiling import CompileNotice, CompileTimer, holding_notices, no_compile_cache, settle, use_compile_cache
 from . import methods as decoding_methods
 from .prompts import ROLES, check_messages, read_prompt_file  # noqa: F401 (ROLES: importable from here, as before)
 from .config import DecodeConfig
@@ -207,21 +207,20 @@ def run(args, out=None) -> dict:
         shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         out.write(f"[prompt] {shown}\n\n")
         out.flush()
+    # The answer starts at once, with no warm-up answer before it: its first token waits for the
+    # prefill alone (the decode step compiles after it), and its figures leave compilation out (the
+    # pool driver's CompileTimer). Notices keep quiet while it prints and say afterwards what compiled.
     warmup = CompileTimer()
-    if not args.no_warmup:
-        with warmup:
-            warm = dataclasses.replace(settings, max_new_tokens=min(4, args.max_new_tokens))
-            model.generate(prompt_ids, chat=chat, settings=warm, method=method)
     settle()  # the compile notice's last line before the answer
-
     sink = []
-    for piece, _ in model.stream(prompt, chat=chat, settings=settings, result=sink, method=method, **stops):
+    with holding_notices():
+        for piece, _ in model.stream(prompt, chat=chat, settings=settings, result=sink, method=method, **stops):
+            if not args.json:
+                out.write(piece)
+                out.flush()
         if not args.json:
-            out.write(piece)
+            out.write("\n")  # the answer's last line ends before anything else prints (a compile notice on stderr)
             out.flush()
-    if not args.json:
-        out.write("\n")  # the answer's last line ends before anything else prints (a compile notice on stderr)
-        out.flush()
     result = sink[0]
     report = {"method": method, "prompt": prompt, "text": result.text, "token_ids": result.token_ids,
               "accept_lengths": result.accept_lengths, "stats": result.stats, "finish_reason": result.finish_reason,

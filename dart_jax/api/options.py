@@ -134,7 +134,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device-info", action="store_true",
                     help="print the backend JAX runs on, its devices with their memory, and the defaults the "
                          "options above take there; then exit without loading a model")
-    ap.add_argument("--no-warmup", action="store_true", help="time the first run, compilation included")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="no effect on a single answer, which starts at once (its figures leave compilation out); "
+                         "--compare-ar and --compare time each method after a warm-up and refuse it")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     ap.add_argument("--prompts", metavar="FILE.jsonl",
                     help="decode many prompts in batches: one JSON object a line with 'prompt' (text or token ids) "
