@@ -26,11 +26,15 @@ JOBS = [(PROMPTS[0], 24), (PROMPTS[1], 9), (PROMPTS[2], 30), (PROMPTS[3], 17), (
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("overlap")
     base, head, trie = make_tiny_setup(folder, vocab_size=VOCAB, draft_length=3, shuffle_d2t=True,
                                        num_hidden_layers=4, seed=2)
-    model = DartModel.from_pretrained(base, head, trie, min_bucket=64, keep=20)
+    return DartModel.from_pretrained(base, head, trie, min_bucket=64, keep=20)
+
+
+@pytest.fixture(scope="module")
+def tiny(model):
     plain = Engine(model.target, DartDrafter(model.head), model.engine.trie, eos_ids=(EOS,), tree_eos_id=EOS,
                    tree=TreeSettings(keep=20), shapes=ShapeSettings(min_bucket=64))
     alone = {}
@@ -140,16 +144,19 @@ def test_tree_size_changing_per_half_step(tiny):
     assert observed and all(size in (0, 3, 20) and seconds > 0 for size, _, _, seconds, _ in observed)
 
 
-def test_plain_pool_has_no_overlap(tiny):
+def test_plain_pool_has_no_overlap(model):
     with pytest.raises(ValueError, match="overlap"):
-        tiny.model.engine.batcher(2, 128, plain=True, overlap=True)
+        model.engine.batcher(2, 128, plain=True, overlap=True)
 
 
+@pytest.mark.extended
 def test_each_row_keeps_its_own_acceptance(tiny):
     """keep="auto" in a pool (sizes played in a rotation): every busy slot has its own acceptance
     figures (new at its admission), the choice sees the busy rows' figures, and each tree step's
     accepted length goes into the figures of the request that took it, none into another's; oracle:
-    each request's own stats (tree size and accepted length per step)."""
+    each request's own stats (tree size and accepted length per step). A second look (its three
+    sizes compile at every row count): tests/test_adaptive.py holds the per-sequence rule to a
+    restatement, tests/test_engine.py the adaptive pool's outputs and plain chunks."""
     engine = engine_for(tiny, adaptive=True)
     observe, by_figures, rotation = engine.sizer.observe, {}, itertools.cycle([3, 20, 3, 0])
     held = []  # every figures object seen stays alive, so no later one can take its id
