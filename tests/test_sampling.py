@@ -75,3 +75,48 @@ def test_host_branch_matches_the_device_branch_and_compiles_no_cond(monkeypatch)
     assert not _has_cond(fn(static_greedy)) and not _has_cond(fn(static_mixed))
     assert " sort[" in str(fn(static_mixed)) and " sort[" not in str(fn(static_greedy))  # no sampling work at all
     assert not _has_cond(jax.make_jaxpr(lambda lg: sample_tokens(keys, lg, static_greedy))(logits))
+
+
+def _np_probs(logits: np.ndarray, temperature: float, top_p: float, top_k: int) -> np.ndarray:
+    """The sampling pipeline restated in NumPy (docs/spec.md §4): temperature, then top-p (drop
+    the tokens whose ascending cumulative probability is <= 1 - top_p, never the most likely),
+    then top-k (drop those below the k-th largest surviving logit), then softmax."""
+    x = logits.astype(np.float64) / temperature
+    if top_p < 1.0:
+        order = np.argsort(x, kind="stable")
+        p = np.exp(x[order] - x.max())
+        cum = np.cumsum(p / p.sum())
+        drop = cum <= 1.0 - top_p
+        drop[-1] = False
+        x[order[drop]] = -np.inf
+    if top_k > 0:
+        kth = np.sort(x)[-top_k]
+        x[x < kth] = -np.inf
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def _sorts(item) -> bool:
+    """Whether a jaxpr or an equation sorts, nested jaxprs included (they print inside it)."""
+    return " sort[" in str(item)
+
+
+def test_rows_without_filters_skip_the_vocabulary_sort_on_a_cpu():
+    """Sampling rows with top_p 1 and top_k 0 (the defaults) need no sort of the vocabulary: on a CPU
+    the sort sits in the one branch of a `lax.cond` that runs where some row filters. Oracle: the
+    NumPy restatement of the pipeline, row by row, for a batch without filters and a batch where one
+    row filters; and the program's own structure (its sort inside the branch only)."""
+    assert not sampling.host_branch()  # these tests run on a CPU
+    rng = np.random.default_rng(3)
+    logits = (2 * rng.standard_normal((3, 200))).astype(np.float32)
+    for rows in ([(0.7, 1.0, 0), (1.0, 1.0, 0), (1.6, 1.0, 0)],  # no row filters: the branch without the sort
+                 [(0.7, 1.0, 0), (1.3, 0.6, 0), (0.9, 1.0, 7)]):  # two rows filter: every row through the filters
+        got = np.asarray(sampling.process_logits(jnp.asarray(logits), SamplingParams.rows(rows)))
+        for row, (t, p, k) in enumerate(rows):
+            want = _np_probs(logits[row], t, p, k)
+            np.testing.assert_allclose(got[row], want, atol=1e-6)
+            np.testing.assert_array_equal(got[row] > 0, want > 0)
+    jaxpr = jax.make_jaxpr(sampling.process_logits)(jnp.asarray(logits), SamplingParams.rows([(0.7, 1.0, 0)] * 3))
+    conds = [eqn for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "cond"]
+    assert len(conds) == 1 and not any(_sorts(eqn) for eqn in jaxpr.jaxpr.eqns if eqn not in conds)
+    assert sorted(_sorts(branch) for branch in conds[0].params["branches"]) == [False, True]
