@@ -122,8 +122,10 @@ def test_costs_are_timed_ahead_once_per_row_count_only_when_eager():
 
 def test_sizes_and_their_checks():
     assert auto_sizes(60) == (3, 15, 60)
-    assert auto_sizes(8) == (3, 8)
-    assert auto_sizes(100) == (3, 15, 63, 100)
+    assert auto_sizes(8) == (8,)  # a 4-node tree is within 3x of a 9-node one: left out
+    assert auto_sizes(11) == (3, 11)
+    assert auto_sizes(46) == (3, 46) and auto_sizes(47) == (3, 15, 47)
+    assert auto_sizes(100) == (3, 15, 100)  # a 64-node tree within 3x of a 101-node one
     assert auto_sizes(3) == (3,)
     assert TreeSizer((16,)).choose(1, lambda rows, sizes: pytest.fail("a fixed size needs no timing")) == 16
     with pytest.raises(ValueError, match="ascending"):

@@ -90,9 +90,12 @@ from dart_jax.models.multihost import agree
 
 def auto_sizes(keep: int) -> tuple[int, ...]:
     """The tree sizes (nodes besides the root) that `keep="auto"` chooses among, up to `keep`:
-    3, 15, 63, … (node counts 4, 16, 64 with the root: each size costs a compilation, so they are
-    spaced by 4×) and `keep` itself."""
-    sizes = [s for s in (3, 15, 63, 255) if s < keep]
+    3, 15, 63, … (node counts 4, 16, 64 with the root: each size costs a compilation per row count
+    and attention window, so they are spaced by 4×) where `keep`'s tree has at least 3× their nodes,
+    and `keep` itself. A smaller tree within 3× of `keep`'s nodes costs nearly as much to verify
+    (benchmarks/RESULTS.md) while it accepts less, and a sequence stepped with it stops updating its
+    estimate of the bigger tree: it is left out."""
+    sizes = [s for s in (3, 15, 63, 255) if 3 * (s + 1) <= keep + 1]
     return tuple(sizes) + (int(keep),)
 
 
