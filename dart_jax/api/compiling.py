@@ -59,7 +59,7 @@ class CompileNotice:
         self._last_busy = 0.0
         self._thread = threading.Thread(target=self._watch, name="dart_jax-compile-notice", daemon=True)
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._held: list[str] | None = None  # while an answer prints (`holding`): the lines it will say after
+        self._held: list[str] | None = None  # while an answer prints (`hold`): the lines it will say after
 
     def __enter__(self) -> "CompileNotice":
         _notices.append(self)

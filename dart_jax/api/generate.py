@@ -366,8 +366,12 @@ def chat_loop(args, inp=None, out=None) -> list[dict]:
                 continue
         sink = []
         try:
-            for piece, _ in model.stream(history, settings=settings, result=sink, method=_method(args, model), **stops):
-                out.write(piece)
+            with holding_notices():  # as for a single answer (`run`): a notice's line would land in the text
+                for piece, _ in model.stream(history, settings=settings, result=sink, method=_method(args, model),
+                                             **stops):
+                    out.write(piece)
+                    out.flush()
+                out.write("\n")
                 out.flush()
         except InputError as e:  # e.g. the history no longer fits under --max-length
             history.pop()
@@ -377,7 +381,7 @@ def chat_loop(args, inp=None, out=None) -> list[dict]:
         settle()
         history.append({"role": "assistant", "content": result.text})
         s = result.stats
-        out.write(f"\n[{s['new_tokens']} tokens, tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} tokens/s"
+        out.write(f"[{s['new_tokens']} tokens, tau {s['tau']:.2f}, {s['tokens_per_s']:.1f} tokens/s"
                   + (f", compiling {s['compile_s']:.1f}s not counted" if s["compile_s"] >= 0.05 else "")
                   + f"; finish: {result.finish_reason}]\n")
         notice = length_notice(result, settings)
