@@ -216,6 +216,9 @@ def stream(client, path: str, body: dict) -> tuple[str, dict]:
     return "".join(text), last
 
 
+# the server's whole warm-up (its fixture, about a minute on 2 cores): a second look at what the
+# programs' cover above and test_engine's warm adaptive engine check more quickly
+@pytest.mark.extended
 def test_first_requests_of_every_method_compile_nothing_once_warm(warming):
     from dart_jax.decoding import exported
     from dart_jax.decoding.settings import GenerationSettings
@@ -253,6 +256,7 @@ def test_first_requests_of_every_method_compile_nothing_once_warm(warming):
         assert seen == []
 
 
+@pytest.mark.extended
 def test_the_warm_up_says_each_stage_as_it_starts_and_ends_and_when_it_serves(warming):
     warm_to_the_end(warming)
     lines = [line for line in warming.out.getvalue().splitlines() if line.startswith("dart_jax: ")]
