@@ -210,7 +210,6 @@ def run(args, out=None) -> dict:
     # The answer starts at once, with no warm-up answer before it: its first token waits for the
     # prefill alone (the decode step compiles after it), and its figures leave compilation out (the
     # pool driver's CompileTimer). Notices keep quiet while it prints and say afterwards what compiled.
-    warmup = CompileTimer()
     settle()  # the compile notice's last line before the answer
     sink = []
     with holding_notices():
@@ -221,6 +220,7 @@ def run(args, out=None) -> dict:
         if not args.json:
             out.write("\n")  # the answer's last line ends before anything else prints (a compile notice on stderr)
             out.flush()
+    warmup = CompileTimer()  # plain decoding's warm-up under --compare-ar, after the answer
     result = sink[0]
     report = {"method": method, "prompt": prompt, "text": result.text, "token_ids": result.token_ids,
               "accept_lengths": result.accept_lengths, "stats": result.stats, "finish_reason": result.finish_reason,
