@@ -21,7 +21,9 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -336,9 +338,11 @@ def gguf_to_folder(gguf_path: str | os.PathLike, out: str | os.PathLike, *, prog
     return Path(out)
 
 
-def gguf_folder(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+def gguf_folder(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, *,
+                weights_later: bool = False) -> Path:
     """The converted HF folder of a GGUF file, built on first use under `cache_dir` (default
-    `cache_root()/gguf`) and reused while the file keeps its path, size and modification time."""
+    `cache_root()/gguf`) and reused while the file keeps its path, size and modification time.
+    `weights_later`: as for `checked_conversion`."""
     path = Path(os.path.expanduser(str(gguf_path))).resolve()
     if not path.is_file():
         raise MissingFileError(f"GGUF file {path} not found; pass the path of a .gguf file.")
@@ -348,7 +352,7 @@ def gguf_folder(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | Non
     if not (out / MANIFEST).is_file():
         gguf_to_folder(path, out)
         return out
-    return checked_conversion(out, path)
+    return checked_conversion(out, path, weights_later=weights_later)
 
 
 def _manifest(folder: Path) -> dict | str:
@@ -365,6 +369,11 @@ def _manifest(folder: Path) -> dict | str:
 # file is hashed again only after a write (its mtime moves). A file written less than a second
 # before it was hashed is not remembered: a coarse file clock could give a later write its mtime.
 _INTACT: dict[Path, tuple] = {}
+# folder → (its files' signature, when the check started, the problem of its weights or None): the
+# weights being hashed beside the loading (`conversion_problem(..., weights_later=True)`)
+_PENDING: dict[Path, tuple[tuple, int, Future]] = {}
+_HASHING: list[ThreadPoolExecutor] = []
+_HASHING_LOCK = threading.Lock()
 
 
 def _signature(folder: Path, names) -> tuple:
@@ -372,9 +381,39 @@ def _signature(folder: Path, names) -> tuple:
                  for name in sorted(names) for st in [(folder / name).stat()])
 
 
-def conversion_problem(folder: Path) -> str | None:
+def is_weights(name: str) -> bool:
+    """A converted folder's weight files (the large ones: hashed beside the loading when asked)."""
+    return name.endswith(".safetensors")
+
+
+def _hash_problem(folder: Path, files: dict) -> str | None:
+    for name, entry in files.items():
+        if file_sha256(folder / name) != entry.get("sha256"):
+            return f"{name}'s SHA-256 differs from the one recorded when it was written"
+    return None
+
+
+def _hash_later(folder: Path, files: dict) -> Future:
+    """`_hash_problem` on a thread of its own (hashing and reading leave the GIL: it runs beside the
+    loader's Python work)."""
+    with _HASHING_LOCK:
+        if not _HASHING:
+            _HASHING.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart_jax-checksums"))
+    return _HASHING[0].submit(_hash_problem, folder, files)
+
+
+def _remember(key: Path, signature: tuple, started: int) -> None:
+    if all(mtime < started - 10**9 for *_, mtime in signature):
+        _INTACT[key] = signature
+
+
+def conversion_problem(folder: Path, *, weights_later: bool = False) -> str | None:
     """What is wrong with a converted folder's files against the sizes and SHA-256 its manifest
-    recorded when it was written (None: every file as written)."""
+    recorded when it was written (None: every file as written).
+
+    `weights_later`: the small files are hashed now, the weights (`is_weights`) on a thread while
+    the caller goes on, as long as it reads only the small files; a later call without it (the
+    weights' loader: `target_folder`) waits for that hash and answers for the weights too."""
     manifest = _manifest(folder)
     if isinstance(manifest, str):
         return manifest
@@ -390,23 +429,39 @@ def conversion_problem(folder: Path) -> str | None:
     signature = _signature(folder, files)
     if _INTACT.get(key) == signature:
         return None
+    pending = _PENDING.pop(key, None)
+    if pending is not None and pending[0] == signature:  # nothing written since: the small files stand
+        if weights_later:
+            _PENDING[key] = pending
+            return None
+        problem = pending[2].result()
+        if problem is None:
+            _remember(key, signature, pending[1])
+        return problem
     for name, entry in files.items():
         file = folder / name
         if file.stat().st_size != entry.get("size"):
             return f"{name} has {file.stat().st_size} bytes, {entry.get('size')} when written"
-        if file_sha256(file) != entry.get("sha256"):
-            return f"{name}'s SHA-256 differs from the one recorded when it was written"
-    if all(mtime < started - 10**9 for *_, mtime in signature):
-        _INTACT[key] = signature
+    later = {name: entry for name, entry in files.items() if weights_later and is_weights(name)}
+    problem = _hash_problem(folder, {name: entry for name, entry in files.items() if name not in later})
+    if problem is not None:
+        return problem
+    if later:
+        _PENDING[key] = (signature, started, _hash_later(folder, later))
+        return None
+    _remember(key, signature, started)
     return None
 
 
-def checked_conversion(folder: str | os.PathLike, source: Path | None = None) -> Path:
+def checked_conversion(folder: str | os.PathLike, source: Path | None = None, *,
+                       weights_later: bool = False) -> Path:
     """`folder`, a converted GGUF folder, once its files match the checksums of its manifest. A
     damaged folder is rebuilt from its GGUF file (`source`, or the one the manifest names) with a
-    one-line notice; without that file it is a FileFormatError naming the command that rebuilds it."""
+    one-line notice; without that file it is a FileFormatError naming the command that rebuilds it.
+    `weights_later`: the weights' checksums are compared on a thread while the caller reads the
+    small files; the weights' loader (a later call without it) waits for them (`conversion_problem`)."""
     folder = Path(folder)
-    problem = conversion_problem(folder)
+    problem = conversion_problem(folder, weights_later=weights_later)
     if problem is None:
         return folder
     if source is None:

@@ -143,3 +143,56 @@ def test_a_damaged_record_means_hashing_again(fake_release):
     record.write_text("[" * 100000)
     assert packaged.smollm2_gguf(fake_release.parent, quiet=True) == fake_release
     assert json.loads(record.read_text())["sha256"] == packaged.SMOLLM2_SHA256  # recorded afresh
+
+
+# -- the weights hashed beside the loading ---------------------------------------------------------
+def test_the_weights_are_hashed_on_a_thread_and_waited_for_before_they_load(converted, capsys, monkeypatch):
+    import threading
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from dart_jax.convert import gguf as gguf_module
+    from dart_jax.models.checkpoints import load_target
+
+    gguf, folder, before = converted
+    hashed = []
+    real = gguf_module.file_sha256
+    monkeypatch.setattr(gguf_module, "file_sha256",
+                        lambda p: hashed.append((p.name, threading.current_thread() is threading.main_thread()))
+                        or real(p))
+    weights = folder / "model.safetensors"
+    zero_bytes(weights, weights.stat().st_size // 2)  # same size: only its hash tells
+    assert target_folder(folder, weights_later=True) == folder
+    assert "damaged" not in capsys.readouterr().err  # not known yet: the small files were intact
+    assert ("model.safetensors", False) in hashed  # hashed off the main thread
+    assert all(main for name, main in hashed if name != "model.safetensors")  # the small files now
+    target = load_target(folder)  # waits for the weights' hash: damaged, rebuilt before they are read
+    assert "is damaged" in capsys.readouterr().err
+    assert snapshot(folder) == before
+    expected = load_file(str(folder / "model.safetensors"))["model.embed_tokens.weight"]
+    np.testing.assert_array_equal(np.asarray(target.embed_tokens.embedding[...]), expected)
+
+
+def test_small_files_are_hashed_at_once_even_when_the_weights_wait(converted, capsys):
+    _, folder, before = converted
+    tokenizer = folder / "tokenizer.json"
+    zero_bytes(tokenizer, tokenizer.stat().st_size // 2)
+    assert target_folder(folder, weights_later=True) == folder
+    assert "tokenizer.json's SHA-256 differs" in capsys.readouterr().err  # rebuilt before it is read
+    assert snapshot(folder) == before
+
+
+def test_intact_weights_checked_later_are_remembered(converted, monkeypatch):
+    from dart_jax.convert import gguf as gguf_module
+
+    _, folder, _ = converted
+    gguf_module._INTACT.clear()
+    for p in folder.iterdir():  # a conversion not written just now (one is remembered after a second)
+        st = p.stat()
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - 60 * 10**9))
+    assert target_folder(folder, weights_later=True) == folder
+    assert target_folder(folder) == folder  # waits: intact
+    hashed = []
+    monkeypatch.setattr(gguf_module, "file_sha256", lambda p: hashed.append(p) or "")
+    assert target_folder(folder) == folder and hashed == []  # remembered: nothing hashed again

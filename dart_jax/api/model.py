@@ -219,8 +219,10 @@ class DartModel:
         if base is None:
             base = published_base(dart)
         head_dir = head_folder(dart)
-        base_folder = target_folder(base) if is_gguf(base) else converted_checked(
-            resolve_hub(base, BASE_PATTERNS, what="base model"))
+        # a GGUF conversion's weights are hashed beside the reading of its small files and the
+        # tokenizer; load_target waits for that check before it reads them
+        base_folder = target_folder(base, weights_later=True) if is_gguf(base) else converted_checked(
+            resolve_hub(base, BASE_PATTERNS, what="base model"), weights_later=True)
         check_base_files(base_folder)  # its small files, before third-party code reads them
         head_config = read_head_config(head_dir)
         target_config = load_target_config(base_folder)
