@@ -120,3 +120,26 @@ def test_rows_without_filters_skip_the_vocabulary_sort_on_a_cpu():
     conds = [eqn for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "cond"]
     assert len(conds) == 1 and not any(_sorts(eqn) for eqn in jaxpr.jaxpr.eqns if eqn not in conds)
     assert sorted(_sorts(branch) for branch in conds[0].params["branches"]) == [False, True]
+
+
+def test_row_keys_are_jax_keys_of_the_seeds_and_moves_compile_nothing():
+    """`row_keys` gives each seed's `jax.random.key` (JAX's own function the oracle, over the
+    range of seeds a request may bring) and, like `to_device`, compiles no program: eager
+    `jax.random.key`, `jnp.stack` and `jnp.asarray` each compile one per shape in this JAX."""
+    from test_engine import compilations
+
+    seeds = [0, 1, 5, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 7, 2**62 + 3, 2**63 - 1]
+    expected = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
+    host = np.arange(11, dtype=np.int64).reshape(1, 11)
+    with compilations() as compiled:
+        keys = sampling.row_keys(seeds)
+        moved = sampling.to_device(host)
+        params = SamplingParams.rows([(0.7, 0.9, 5), (0.0, 1.0, 0), (1.3, 0.5, 0)])
+    assert compiled == []
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(keys)), expected)
+    assert keys.dtype == jax.random.key(0).dtype and keys.shape == (len(seeds),)
+    reference = jnp.asarray(host)
+    assert moved.aval == reference.aval and not moved.committed
+    np.testing.assert_array_equal(np.asarray(moved), np.asarray(reference))
+    assert [np.asarray(f).tolist() for f in (params.greedy, params.top_k)] == [[False, True, False], [5, 0, 0]]
+    np.testing.assert_allclose(np.asarray(params.top_p), [0.9, 1.0, 0.5])

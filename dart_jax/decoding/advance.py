@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .autoregressive import attention_window
+from .sampling import to_device
 
 
 def commit_step(pool, slot: int, out: dict, row: int, *, size: int, device_s: float, tree_s: float) -> list:
@@ -69,11 +70,11 @@ class DeviceLoop:
         edit = pool.edit.device if pool.edit is not None else None
         edit_inputs = pool.edit.device_inputs(pool, rows, m, steps) if edit is not None else None
         t0 = time.perf_counter()
-        pending = {name: jnp.asarray(a[:m]) for name, a in pool.proposal.items()}
-        pending.update(preceding=jnp.asarray(pool.preceding[:m], jnp.int32),
-                       preceding_len=jnp.asarray(pool.preceding_len[:m], jnp.int32))
+        pending = {name: to_device(a[:m]) for name, a in pool.proposal.items()}
+        pending.update(preceding=to_device(pool.preceding[:m].astype(np.int32)),
+                       preceding_len=to_device(pool.preceding_len[:m].astype(np.int32)))
         packed, pool.state = engine.steps_on_device(
-            pending, pool.state, {"remaining": jnp.asarray(remaining), "stops": jnp.asarray(stops)},
+            pending, pool.state, {"remaining": to_device(remaining), "stops": to_device(stops)},
             depth=pool.depth, k=pool.k, window=window,
             edit=edit, edit_inputs=edit_inputs)
         out = pool.device_outputs.unpack(np.asarray(packed))
@@ -104,7 +105,7 @@ class PlainChunk:
                 budget = pool.busy[slot].budget
                 remaining[slot] = budget.limit - len(budget.out)
             window = attention_window(committed + engine.drafter.reach(chunk), pool.length)
-            packed, pool.state = engine.plain(jnp.asarray(pool._roots(m)), pool.state, jnp.asarray(remaining),
+            packed, pool.state = engine.plain(to_device(pool._roots(m)), pool.state, to_device(remaining),
                                               chunk=chunk, depth=pool.depth, k=pool.k, window=window)
             out = pool.plain.unpack(np.asarray(packed))
             t1 = time.perf_counter()
@@ -130,7 +131,7 @@ def time_dry(pool, m: int, committed: int, sizes) -> list[float]:
     engine = pool.engine
     chunk = engine.plain_chunk
     # one token more than the chunk: the rows go on, so the drafter's call is timed too
-    roots, full = jnp.asarray(pool._roots(m)), jnp.full((m,), chunk + 1, jnp.int32)
+    roots, full = to_device(pool._roots(m)), to_device(np.full((m,), chunk + 1, np.int32))
     plain_window = attention_window(committed + engine.drafter.reach(chunk), pool.length)
     window = attention_window(committed + engine.drafter.reach(pool.depth + 1), pool.length)
     rows = [i for i, r in enumerate(pool.busy[:m]) if r is not None]

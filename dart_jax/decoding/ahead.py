@@ -7,10 +7,9 @@ offset) and the tree size; a prompt of any length is prefilled in chunks of one 
 prompts of up to `prompt_length` tokens and sequences of up to `length` tokens, each a `Program`
 whose `compile()` lowers and compiles it (`jit(...).lower(...).compile()`) with the arguments the
 pool passes: its own state (the arrays' shapes, dtypes and placement; lowering reads no data, so
-a state donated meanwhile does no harm) and stand-ins of the shapes of its host-made inputs,
-which it also moves to the device once as the pool does (`jnp.asarray` of a NumPy array is a
-small program per shape too; a program in the store of exported programs is read back, not traced:
-`exported`). JAX keeps what was compiled this way for the pool's calls: the
+a state donated meanwhile does no harm) and stand-ins of the shapes of its host-made inputs
+(which the pool moves with `sampling.to_device`: no program of their own; a program in the store
+of exported programs is read back, not traced: `exported`). JAX keeps what was compiled this way for the pool's calls: the
 pool's first step of that shape compiles nothing. A DART pool's host search (Numba) is compiled by
 one search of one tree and one of two (its single-tree and its batch kernel).
 
@@ -91,16 +90,13 @@ def programs(pool, rows: int, prompt_length: int, length: int) -> list[Program]:
 
 
 def _host(*shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
-    """A host-made input of the pool: a NumPy array, moved with `jnp.asarray` (on no device in particular)."""
+    """A host-made input of the pool: a NumPy array, moved with `sampling.to_device` (no program of its own)."""
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _program(kind: str, rows: int, shape: int, size, state, fn, /, *args, moved=(), **kwargs) -> Program:
-    """`fn` (a jitted function) lowered and compiled for `args` and `kwargs`; `moved`: the
-    host-made inputs among them that the pool moves with `jnp.asarray` (moved once here too)."""
+def _program(kind: str, rows: int, shape: int, size, state, fn, /, *args, **kwargs) -> Program:
+    """`fn` (a jitted function) lowered and compiled for `args` and `kwargs`."""
     def lower():
-        for spec in moved:
-            jnp.asarray(np.zeros(spec.shape, spec.dtype))
         return fn.lower(*args, **kwargs).compile
     return Program(kind, rows, shape, size, state.params.all_greedy, lower)
 
@@ -123,7 +119,7 @@ def _dart_programs(pool, m: int, prompt_length: int, length: int) -> list[Progra
         for window in prefill_windows(chunk, reach(chunk), prompt_length, cache):
             ids, lengths, start = _host(m, chunk + 1), _host(m), _host(m)
             out.append(_program("prefill", m, window, None, state, engine._prefill, engine._state, ids, lengths, start,
-                                state, moved=(ids, lengths, start), rows=depth, k=k, nodes=engine.n_nodes,
+                                state, rows=depth, k=k, nodes=engine.n_nodes,
                                 window=window))
         if engine.device_steps:
             out += _loop_programs(pool, m, length, state)
@@ -133,7 +129,7 @@ def _dart_programs(pool, m: int, prompt_length: int, length: int) -> list[Progra
                 chunk = engine.plain_chunk
                 roots, remaining = _host(m), _host(m)
                 out += [_program("plain", m, window, 0, state, engine._plain, engine._state, roots, state, remaining,
-                                 engine.eos_row, moved=(roots, remaining), chunk=chunk, depth=depth, k=k, window=window)
+                                 engine.eos_row, chunk=chunk, depth=depth, k=k, window=window)
                         for window in windows(reach(chunk), length, cache)]
                 continue
             tree = _host(m, tree_layout(size + 1, depth).size)  # handed over as NumPy: no move of its own
@@ -171,7 +167,7 @@ def _loop_programs(pool, m: int, length: int, state) -> list[Program]:
     loop = DeviceLoop(steps, engine._device_search, None)
     reach = (steps - 1) * (depth + 1) + engine.drafter.reach(depth + 1)
     return [_program("loop", m, window, engine.tree.keep, state, engine._device_loop, engine._state, pending,
-                     engine.device_trie(), state, inputs, moved=(*pending.values(), *limits.values()), n=engine.n_nodes,
+                     engine.device_trie(), state, inputs, n=engine.n_nodes,
                      depth=depth, k=k, window=window, loop=loop)
             for window in windows(reach, length, pool.length)]
 
@@ -185,9 +181,9 @@ def _plain_programs(pool, m: int, prompt_length: int, length: int) -> list[Progr
         for window in prefill_windows(chunk, chunk, prompt_length, pool.length):
             ids, lengths, start = _host(m, chunk), _host(m), _host(m)
             out.append(_program("ar prefill", m, window, None, state, d.prefill, d.state, ids, lengths, start,
-                                pool.token, state, moved=(ids, lengths, start), window=window))
+                                pool.token, state, window=window))
         remaining = _host(m)
         out += [_program("ar chunk", m, window, None, state, d.decode_chunk, d.state, pool.token, state, remaining,
-                         engine.eos_row, moved=(remaining,), window=window, chunk=d.chunk, live=m)
+                         engine.eos_row, window=window, chunk=d.chunk, live=m)
                 for window in windows(d.chunk, length, pool.length)]
     return out

@@ -50,7 +50,7 @@ from .compile_time import CompileTimer
 from .device_tree import TreeEdit
 from .layout import device_steps_layout, plain_layout, prefill_layout, step_layout, tree_layout
 from .requests import Budget, Stats, WarmTime
-from .sampling import SamplingParams
+from .sampling import SamplingParams, row_keys, to_device
 from .settings import GenerationSettings, check_settings
 from .state import PoolState
 
@@ -136,8 +136,8 @@ class SlotPool:
             self.length, self.slots, what=f"a pool of {self.slots} slots of {self.length} cache positions",
             fix="use fewer slots (batch size) or a smaller max_length.")
         # the keys are placeholders: a request brings its own
-        self.state = PoolState(*caches, cache_len=jax.device_put(np.zeros((b,), np.int32)),
-                               keys=jax.random.split(jax.random.key(0), b), params=self._params())
+        self.state = PoolState(*caches, cache_len=to_device(np.zeros((b,), np.int32)), keys=row_keys([0] * b),
+                               params=self._params())
         self._stale_params = False
         self.committed = np.zeros(b, np.int64)  # tokens in each slot's cache (the host's copy of cache_len)
         self.busy: list[Request | None] = [None] * b
@@ -292,13 +292,23 @@ class SlotPool:
         ids = np.zeros((m, self.engine.shapes.padded(max(r.prompt_ids.size for _, r in joining))), np.int32)
         prompt_len = np.ones(m, np.int32)
         start = np.full(m, self.length, np.int32)
-        fresh = list(self.state.keys)
+        seeds = {}
         for slot, request in joining:
             ids[slot, :request.prompt_ids.size] = request.prompt_ids
             prompt_len[slot], start[slot] = request.prompt_ids.size, 0
-            fresh[slot] = jax.random.key(request.settings.seed)
-        self.state, self._stale_params = self.state.replace(params=self._params(), keys=jnp.stack(fresh)), False
+            seeds[slot] = request.settings.seed
+        self.state, self._stale_params = self.state.replace(params=self._params(), keys=self._keys(seeds)), False
         return joining, ids, prompt_len, start
+
+    def _keys(self, seeds: dict[int, int]) -> jax.Array:
+        """The pool's PRNG keys with the joining slots' fresh from their seeds (`seeds`, slot →
+        seed), the other busy rows' as they are (made on the host: `sampling.row_keys`)."""
+        if all(slot in seeds for slot, r in enumerate(self.busy) if r is not None):
+            return row_keys([seeds.get(slot, 0) for slot in range(self.slots)])
+        fresh = row_keys(list(seeds.values()))
+        data = np.array(jax.random.key_data(self.state.keys))  # the rows decoding: their keys have moved on
+        data[list(seeds)] = np.asarray(jax.random.key_data(fresh))
+        return jax.random.wrap_key_data(to_device(data))
 
     def _chunks(self, ids: np.ndarray, prompt_len: np.ndarray, start: np.ndarray, follow: int = 0):
         """The prefill's calls, one per chunk of the joining prompts (`_joining`'s ids, prompt lengths
@@ -321,7 +331,7 @@ class SlotPool:
         joined[[slot for slot, _ in joining]] = True
         lengths = np.zeros(self.slots, np.int32)
         lengths[:prompt_len.size] = prompt_len
-        self.state = self.state.replace(cache_len=jnp.where(jnp.asarray(joined), jnp.asarray(lengths),
+        self.state = self.state.replace(cache_len=jnp.where(to_device(joined), to_device(lengths),
                                                             self.state.cache_len))
 
 
@@ -403,7 +413,7 @@ class Batcher(SlotPool):
         answers = []  # per chunk; a row's answer is its last chunk's
         for part, rows_start, offset in self._chunks(ids, prompt_len, start, follow=1):
             window = attention_window(offset + engine.drafter.reach(engine.shapes.chunk), self.length)
-            packed, self.state = engine.prefill(jnp.asarray(part), jnp.asarray(prompt_len), jnp.asarray(rows_start),
+            packed, self.state = engine.prefill(to_device(part), to_device(prompt_len), to_device(rows_start),
                                                 self.state, rows=self.depth, k=self.k, nodes=engine.n_nodes,
                                                 window=window)
             answers.append(packed)
@@ -535,8 +545,8 @@ class PlainBatcher(SlotPool):
         start_time = time.perf_counter()
         joining, ids, prompt_len, start = self._joining(free)
         for part, rows_start, offset in self._chunks(ids, prompt_len, start):
-            self.token, self.state = d.prefill(d.state, jnp.asarray(part), jnp.asarray(prompt_len),
-                                               jnp.asarray(rows_start), self.token, self.state,
+            self.token, self.state = d.prefill(d.state, to_device(part), to_device(prompt_len),
+                                               to_device(rows_start), self.token, self.state,
                                                window=attention_window(offset + self.engine.shapes.chunk, self.length))
         self._joined(joining, prompt_len)
         first = to_host(self.token)  # a joining row's pending token is its first
@@ -564,7 +574,7 @@ class PlainBatcher(SlotPool):
         eos = self.engine.eos_row
         if not any(self.busy[slot].budget.eos_ids for slot in rows):
             eos = jnp.full_like(eos, -1)
-        out, self.token, _, self.state = d.decode_chunk(d.state, self.token, self.state, jnp.asarray(remaining), eos,
+        out, self.token, _, self.state = d.decode_chunk(d.state, self.token, self.state, to_device(remaining), eos,
                                                         window=window, chunk=chunk, live=m)
         host = to_host(out)
         elapsed = time.perf_counter() - t0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +60,27 @@ class SamplingParams:
                   np.array([int(x[2]) for x in settings], np.int32))
         if scalar:
             fields = tuple(f[0] for f in fields)
-        return cls(*(jnp.asarray(f) for f in fields), all_greedy=bool(greedy.all()) if host_branch() else None)
+        return cls(*(to_device(f) for f in fields), all_greedy=bool(greedy.all()) if host_branch() else None)
+
+
+def to_device(array) -> jax.Array:
+    """A host array (NumPy, or a NumPy scalar) on the default device, as `jnp.asarray` gives it (the
+    same dtype, canonicalized, and placement), moved without a program: `jnp.asarray` compiles a
+    small one per shape and dtype (`lax.stage`), each some 20-70 ms of a process's first calls."""
+    return jax.device_put(np.asarray(array))
+
+
+def row_keys(seeds: Sequence[int]) -> jax.Array:
+    """PRNG keys [B], row b's `jax.random.key(seeds[b])`, made on the host and moved once: eager
+    `jax.random.key`, `split` and `stack` each compile a small program. Threefry's key of a seed
+    is its two 32-bit words (the high one 0 without 64-bit mode, where a seed is cut to 32 bits);
+    another PRNG implementation takes JAX's own path."""
+    if jax.config.jax_default_prng_impl != "threefry2x32":
+        return jnp.stack([jax.random.key(int(seed)) for seed in seeds])
+    words = np.asarray([int(seed) % 2**64 for seed in seeds], np.uint64)
+    high = words >> np.uint64(32) if jax.config.jax_enable_x64 else np.zeros_like(words)
+    data = np.stack([high, words & np.uint64(0xFFFFFFFF)], axis=-1).astype(np.uint32).reshape(len(words), 2)
+    return jax.random.wrap_key_data(to_device(data))
 
 
 def host_branch() -> bool:

@@ -5,12 +5,11 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dart_jax.errors import check_int, check_number, check_type
 
-from .sampling import SamplingParams, is_greedy
+from .sampling import SamplingParams, is_greedy, row_keys
 
 
 # Past it the kept tokens are all but equally likely; far past it logits / temperature leaves float32.
@@ -59,7 +58,7 @@ class GenerationSettings:
     def sampling_rows(settings: "list[GenerationSettings]") -> tuple[SamplingParams, jax.Array]:
         """Per-sequence sampling params [B] and PRNG keys [B] of a batch of requests."""
         params = SamplingParams.rows([(s.temperature, s.top_p, s.top_k) for s in settings])
-        return params, jnp.stack([jax.random.key(s.seed) for s in settings])
+        return params, row_keys([s.seed for s in settings])
 
 
 def check_settings(value, name: str = "settings") -> GenerationSettings:
