@@ -2,7 +2,7 @@
 the first DART token, with the caches cold (a fresh persistent XLA compilation cache and a fresh
 Numba cache) and then warm (the same run again over the caches the cold one filled).
 
-    python benchmarks/cold_start.py [--runs 2] [--tree DIR ...] [--max-new-tokens 16] [--compare-ar]
+    python benchmarks/cold_start.py [--runs 2] [--warm 1] [--tree DIR ...] [--max-new-tokens 16] [--compare-ar]
     python benchmarks/cold_start.py --serve quick|full [--requests] [--tree DIR ...]   # the server's time to ready
 
 Each run is a new Python process (this file with --child) that times the command's own path
@@ -216,6 +216,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", type=Path, help="a dart_jax checkout to run (repeatable; default this one)")
     p.add_argument("--runs", type=int, default=2, help="cold+warm pairs per tree")
+    p.add_argument("--warm", type=int, default=1, help="warm runs after each cold one (the trees' warm runs in turns)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--compare-ar", action="store_true", help="run the demo with --compare-ar, as its README suggests")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
@@ -252,17 +253,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cold_start") as scratch:
         n = 0
         for rep in range(opts.runs):
+            caches = {}
             for tree in trees:
                 n += 1
-                xdg, numba = fresh_caches(Path(scratch), n)
-                for mode in ("cold", "warm"):
-                    result = run_once(tree, xdg, numba, cli)
-                    result["load_avg"] = os.getloadavg()[0]
-                    runs.setdefault((str(tree), mode), []).append(result)
-                    print(f"{tree.name} {mode} #{rep + 1}: first DART token {result['first_token_s']:.1f} s "
-                          f"(import {result['import_s']:.1f}, loaded {result['loaded_s']:.1f}, compiling "
-                          f"{result['compile_total_s']:.1f}, CPU {result['cpu_s']:.1f} s; load average "
-                          f"{result['load_avg']:.1f})", file=sys.stderr)
+                caches[tree] = fresh_caches(Path(scratch), n)
+            # each tree's cold run, then the warm runs over the caches it filled, the trees in turns
+            for mode, tree in [("cold", t) for t in trees] + [("warm", t) for _ in range(opts.warm) for t in trees]:
+                xdg, numba = caches[tree]
+                result = run_once(tree, xdg, numba, cli)
+                result["load_avg"] = os.getloadavg()[0]
+                runs.setdefault((str(tree), mode), []).append(result)
+                print(f"{tree.name} {mode} #{rep + 1}: first DART token {result['first_token_s']:.1f} s "
+                      f"(import {result['import_s']:.1f}, loaded {result['loaded_s']:.1f}, compiling "
+                      f"{result['compile_total_s']:.1f}, CPU {result['cpu_s']:.1f} s; load average "
+                      f"{result['load_avg']:.1f})", file=sys.stderr)
     print(f"load average at start {load:.1f} on {os.cpu_count()} cores")
     keys = ("import_s", "loaded_s", "first_token_s", "cpu_s", "compile_total_s")
     base = {}
