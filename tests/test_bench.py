@@ -292,6 +292,7 @@ def test_search_batched_on_a_phrase_corpus(capsys):
     assert numba.get_num_threads() == threads  # the thread count is restored
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_batch_mode_random_model_and_plot(capsys, tmp_path, prompt_file):
     out = run_json(capsys, "batch", *MODEL, "--prompts", str(prompt_file), "--batches", "1,2",
                    "--plot", str(tmp_path / "b.png"))

@@ -499,6 +499,7 @@ def test_forced_device_loop_draws_the_law_over_a_long_run(tiny, device):
         assert np.mean(forcing.drawn) == pytest.approx(tau, abs=6.0 / n)
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_a_row_that_leaves_its_reference_on_the_device_is_no_longer_forced(tiny, device):
     """A wrong reference token (a near-tie that DART's verify breaks otherwise): the step that
     commits that position ends the row's forcing; its later steps are counted unforced, and the

@@ -124,6 +124,7 @@ def test_decoding_gives_back_the_csr_arrays(corpora):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_trees_are_identical_on_both_formats(corpora):
     rng = np.random.default_rng(1)
     for order, vocab, counts, trie, ctrie, _ in corpora:

@@ -658,6 +658,7 @@ def test_generation_across_attention_windows(tiny):
     assert dart == ar == expected
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_batch_dimension_decodes_each_sequence_as_alone(tiny):
     """The host loop already runs B sequences (batched decoding is switched on elsewhere): two
     prompts of different lengths decoded together give each one's own greedy output, each within
@@ -1020,6 +1021,7 @@ def test_where_no_tree_can_pay_the_plain_decoder_runs_without_the_drafter(tiny):
     assert ids == hf_generate(tiny, PROMPTS[1], 9) and set(counts) == {1}
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_adaptive_sizes_in_a_batch_decode_each_sequence_as_alone(tiny):
     engine = adaptive_engine(tiny, [0, 11, 0, 3], cheating_trie(tiny))
     prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]

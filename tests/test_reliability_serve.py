@@ -420,6 +420,7 @@ def _tokens(events: list) -> list[int]:
     return [t for e in events for t in e.ids]
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_an_exception_in_one_jobs_admission_fails_that_job_alone(model):
     """A job whose admission into the pool raises (injected here) ends with an error event; the job
     already running in the same pool finishes with the greedy answer, and the next job is served."""

@@ -51,6 +51,7 @@ def test_ui_streams_need_the_login_and_one_request_past_the_limit_gets_a_503():
                 s.__exit__(None, None, None)
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_ctrl_c_during_the_warm_up_stops_the_process_cleanly(tmp_path):
     """SIGINT while the warm-up compiles (no compilation cache: it compiles for seconds): the
     process says so and exits with 130 within seconds, without a traceback or an abort."""
@@ -120,6 +121,7 @@ def test_sighup_ends_streams_with_the_error_event_and_done_as_sigterm_does():
         assert not any(word in text for word in ABORT), text[-2000:]
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 def test_ctrl_c_says_what_it_waits_for_and_a_second_one_ends_the_request_now():
     """--shutdown-timeout 300: the first Ctrl-C says that one request runs and how to end it; the
     second ends it at once (an error event and [DONE]) and the process exits within seconds."""

@@ -175,6 +175,7 @@ def test_a_cache_pass_killed_with_sigkill_resumes_from_its_finished_shards(base,
     assert [s["sha256"] for s in fresh] == [s["sha256"] for s in recorded(manifest)]
 
 
+@pytest.mark.extended  # a second look (the default run's 10 minutes): .ci/run runs it after
 @pytest.mark.parametrize("taps", ["online", "cache"])
 def test_profile_parts_add_up_to_the_step(base, tmp_path, capsys, taps):
     data = write_data(tmp_path / "d.jsonl", 6, seed=5)
