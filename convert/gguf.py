@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import sys
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -372,8 +371,7 @@ _INTACT: dict[Path, tuple] = {}
 # folder → (its files' signature, when the check started, the problem of its weights or None): the
 # weights being hashed beside the loading (`conversion_problem(..., weights_later=True)`)
 _PENDING: dict[Path, tuple[tuple, int, Future]] = {}
-_HASHING: list[ThreadPoolExecutor] = []
-_HASHING_LOCK = threading.Lock()
+_HASHING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart_jax-checksums")  # its thread starts at a submit
 
 
 def _signature(folder: Path, names) -> tuple:
@@ -396,10 +394,7 @@ def _hash_problem(folder: Path, files: dict) -> str | None:
 def _hash_later(folder: Path, files: dict) -> Future:
     """`_hash_problem` on a thread of its own (hashing and reading leave the GIL: it runs beside the
     loader's Python work)."""
-    with _HASHING_LOCK:
-        if not _HASHING:
-            _HASHING.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="dart_jax-checksums"))
-    return _HASHING[0].submit(_hash_problem, folder, files)
+    return _HASHING.submit(_hash_problem, folder, files)
 
 
 def _remember(key: Path, signature: tuple, started: int) -> None:

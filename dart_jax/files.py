@@ -46,7 +46,7 @@ def compile_cache_dir() -> Path:
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes (a checksum to compare with a recorded one), read in blocks of up
     to 64 MiB: reading and hashing leave the GIL, and a hash on a thread beside Python work waits
-    for the GIL again at every block (a few ms each), so the blocks are few. (Not a memory map: a
+    for the GIL again at every block, so the blocks are few. (Not a memory map: a
     file cut short while mapped would end the process with SIGBUS.)"""
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -66,7 +66,7 @@ class SamplingParams:
 def to_device(array) -> jax.Array:
     """A host array (NumPy, or a NumPy scalar) on the default device, as `jnp.asarray` gives it (the
     same dtype, canonicalized, and placement), moved without a program: `jnp.asarray` compiles a
-    small one per shape and dtype (`lax.stage`), each some 20-70 ms of a process's first calls."""
+    small one per shape and dtype (`lax.stage`), which a process's first calls would wait for."""
     return jax.device_put(np.asarray(array))
 
 
