@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import logging as _logging
 
+from .collector import paused
+
 __version__ = "0.1.0"
 __all__ = ["DartModel", "DecodeConfig", "__version__"]
 
 
 def __getattr__(name):
-    # lazy, so that `import dart_jax.ngram` (a leaf, this package's child) does not load jax
+    # lazy, so that `import dart_jax.ngram` (a leaf, this package's child) does not load jax; the
+    # garbage collector waits while jax, flax and transformers load (dart_jax.collector)
     if name == "DartModel":
-        from .api.model import DartModel
+        with paused():
+            from .api.model import DartModel
 
         return DartModel
     if name == "DecodeConfig":
-        from .api.config import DecodeConfig
+        with paused():
+            from .api.config import DecodeConfig
 
         return DecodeConfig
     raise AttributeError(name)

@@ -23,6 +23,7 @@ from dart_jax.convert.base_files import check_base_files
 from dart_jax.convert.packaged import smollm2_gguf
 from dart_jax.convert.target import converted_checked, load_target_config, target_folder
 from dart_jax.convert.gguf import is_gguf
+from dart_jax.collector import paused
 from dart_jax.decoding.drafter import DartDrafter
 from dart_jax.decoding.batcher import Batcher, PlainBatcher, pool_slots  # noqa: F401 (PlainBatcher: a public name here)
 from dart_jax.decoding.eagle3 import DEFAULT_DEPTH as EAGLE3_DEPTH, Eagle3Drafter
@@ -176,6 +177,7 @@ class DartModel:
         return self.engine.drafter.module
 
     @classmethod
+    @paused()  # the garbage collector waits while the model loads (dart_jax.collector)
     def from_pretrained(cls, base=None, dart=None, ngram=None, *, small_ngram: bool = False, dtype=None, mesh=None,
                         config: DecodeConfig | None = None, eagle3=None,
                         trie_cache_dir: str | os.PathLike | None = None, **names) -> "DartModel":

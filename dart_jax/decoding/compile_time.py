@@ -4,7 +4,8 @@ lowering and backend compilation through `jax.monitoring`, Numba the start and e
 compilation of the tree search (the first run after installing or upgrading); listeners,
 installed once, add them up per thread, outermost event only (a function compiled inside
 another's compilation is part of its time). `CompileTimer` is what the pool driver times its
-steps with; `busy` what each thread compiles now (the notices of `dart_jax.api.compiling`)."""
+steps with; `busy` what each thread compiles now (the notices of `dart_jax.api.compiling`). While a
+thread compiles, Python's garbage collector waits (`dart_jax.collector`)."""
 from __future__ import annotations
 
 import threading
@@ -12,6 +13,8 @@ import time
 
 import jax
 from numba.core import event as numba_event
+
+from dart_jax import collector
 
 NUMBA = "numba:compile"
 _EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -34,6 +37,7 @@ def _on_start(event: str, value, **kwargs) -> None:
     state = _state()
     state.depth += 1
     if state.depth == 1:
+        collector.pause()
         state.start = time.perf_counter()
         busy[threading.get_ident()] = (time.monotonic(), str(kwargs.get("fun_name", "")))
 
@@ -46,6 +50,7 @@ def _on_duration(event: str, duration: float, **kwargs) -> None:
         return
     state.depth -= 1
     if state.depth == 0:
+        collector.resume()
         spent = time.perf_counter() - state.start
         busy.pop(threading.get_ident(), None)
         for timer in state.timers:

@@ -11,12 +11,15 @@ import sys
 import threading
 import time
 
+from dart_jax.collector import pause, resume
+
 from .options import WARM_LENGTH, parse_args
 
 # answer --help and bad flags before jax, flax and the model code load (seconds)
 if __name__ == "__main__":
     parse_args()
 
+pause()  # the garbage collector waits while jax, flax and transformers load (dart_jax.collector)
 import jax  # noqa: E402 (after the check above, on purpose; likewise below)
 
 from dart_jax.api.compiling import CompileNotice, cache_in_use, settle  # noqa: E402
@@ -33,6 +36,7 @@ try:
     _MISSING = None
 except ImportError as e:  # the serve extra is not installed
     _MISSING = e
+resume()
 
 
 log = logging.getLogger("dart_jax.serve")
