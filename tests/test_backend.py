@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from dart_jax.api.model import DartModel
 from dart_jax.api.generate import load_model
 from dart_jax.api.options import parse_args
 from dart_jax.bench.tiny import make_tiny_setup
+from dart_jax.decoding import ahead
 from dart_jax.decoding.driver import decode as driver_decode
 from dart_jax.decoding.requests import Stats
 from dart_jax.decoding.settings import GenerationSettings
@@ -186,3 +189,24 @@ def test_the_light_flag_choices_are_the_librarys():
     from dart_jax.models.qwen3 import ATTENTION_KERNELS, VERIFY_GEMMS
 
     assert ATTENTION_CHOICES == ATTENTION_KERNELS and VERIFY_GEMMS_CHOICES == VERIFY_GEMMS
+
+
+def test_a_cpu_compiles_the_decoding_programs_without_ynnpack_fusions(tiny):
+    """On a CPU each decoding program compiles with YNNPACK's fusions off
+    (`backend.program_compiler_options`). The oracle is XLA's compiled text: the same XLA hands a
+    product of a few rows to YNNPACK by default (a `__ynn_fusion`), and none of DART's and plain
+    decoding's programs holds one; greedy DART still decodes as transformers does."""
+    rows = jax.ShapeDtypeStruct((8, 64), jnp.float32), jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    assert "__ynn_fusion" in jax.jit(lambda a, b: a @ b).lower(*rows).compile().as_text()
+    base, head, trie, greedy = tiny
+    model = DartModel.from_pretrained(base, head, trie, keep=6)
+    texts = {}
+    for plain in (False, True):
+        pool = model.engine.batcher(1, 128, plain=plain)
+        for program in ahead.programs(pool, 1, 20, 60):
+            if program.kind != "search":
+                texts[program.kind] = program.compile().as_text()
+        pool.close()
+    assert set(texts) == {"prefill", "step", "ar prefill", "ar chunk"}
+    assert not [kind for kind, text in texts.items() if "__ynn_fusion" in text]
+    assert model.generate(PROMPTS[1], max_new_tokens=12, chat=False).token_ids == greedy(PROMPTS[1], 12)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import struct
 from types import SimpleNamespace
 
@@ -194,6 +193,8 @@ def test_big_trees_compile_with_their_own_xla_options_and_stay_exact(tiny, monke
 
     monkeypatch.setattr(programs_module, "verify_compiler_options", rule)
     monkeypatch.setattr(programs_module, "jitted", spy)
+    # the options every program of a backend gets (on a CPU, test_backend's) are not this rule's
+    monkeypatch.setattr(programs_module, "program_compiler_options", lambda: None)
     for keep, options, gemms in ((60, off, "auto"), (8, None, "xla")):
         engine = Engine(tiny.model.target, DartDrafter(tiny.model.head), cheating_trie(tiny), eos_ids=(EOS,),
                         tree_eos_id=EOS, tree=TreeSettings(keep=keep), shapes=ShapeSettings(min_bucket=64),
@@ -376,11 +377,11 @@ def prefill_lm_heads(engine, widths: set[int]) -> dict[str, tuple[int, int]]:
     pool = engine.batcher(2, 256)
     c = engine.shapes.chunk
     ids, lengths, start = jnp.zeros((2, c + 1), jnp.int32), jnp.full((2,), 3 * c, jnp.int32), jnp.zeros(2, jnp.int32)
-    dart = jax.make_jaxpr(functools.partial(engine._prefill, rows=pool.depth, k=pool.k, nodes=engine.n_nodes,
-                                            window=256))(engine._state, ids, lengths, start, pool.state)
+    # each program's own trace (a top-level jit: one compiled with XLA options cannot be nested)
+    dart = engine._prefill.trace(engine._state, ids, lengths, start, pool.state, rows=pool.depth, k=pool.k,
+                                 nodes=engine.n_nodes, window=256).jaxpr
     d = engine.baseline
-    plain = jax.make_jaxpr(functools.partial(d.prefill, window=256))(d.state, ids[:, :c], lengths, start,
-                                                                    jnp.zeros(2, jnp.int32), pool.state)
+    plain = d.prefill.trace(d.state, ids[:, :c], lengths, start, jnp.zeros(2, jnp.int32), pool.state, window=256).jaxpr
     pool.close()
     return {name: (vocab_matmuls(j.jaxpr, widths, min), vocab_matmuls(j.jaxpr, widths, max))
             for name, j in (("engine", dart), ("baseline", plain))}

@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from dart_jax.errors import ResourceError
+from dart_jax.models.backend import program_compiler_options
 from dart_jax.models.qwen3 import KVCache, Qwen3, init_cache, verify_compiler_options
 from dart_jax.models.sharding import constrain_cache, constrain_replicated, inputs_on_mesh
 
@@ -94,11 +95,14 @@ class ProgramSpec:
 
     def build(self, model: ModelDef, *bound, mesh=None, gemms: str = "auto"):
         """The callable for a decoder over `model` (with `bound`, e.g. the drafter's class, after it)
-        on `mesh` (None: one device): jitted functions from the one factory (`jitted`); with `verify`
-        one per size, picked at each call, with their `lower` on one device."""
+        on `mesh` (None: one device): jitted functions from the one factory (`jitted`), compiled
+        with the backend's options (`backend.program_compiler_options`); with `verify` one per
+        size, picked at each call, with their `lower` on one device."""
         mesh = mesh if self.on_mesh else None
+        common = program_compiler_options()
 
         def make(options=None):
+            options = {**(common or {}), **(options or {})}
             fn = jitted(pinned(self.fn, mesh), model, *bound, static_argnames=self.static, donate_argnames="pool",
                         **({"compiler_options": options} if options else {}))
             return inputs_on_mesh(fn, mesh)

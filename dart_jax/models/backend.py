@@ -9,11 +9,14 @@ LM head); the engine's choices (device loop, tree size) are plain values here, r
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 import warnings
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 from dart_jax.errors import InputError
 from dart_jax.files import compile_cache_dir
@@ -29,6 +32,9 @@ ACCELERATOR_DEVICE_STEPS = 32
 # token, so a call never takes more steps than its sequences have tokens: twice the default
 # max_length (2048) is more than any call can use.
 MAX_DEVICE_STEPS = 4096
+# XLA:CPU's option naming the fusions it hands to YNNPACK, with the value that hands it none
+CPU_NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +88,34 @@ def defaults_for(backend: str | None = None) -> BackendDefaults:
         return BackendDefaults(backend, fused_projections=True, device_steps=ACCELERATOR_DEVICE_STEPS,
                                keep=REFERENCE_KEEP)
     return BackendDefaults(backend, untied_lm_head=backend == "cpu")
+
+
+def program_compiler_options(backend: str | None = None) -> dict[str, object] | None:
+    """The XLA options every decoding program compiles with on `backend` (None: `current_backend()`),
+    None for XLA's own. On a CPU, no fusion goes to YNNPACK (`CPU_NO_YNN_FUSIONS`): a program whose
+    matrix products YNNPACK runs spends a long first call setting them up after it loads (every
+    program of a new process: a prefill's first answer waits for it), and XLA's own kernels decode
+    as fast (benchmarks/RESULTS.md). An XLA without that option (older than YNNPACK on the CPU)
+    keeps its defaults. A tree verification's options on a GPU come on top
+    (`qwen3.verify_compiler_options`)."""
+    if (backend or current_backend()) != "cpu":
+        return None
+    return dict(CPU_NO_YNN_FUSIONS) if _xla_takes(tuple(CPU_NO_YNN_FUSIONS.items())) else None
+
+
+@functools.cache
+def _xla_takes(options: tuple) -> bool:
+    """Whether this XLA compiles with these options: one tiny program, once per process."""
+    try:
+        jax.jit(_same, compiler_options=dict(options)).lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    except Exception as e:  # an option this XLA does not know: its own error, kept in the log
+        log.info("XLA's defaults kept: this XLA refuses %s (%s)", dict(options), e)
+        return False
+    return True
+
+
+def _same(x):
+    return x
 
 
 def use_compile_cache(path: str | os.PathLike | None = None) -> Path | None:
