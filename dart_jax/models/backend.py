@@ -94,8 +94,9 @@ def program_compiler_options(backend: str | None = None) -> dict[str, object] | 
     """The XLA options every decoding program compiles with on `backend` (None: `current_backend()`),
     None for XLA's own. On a CPU, no fusion goes to YNNPACK (`CPU_NO_YNN_FUSIONS`): a program whose
     matrix products YNNPACK runs spends a long first call setting them up after it loads (every
-    program of a new process: a prefill's first answer waits for it), and XLA's own kernels decode
-    as fast (benchmarks/RESULTS.md). An XLA without that option (older than YNNPACK on the CPU)
+    program of a new process: a prefill's first answer waits for it), while XLA's own kernels decode
+    as fast and compile quicker; a prefill chunk's products of many rows run somewhat slower
+    (benchmarks/RESULTS.md). An XLA without that option (older than YNNPACK on the CPU)
     keeps its defaults. A tree verification's options on a GPU come on top
     (`qwen3.verify_compiler_options`)."""
     if (backend or current_backend()) != "cpu":
