@@ -90,27 +90,26 @@ def defaults_for(backend: str | None = None) -> BackendDefaults:
     return BackendDefaults(backend, untied_lm_head=backend == "cpu")
 
 
-def program_compiler_options(backend: str | None = None) -> dict[str, object] | None:
-    """The XLA options every decoding program compiles with on `backend` (None: `current_backend()`),
-    None for XLA's own. On a CPU, no fusion goes to YNNPACK (`CPU_NO_YNN_FUSIONS`): a program whose
-    matrix products YNNPACK runs spends a long first call setting them up after it loads (every
-    program of a new process: a prefill's first answer waits for it), while XLA's own kernels decode
-    as fast and compile quicker; a prefill chunk's products of many rows run somewhat slower
-    (benchmarks/RESULTS.md). An XLA without that option (older than YNNPACK on the CPU)
-    keeps its defaults. A tree verification's options on a GPU come on top
-    (`qwen3.verify_compiler_options`)."""
-    if (backend or current_backend()) != "cpu":
+def program_compiler_options() -> dict[str, object] | None:
+    """The XLA options every decoding program compiles with on this backend, None for XLA's own.
+    On a CPU, no fusion goes to YNNPACK (`CPU_NO_YNN_FUSIONS`): a program whose matrix products
+    YNNPACK runs spends a long first call setting them up after it loads (every program of a new
+    process: a prefill's first answer waits for it), while XLA's own kernels decode as fast and
+    compile quicker; a prefill chunk's products of many rows run somewhat slower
+    (benchmarks/RESULTS.md). An XLA without that option (older than YNNPACK on the CPU) keeps its
+    defaults. A tree verification's options on a GPU come on top (`qwen3.verify_compiler_options`)."""
+    if current_backend() != "cpu" or not _xla_knows_no_ynn():
         return None
-    return dict(CPU_NO_YNN_FUSIONS) if _xla_takes(tuple(CPU_NO_YNN_FUSIONS.items())) else None
+    return dict(CPU_NO_YNN_FUSIONS)
 
 
 @functools.cache
-def _xla_takes(options: tuple) -> bool:
-    """Whether this XLA compiles with these options: one tiny program, once per process."""
+def _xla_knows_no_ynn() -> bool:
+    """Whether this XLA compiles with `CPU_NO_YNN_FUSIONS`: one tiny program, once per process."""
     try:
-        jax.jit(_same, compiler_options=dict(options)).lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
+        jax.jit(_same, compiler_options=CPU_NO_YNN_FUSIONS).lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
     except Exception as e:  # an option this XLA does not know: its own error, kept in the log
-        log.info("XLA's defaults kept: this XLA refuses %s (%s)", dict(options), e)
+        log.info("XLA's defaults kept: this XLA refuses %s (%s)", CPU_NO_YNN_FUSIONS, e)
         return False
     return True
 
